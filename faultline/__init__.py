@@ -1,0 +1,1 @@
+"""faultline core: models, errors, configuration and the command line."""

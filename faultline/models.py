@@ -1,0 +1,142 @@
+"""The data model every faultline module speaks (ARCHITECTURE §3).
+
+Observation -> HealthEvent -> Fault.  Ids are deterministic hashes so that a replay, a retry or a
+restart produces the same ids and the store's unique indexes absorb duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Action(StrEnum):
+    """What it takes to put the component back in service (ordered from least to most disruptive)."""
+
+    NONE = "NONE"
+    RESTART_APP = "RESTART_APP"
+    COMPONENT_RESET = "COMPONENT_RESET"
+    RESTART_VM = "RESTART_VM"
+    RESTART_BM = "RESTART_BM"
+    REPLACE_VM = "REPLACE_VM"
+    CONTACT_SUPPORT = "CONTACT_SUPPORT"
+
+
+class Component(StrEnum):
+    GPU = "GPU"
+    NVSWITCH = "NVSWITCH"
+    NIC = "NIC"
+    NODE = "NODE"
+    MONITOR = "MONITOR"
+
+
+class Source(StrEnum):
+    JOURNAL = "journal"
+    KMSG = "kmsg"
+    SYSLOG = "syslog"
+    NVML = "nvml"
+    DCGM = "dcgm"
+    NIC = "nic"
+    CSP = "csp"
+    KUBE = "kube"
+    GRPC = "grpc"
+
+
+class FaultState(StrEnum):
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+class Entity(BaseModel):
+    """What the fault is about: a GPU or NVSwitch by PCI bus id (dddd:bb:dd), a NIC by device/port."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    id: str
+
+
+class Observation(BaseModel):
+    """One raw input item. Never stored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    source: Source
+    ts: datetime
+    text: str | None = None
+    fields: dict[str, str] = Field(default_factory=dict)
+
+
+class HealthEvent(BaseModel):
+    """What a detector concludes from observations."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    node: str
+    agent: str = "faultline"
+    component: Component
+    check: str
+    code: str
+    entities: tuple[Entity, ...]
+    healthy: bool
+    fatal: bool
+    action: Action
+    message: str = ""
+    metadata: dict[str, str] = Field(default_factory=dict)
+    generated_at: datetime
+    observed_at: datetime
+
+
+class Fault(BaseModel):
+    """The deduplicated view of one problem on one entity, keyed by (node, entity, code)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    node: str
+    entity: Entity
+    code: str
+    component: Component
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    fatal: bool
+    action: Action
+    state: FaultState
+    resolved_at: datetime | None = None
+    description: str = ""
+    message: str = ""
+    pattern: str = ""
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return fault_key(self.node, self.entity.type, self.entity.id, self.code)
+
+
+def fault_key(node: str, entity_type: str, entity_id: str, code: str) -> tuple[str, str, str, str]:
+    """The stable identity of a fault: (node, entity type, entity id, code)."""
+    return (node, entity_type, entity_id, code)
+
+
+def stable_id(*parts: object) -> str:
+    """A deterministic 24-hex-digit id from the parts (their str forms, unit-separated)."""
+    joined = "\x1f".join(str(p) for p in parts)
+    return hashlib.blake2b(joined.encode("utf-8"), digest_size=12).hexdigest()
+
+
+def fault_id(node: str, entity_type: str, entity_id: str, code: str) -> str:
+    return stable_id("fault", node, entity_type, entity_id, code)
+
+
+def event_id(node: str, source: str, entity_type: str, entity_id: str, code: str, ts: datetime) -> str:
+    return stable_id("event", node, source, entity_type, entity_id, code, ts.isoformat())
+
+
+def utc_from_epoch(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)

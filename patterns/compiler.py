@@ -1,0 +1,324 @@
+"""Compiles loaded packs into the matcher used on the hot path (ARCHITECTURE §4).
+
+Three stages, each cheaper than the next is expensive:
+
+1. `scanner`: one RE2 search for every pattern's prefilter literals, run over whole byte chunks of a
+   file (like grep), so the vast majority of lines are never split, decoded or parsed.
+2. `re2.Set` over the patterns RE2 can express, run on each candidate message: which rules match.
+   RE2 is linear-time, so a hostile line cannot make it backtrack.
+3. The rule's own `regex` (with a timeout) only on messages the set confirmed, to extract named groups.
+
+Results are cached per (source, message): floods of one identical message cost a dict look-up.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re as stdre
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import re2
+import regex
+
+from faultline.errors import PackError
+from faultline.models import Action
+from patterns import redos
+from patterns.loader import LoadedPattern, PackSet
+from patterns.schema import (
+    Classification,
+    Clears,
+    Escalate,
+    Flapping,
+    Pattern,
+    SetStep,
+    SuppressedBy,
+    TableStep,
+    Then,
+    Threshold,
+)
+from patterns.templates import Template
+
+MATCH_TIMEOUT = 0.05  # seconds one rule's regex may spend on one message
+CACHE_SIZE = 16384
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One rule's conclusion about one message; time and node are added by the caller."""
+
+    pattern: int
+    kind: str
+    code: str
+    entity_type: str
+    entity_id: str
+    fatal: bool
+    action: str
+    component: str
+    description: str
+    escalate: tuple[int, float, bool, str] | None = None
+
+
+@dataclass(frozen=True)
+class CompiledClears:
+    codes: tuple[str, ...]
+    actions: frozenset[str] | None
+    scope: str
+
+    def applies(self, code: str, action: str) -> bool:
+        if self.actions is not None and action not in self.actions:
+            return False
+        return any(fnmatch.fnmatchcase(code, glob) for glob in self.codes)
+
+
+@dataclass(frozen=True)
+class Rules:
+    boot_grace: float | None
+    threshold: Threshold | None
+    flapping: Flapping | None
+    then: Then | None
+    clears: CompiledClears | None
+    suppressed_by: SuppressedBy | None
+
+
+@dataclass(frozen=True)
+class _Step:
+    fixed: Classification | None
+    table: dict[str, Classification] | None
+    key: Template | None
+    required: bool
+
+
+class CompiledPattern:
+    def __init__(self, loaded: LoadedPattern, index: int, tables: dict[str, dict[str, Classification]]):
+        p = loaded.pattern
+        self.index = index
+        self.id = p.id
+        self.file = loaded.file
+        self.spec: Pattern = p
+        self.kind = p.kind
+        self.sources = frozenset(p.sources)
+        flags = regex.IGNORECASE if p.ignore_case else 0
+        try:
+            self.regex = regex.compile(p.regex, flags | regex.VERSION0)
+        except regex.error as exc:
+            raise PackError(loaded.file, f"invalid regex: {exc}", p.id) from exc
+        re2_source = f"(?i){p.regex}" if p.ignore_case else p.regex
+        try:
+            re2.compile(re2_source, _RE2_OPTIONS)
+            self.re2_source: str | None = re2_source
+        except re2.error:
+            self.re2_source = None
+        self.literals = tuple(p.prefilter) if p.prefilter else _derive_literals(p.regex, flags)
+        if not self.literals:
+            raise PackError(
+                loaded.file,
+                "cannot derive a prefilter literal (>= 3 fixed characters every match contains); "
+                "add `prefilter: [...]`",
+                p.id,
+            )
+        groups = set(self.regex.groupindex)
+        self.code = self._template(p.code or p.id, groups, loaded, "code")
+        self.entity_type = p.entity.type if p.entity else "NODE"
+        self.entity_id = self._template(p.entity.id, groups, loaded, "entity.id") if p.entity else None
+        self.message = self._template(p.message, groups, loaded, "message") if p.message else None
+        self.steps: list[_Step] = []
+        for step in p.classify:
+            if isinstance(step, SetStep):
+                self.steps.append(_Step(step.set, None, None, False))
+            elif isinstance(step, TableStep):
+                if step.table not in tables:
+                    raise PackError(loaded.file, f"classify uses unknown table {step.table!r}", p.id)
+                key = self._template(step.key, groups, loaded, "classify.key")
+                self.steps.append(_Step(None, tables[step.table], key, step.required))
+        clears = (
+            CompiledClears(
+                tuple(p.clears.codes),
+                frozenset(a.value for a in p.clears.actions) if p.clears.actions else None,
+                p.clears.scope,
+            )
+            if p.clears
+            else None
+        )
+        self.rules = Rules(p.boot_grace, p.threshold, p.flapping, p.then, clears, p.suppressed_by)
+        self.escalate = p.escalate
+
+    def _template(self, source: str, groups: set[str], loaded: LoadedPattern, what: str) -> Template:
+        try:
+            template = Template(source)
+        except ValueError as exc:
+            raise PackError(loaded.file, f"{what}: {exc}", loaded.pattern.id) from exc
+        missing = [f for f in template.fields if f not in groups]
+        if missing:
+            raise PackError(
+                loaded.file, f"{what} uses group {missing[0]!r} that the regex does not define", self.id
+            )
+        return template
+
+    def conclude(self, groups: dict[str, str | None]) -> Hit | None:
+        """Turn a regex match's groups into a Hit, or None when a required table row is missing."""
+        code = self.code.render(groups)
+        if code is None:
+            return None
+        entity_id = self.entity_id.render(groups) if self.entity_id else ""
+        if entity_id is None:
+            return None
+        spec = self.spec
+        fatal, action = False, Action.NONE.value
+        component, description = spec.component.value, spec.description
+        escalate = self.escalate
+        for step in self.steps:
+            row = step.fixed
+            if step.table is not None and step.key is not None:
+                key = step.key.render(groups)
+                row = step.table.get(key) if key is not None else None
+                if row is None:
+                    if step.required:
+                        return None
+                    continue
+            assert row is not None
+            fatal = row.fatal if row.fatal is not None else fatal
+            action = row.action.value if row.action is not None else action
+            component = row.component.value if row.component is not None else component
+            description = row.description if row.description is not None else description
+            escalate = row.escalate if row.escalate is not None else escalate
+        esc = (escalate.count, escalate.within, escalate.fatal, escalate.action.value) if escalate else None
+        return Hit(
+            self.index,
+            self.kind,
+            code,
+            self.entity_type,
+            entity_id or "",
+            fatal,
+            action,
+            component,
+            description,
+            esc,
+        )
+
+
+def _derive_literals(source: str, flags: int) -> tuple[str, ...]:
+    """The longest run of fixed characters that every match must contain, if the stdlib can parse it."""
+    try:
+        parsed = stdre._parser.parse(source, flags & stdre.IGNORECASE)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - `regex`-only syntax: the pack must declare `prefilter`
+        return ()
+    best = ""
+    run: list[str] = []
+
+    def walk(items: Iterable[Any]) -> None:
+        nonlocal best, run
+        for op, arg in items:
+            name = str(op)
+            if name == "LITERAL":
+                run.append(chr(arg))
+                continue
+            if name == "SUBPATTERN":
+                walk(arg[-1])
+                continue
+            if len("".join(run)) > len(best):
+                best = "".join(run)
+            run = []
+
+    walk(parsed)
+    if len("".join(run)) > len(best):
+        best = "".join(run)
+    return (best,) if len(best) >= 3 else ()
+
+
+class CompiledPacks:
+    """The matcher for one set of loaded packs."""
+
+    def __init__(self, packs: PackSet, *, check_backtracking: bool = True) -> None:
+        self.packs = packs
+        self.patterns = [CompiledPattern(lp, i, packs.tables) for i, lp in enumerate(packs.patterns.values())]
+        if not self.patterns:
+            raise PackError(", ".join(packs.files) or "(no packs)", "no patterns loaded")
+        if check_backtracking:
+            for p in self.patterns:
+                bad = redos.catastrophic_probe(p.regex, _positive_lines(p.spec))
+                if bad is not None:
+                    raise PackError(
+                        p.file, f"regex backtracks catastrophically (timed out on probe {bad})", p.id
+                    )
+        self.timeouts = 0
+        self._cache: dict[tuple[str, str], tuple[Hit, ...]] = {}
+        self._set = re2.Set.SearchSet(_RE2_OPTIONS)
+        self._set_index: list[int] = []
+        self._unset: list[CompiledPattern] = []
+        for p in self.patterns:
+            if p.re2_source is not None and self._set.Add(p.re2_source) >= 0:
+                self._set_index.append(p.index)
+            else:
+                self._unset.append(p)
+        self._set.Compile()
+        literal_parts = []
+        for p in self.patterns:
+            for lit in p.literals:
+                part = re2.escape(lit)
+                literal_parts.append(f"(?i:{part})" if p.spec.ignore_case else part)
+        alternation = "|".join(sorted(set(literal_parts)))
+        self.scanner = re2.compile(alternation.encode("utf-8"), _RE2_OPTIONS)
+        self.literals = sorted({lit for p in self.patterns for lit in p.literals})
+
+    def by_id(self, pattern_id: str) -> CompiledPattern:
+        for p in self.patterns:
+            if p.id == pattern_id:
+                return p
+        raise KeyError(pattern_id)
+
+    def candidates(self, message: str) -> list[CompiledPattern]:
+        found = [self.patterns[self._set_index[i]] for i in self._set.Match(message) or ()]
+        for p in self._unset:
+            if any(lit in message for lit in p.literals):
+                found.append(p)
+        return found
+
+    def match(self, source: str, message: str) -> tuple[Hit, ...]:
+        """Every rule's conclusion about one message from `source` (cached)."""
+        key = (source, message)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        hits: list[Hit] = []
+        for p in self.candidates(message):
+            if source not in p.sources:
+                continue
+            groups = self.extract(p, message)
+            if groups is not None:
+                hit = p.conclude(groups)
+                if hit is not None:
+                    hits.append(hit)
+        result = tuple(hits)
+        if len(self._cache) >= CACHE_SIZE:
+            self._cache.clear()
+        self._cache[key] = result
+        return result
+
+    def extract(self, p: CompiledPattern, message: str) -> dict[str, str | None] | None:
+        try:
+            m = p.regex.search(message, timeout=MATCH_TIMEOUT)
+        except TimeoutError:
+            self.timeouts += 1
+            return None
+        return m.groupdict() if m else None
+
+
+def _positive_lines(p: Pattern) -> list[str]:
+    return [e if isinstance(e, str) else e.line for e in p.examples.match]
+
+
+def compile_packs(packs: PackSet, *, check_examples: bool = True) -> CompiledPacks:
+    """Compile and, by default, insist that every pattern's examples behave (the first failure raises)."""
+    compiled = CompiledPacks(packs)
+    if check_examples:
+        from patterns import examples  # noqa: PLC0415 - examples imports this module
+
+        failures = examples.run(compiled)
+        if failures:
+            first = failures[0]
+            raise PackError(first.file, first.reason, first.pattern_id)
+    return compiled

@@ -1,0 +1,110 @@
+"""Loads pattern packs: the built-in ones, then user pack directories, merged by pattern id.
+
+A user pattern with the id of a built-in one replaces it; a user table with the name of a built-in
+one overrides it row by row (so one XID can be re-classified without copying the catalogue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from faultline.errors import PackError
+from patterns.schema import Classification, Pack, Pattern
+
+BUILTIN_DIR = Path(__file__).parent / "packs"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@dataclass(frozen=True)
+class LoadedPattern:
+    pattern: Pattern
+    file: str
+    pack: str
+    overrides: str | None = None  # the file whose pattern of the same id this one replaced
+
+
+@dataclass
+class PackSet:
+    """Everything the loaded packs say, merged: patterns by id (in load order) and tables by name."""
+
+    patterns: dict[str, LoadedPattern] = field(default_factory=dict)
+    tables: dict[str, dict[str, Classification]] = field(default_factory=dict)
+    table_files: dict[str, str] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+
+def pack_files(directory: Path) -> list[Path]:
+    if not directory.exists():
+        raise PackError(str(directory), "pack directory does not exist")
+    if directory.is_file():
+        return [directory]
+    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def read_pack(path: Path) -> Pack:
+    """Parse and validate one pack file; every problem is a PackError naming the file and pattern."""
+    name = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackError(name, f"cannot read: {exc}") from exc
+    try:
+        raw = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader (C when available)
+    except yaml.YAMLError as exc:
+        raise PackError(name, f"invalid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise PackError(name, "a pack must be a YAML mapping with `pack` and `patterns`")
+    try:
+        return Pack.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PackError(name, _describe(err), _pattern_id(raw, err["loc"])) from exc
+
+
+def _pattern_id(raw: dict[str, Any], loc: tuple[int | str, ...]) -> str | None:
+    if len(loc) >= 2 and loc[0] == "patterns" and isinstance(loc[1], int):
+        patterns = raw.get("patterns")
+        if isinstance(patterns, list) and loc[1] < len(patterns) and isinstance(patterns[loc[1]], dict):
+            return str(patterns[loc[1]].get("id", f"#{loc[1] + 1}"))
+        return f"#{loc[1] + 1}"
+    return None
+
+
+def _describe(err: Any) -> str:
+    loc = [str(p) for p in err["loc"]]
+    if len(loc) >= 2 and loc[0] == "patterns":
+        loc = loc[2:]
+    where = ".".join(p for p in loc if not p.startswith(("SetStep", "TableStep", "ExpectedMatch", "str")))
+    msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+    return f"{where}: {msg}" if where else msg
+
+
+def load(user_dirs: list[Path] | None = None, *, builtin: bool = True) -> PackSet:
+    """Load the built-in packs (unless `builtin=False`) and then every user directory, in order."""
+    packs = PackSet()
+    dirs = ([BUILTIN_DIR] if builtin else []) + list(user_dirs or [])
+    for directory in dirs:
+        for path in pack_files(Path(directory)):
+            _merge(packs, read_pack(path), str(path))
+    return packs
+
+
+def _merge(packs: PackSet, pack: Pack, file: str) -> None:
+    packs.files.append(file)
+    seen: set[str] = set()
+    for pattern in pack.patterns:
+        if pattern.id in seen:
+            raise PackError(file, "duplicate pattern id in one pack", pattern.id)
+        seen.add(pattern.id)
+        previous = packs.patterns.get(pattern.id)
+        packs.patterns[pattern.id] = LoadedPattern(
+            pattern, file, pack.pack, overrides=previous.file if previous else None
+        )
+    for name, rows in pack.tables.items():
+        packs.tables.setdefault(name, {}).update(rows)
+        packs.table_files.setdefault(name, file)

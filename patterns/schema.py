@@ -1,0 +1,204 @@
+"""The pattern pack schema (ARCHITECTURE §4): what a pack YAML file may say, validated by pydantic.
+
+Unknown fields are errors everywhere, so a typo in a user pack fails at load instead of being ignored.
+Durations are written `90s`, `10m`, `24h`, `7d` or as a number of seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from faultline.models import Action, Component
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+LOG_SOURCES = ("syslog", "journal", "kmsg")
+
+
+def parse_duration(value: object) -> float:
+    """`"10m"` -> 600.0. Accepts numbers (seconds) and strings with a ms/s/m/h/d unit."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"not a duration: {value!r} (write e.g. 30s, 10m, 24h)")
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive: {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Classification(_Strict):
+    """Fields a classification step may set. Unset fields keep what earlier steps decided."""
+
+    fatal: bool | None = None
+    action: Action | None = None
+    component: Component | None = None
+    description: str | None = None
+    cause: str | None = None
+    recommendation: str | None = None
+    name: str | None = None
+    escalate: Escalate | None = None
+
+
+class SetStep(_Strict):
+    set: Classification
+
+
+class TableStep(_Strict):
+    table: str
+    key: str = Field(description="template for the row key, e.g. '{xid}'; skipped when a group is missing")
+    required: bool = Field(default=False, description="fail the match when the key is not in the table")
+
+
+ClassifyStep = SetStep | TableStep
+
+
+class EntitySpec(_Strict):
+    type: str
+    id: str = Field(description="template, e.g. '{pci|bus}'")
+
+
+class Escalate(_Strict):
+    """count >= N within T on the same fault key makes the fault fatal with `action`."""
+
+    count: int = Field(ge=2)
+    within: Duration
+    fatal: bool = True
+    action: Action = Action.COMPONENT_RESET
+
+
+class Threshold(_Strict):
+    """No fault until `count` matches within `within` on the same key; then one fault carrying them all."""
+
+    count: int = Field(ge=2)
+    within: Duration
+
+
+class Flapping(_Strict):
+    """`count` down/up cycles (this fault opened, then cleared) within `within` open a flapping fault."""
+
+    count: int = Field(ge=2)
+    within: Duration
+    code: str
+    fatal: bool = True
+    action: Action = Action.CONTACT_SUPPORT
+    description: str = ""
+
+
+class Then(_Strict):
+    """A-then-B: a fault of this pattern (codes matching `first`) followed by one of `codes` on the same
+    entity within `within` opens the fault `code`."""
+
+    first: list[str] = Field(default_factory=lambda: ["*"])
+    codes: list[str] = Field(min_length=1)
+    within: Duration
+    code: str
+    fatal: bool = True
+    action: Action = Action.COMPONENT_RESET
+    description: str = ""
+
+
+class Clears(_Strict):
+    """Cancellation: this match resolves earlier open faults (by code glob and/or action)."""
+
+    codes: list[str] = Field(default_factory=lambda: ["*"])
+    actions: list[Action] | None = None
+    scope: Literal["entity", "node"] = "entity"
+
+
+class SuppressedBy(_Strict):
+    """Drop this match when one of `codes` was seen on the same entity within `within` (either side)."""
+
+    codes: list[str] = Field(min_length=1)
+    within: Duration
+
+
+class ExpectedMatch(_Strict):
+    line: str
+    expect: dict[str, Any] = Field(default_factory=dict)
+
+
+class Examples(_Strict):
+    match: list[ExpectedMatch | str] = Field(min_length=1)
+    no_match: list[str] = Field(min_length=1)
+
+
+class Pattern(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    description: str
+    kind: Literal["fault", "clear", "boot"] = "fault"
+    sources: list[Literal["syslog", "journal", "kmsg"]] = Field(default_factory=lambda: list(LOG_SOURCES))
+    regex: str
+    ignore_case: bool = False
+    prefilter: list[str] | None = Field(
+        default=None, description="literals one of which every matching line contains; derived if omitted"
+    )
+    code: str = ""
+    component: Component = Component.NODE
+    entity: EntitySpec | None = None
+    classify: list[ClassifyStep] = Field(default_factory=list)
+    message: str | None = None
+    boot_grace: Duration | None = None
+    threshold: Threshold | None = None
+    escalate: Escalate | None = None
+    flapping: Flapping | None = None
+    then: Then | None = None
+    clears: Clears | None = None
+    suppressed_by: SuppressedBy | None = None
+    examples: Examples
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> Pattern:
+        if self.kind == "fault" and not self.code:
+            raise ValueError("a fault pattern needs a `code` template")
+        if self.kind == "clear" and self.clears is None:
+            raise ValueError("a clear pattern needs `clears`")
+        if self.threshold and self.escalate:
+            raise ValueError("`threshold` and `escalate` exclude each other")
+        return self
+
+    @field_validator("prefilter")
+    @classmethod
+    def _prefilter_literals(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("prefilter needs at least one literal")
+            short = [v for v in value if len(v) < 3]
+            if short:
+                raise ValueError(f"prefilter literals must be at least 3 characters: {short}")
+        return value
+
+
+class Pack(_Strict):
+    pack: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    version: int | str = 1
+    description: str = ""
+    tables: dict[str, dict[str, Classification]] = Field(default_factory=dict)
+    patterns: list[Pattern] = Field(default_factory=list)
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _string_keys(cls, value: object) -> object:
+        # YAML turns `79:` into an int; table keys are looked up by rendered template strings.
+        if isinstance(value, dict):
+            return {
+                name: {str(k): v for k, v in rows.items()} if isinstance(rows, dict) else rows
+                for name, rows in value.items()
+            }
+        return value
+
+
+Classification.model_rebuild()

@@ -1,0 +1,88 @@
+"""Renders faults for people (a rich table) and for machines (one JSON object per line)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from faultline.models import Fault
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return dt.isoformat().replace("+00:00", "Z") if dt is not None else None
+
+
+def fault_record(fault: Fault) -> dict[str, Any]:
+    return {
+        "node": fault.node,
+        "entity": {"type": fault.entity.type, "id": fault.entity.id},
+        "code": fault.code,
+        "fatal": fault.fatal,
+        "action": fault.action.value,
+        "count": fault.count,
+        "first_seen": _iso(fault.first_seen),
+        "last_seen": _iso(fault.last_seen),
+        "state": fault.state.value,
+        "resolved_at": _iso(fault.resolved_at),
+        "component": fault.component.value,
+        "description": fault.description,
+        "message": fault.message,
+        "pattern": fault.pattern,
+        "id": fault.id,
+    }
+
+
+def jsonl_lines(faults: Iterable[Fault]) -> list[str]:
+    return [json.dumps(fault_record(f), sort_keys=False, ensure_ascii=False) for f in faults]
+
+
+def _short(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fault_table(faults: list[Fault]) -> Table:
+    table = Table(title=f"{len(faults)} fault(s)", title_justify="left", show_lines=False)
+    for name, style in (
+        ("node", "bold"),
+        ("entity", ""),
+        ("code", "bold"),
+        ("fatal", ""),
+        ("action", ""),
+        ("count", ""),
+        ("first seen (UTC)", ""),
+        ("last seen (UTC)", ""),
+        ("state", ""),
+        ("description", ""),
+    ):
+        table.add_column(
+            name,
+            style=style or None,
+            justify="right" if name == "count" else "left",
+            no_wrap=name != "description",
+        )
+    for f in faults:
+        table.add_row(
+            f.node,
+            f"{f.entity.type} {f.entity.id}".strip(),
+            f.code,
+            "[red]yes[/red]" if f.fatal else "no",
+            f.action.value,
+            str(f.count),
+            _short(f.first_seen),
+            _short(f.last_seen),
+            f.state.value if f.resolved_at is None else f"resolved {_short(f.resolved_at)}",
+            f.description,
+        )
+    return table
+
+
+def print_table(console: Console, faults: list[Fault]) -> None:
+    if not faults:
+        console.print("no faults found")
+        return
+    console.print(fault_table(faults))

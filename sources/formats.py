@@ -1,0 +1,340 @@
+"""Kernel-log line formats: detection and per-line parsing (pure functions, no I/O).
+
+Every parser takes one decoded line and returns a `Parsed` record, or None when the line is not in
+that format.  Time is the line's own time as float epoch seconds (UTC):
+
+- `rfc3164`  `<13>Dec  1 10:00:00 host kernel: msg` (no year and no zone: the year comes from the
+  caller's `YearGuess`, the zone is taken as UTC)
+- `iso`      `2026-12-01T10:00:00.123456+00:00 host kernel: msg` (rsyslog's file format)
+- `rfc5424`  `<13>1 2026-12-01T10:00:00.123Z host kernel - - - msg`
+- `json`     `journalctl -o json` lines
+- `export`   `journalctl -o export` records (parsed by `sources.files`, see `parse_export_fields`)
+- `dmesg`    `[ 1108.858286] msg` (seconds since boot), `[Tue Dec  1 10:00:00 2026] msg` (`dmesg -T`),
+  `2026-12-01T10:00:00,123456+00:00 msg` (`dmesg --time-format iso`)
+- `kmsg`     `/dev/kmsg` records `6,1234,1108858286,-;msg` (microseconds since boot)
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+SOURCE_OF_FORMAT = {
+    "rfc3164": "syslog",
+    "iso": "syslog",
+    "rfc5424": "syslog",
+    "json": "journal",
+    "export": "journal",
+    "dmesg": "kmsg",
+    "kmsg": "kmsg",
+}
+LINE_FORMATS = ("rfc3164", "iso", "rfc5424", "json", "dmesg", "kmsg")
+
+
+class Parsed(NamedTuple):
+    ts: float
+    host: str | None
+    message: str
+    boot: float | None  # boot time, when the line says how long the node has been up
+
+
+@dataclass(frozen=True)
+class YearGuess:
+    """RFC 3164 lines carry no year: use `year`, or the reference (file mtime) year, stepping back one
+    year for months after the reference month (a December line read in January)."""
+
+    ref_year: int
+    ref_month: int
+    fixed: bool = False
+
+    def year_for(self, month: int) -> int:
+        if self.fixed:
+            return self.ref_year
+        return self.ref_year - 1 if month > self.ref_month else self.ref_year
+
+
+@dataclass(frozen=True)
+class Context:
+    year: YearGuess
+    boot_base: float | None = None  # epoch of the boot, for relative dmesg/kmsg times
+
+
+_ISO_CACHE: dict[str, float] = {}
+_3164_CACHE: dict[tuple[int, str], float] = {}
+_UPTIME = re.compile(r"^\[\s*(\d+)\.(\d+)\] ")
+_DMESG_T = re.compile(r"^\[(?:[A-Z][a-z]{2}) ([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\] ")
+_ISO_DMESG = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.](\d+)([+-]\d\d:?\d\d|Z) ")
+
+
+def _cache_put(cache: dict[Any, float], key: Any, value: float) -> float:
+    if len(cache) > 65536:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def iso_epoch(text: str) -> float | None:
+    """`2026-12-01T10:00:00.5+02:00` -> epoch seconds; None if it is not an ISO 8601 timestamp."""
+    base, frac, zone = text[:19], "", "+00:00"
+    rest = text[19:]
+    if rest[:1] in (".", ","):
+        end = 1
+        while end < len(rest) and rest[end].isdigit():
+            end += 1
+        frac, rest = rest[1:end], rest[end:]
+    if rest and rest != "Z":
+        zone = rest
+    key = base + zone
+    whole = _ISO_CACHE.get(key)
+    if whole is None:
+        try:
+            dt = datetime.fromisoformat(base + zone)
+        except ValueError:
+            return None
+        if dt.tzinfo is None:
+            return None
+        whole = _cache_put(_ISO_CACHE, key, dt.timestamp())
+    return whole + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+def _split_tag(rest: str) -> str:
+    """`kernel: [ 12.5] msg` -> `[ 12.5] msg` (the message after the syslog tag)."""
+    i = rest.find(": ")
+    if i < 0 or " " in rest[:i].rstrip(":"):
+        return rest
+    return rest[i + 2 :]
+
+
+def _strip_uptime(message: str, ts: float) -> tuple[str, float | None]:
+    if message.startswith("["):
+        m = _UPTIME.match(message)
+        if m:
+            uptime = int(m.group(1)) + int(m.group(2)) / 10 ** len(m.group(2))
+            return message[m.end() :], ts - uptime
+    return message, None
+
+
+def parse_rfc3164(line: str, ctx: Context) -> Parsed | None:
+    if line.startswith("<"):
+        end = line.find(">", 1, 5)
+        if end < 0:
+            return None
+        line = line[end + 1 :]
+    if len(line) < 17 or line[3] != " " or line[6] != " " or line[9] != ":" or line[15] != " ":
+        return None
+    month = MONTHS.get(line[:3])
+    if month is None:
+        return None
+    year = ctx.year.year_for(month)
+    stamp = line[:15]
+    ts = _3164_CACHE.get((year, stamp))
+    if ts is None:
+        try:
+            day, hms = int(line[4:6]), line[7:15]
+            hh, mm, ss = int(hms[0:2]), int(hms[3:5]), int(hms[6:8])
+            ts = float(calendar.timegm((year, month, day, hh, mm, ss, 0, 0, 0)))
+        except ValueError:
+            return None
+        if not (1 <= day <= 31 and hh < 24 and mm < 60 and ss < 61):
+            return None
+        _cache_put(_3164_CACHE, (year, stamp), ts)
+    host, _, rest = line[16:].partition(" ")
+    if not host:
+        return None
+    message, boot = _strip_uptime(_split_tag(rest), ts)
+    return Parsed(ts, host, message, boot)
+
+
+def parse_iso(line: str, ctx: Context) -> Parsed | None:
+    stamp, _, rest = line.partition(" ")
+    if len(stamp) < 20 or stamp[4] != "-" or stamp[10] != "T":
+        return None
+    ts = iso_epoch(stamp)
+    if ts is None:
+        return None
+    host, _, rest = rest.partition(" ")
+    if not host or not rest:
+        return None
+    message, boot = _strip_uptime(_split_tag(rest), ts)
+    return Parsed(ts, host, message, boot)
+
+
+def parse_rfc5424(line: str, ctx: Context) -> Parsed | None:
+    if line.startswith("<"):
+        end = line.find(">", 1, 5)
+        if end < 0:
+            return None
+        line = line[end + 1 :]
+    parts = line.split(" ", 6)
+    if len(parts) < 7 or parts[0] != "1":
+        return None
+    ts = iso_epoch(parts[1])
+    if ts is None:
+        return None
+    host = parts[2] if parts[2] != "-" else None
+    rest = parts[6]
+    if rest.startswith("-"):
+        rest = rest[2:]
+    elif rest.startswith("["):
+        depth, i, quoted = 0, 0, False
+        while i < len(rest):
+            ch = rest[i]
+            if ch == "\\" and quoted:
+                i += 2
+                continue
+            if ch == '"':
+                quoted = not quoted
+            elif not quoted and ch == "[":
+                depth += 1
+            elif not quoted and ch == "]":
+                depth -= 1
+                if depth == 0 and (i + 1 >= len(rest) or rest[i + 1] != "["):
+                    break
+            i += 1
+        rest = rest[i + 2 :]
+    else:
+        return None
+    if rest.startswith("\ufeff"):
+        rest = rest[1:]
+    message, boot = _strip_uptime(rest, ts)
+    return Parsed(ts, host, message, boot)
+
+
+def _journal_message(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, int) for b in value):
+        return bytes(b & 0xFF for b in value).decode("utf-8", "replace")
+    return None
+
+
+def journal_record(fields: dict[str, Any]) -> Parsed | None:
+    """A journal entry (from `-o json` or `-o export`) as a Parsed line."""
+    message = _journal_message(fields.get("MESSAGE"))
+    stamp = fields.get("__REALTIME_TIMESTAMP")
+    if message is None or not isinstance(stamp, str) or not stamp.isdigit():
+        return None
+    ts = int(stamp) / 1e6
+    boot = None
+    mono = fields.get("_SOURCE_MONOTONIC_TIMESTAMP") or fields.get("__MONOTONIC_TIMESTAMP")
+    if isinstance(mono, str) and mono.isdigit():
+        boot = ts - int(mono) / 1e6
+    host = fields.get("_HOSTNAME")
+    return Parsed(ts, host if isinstance(host, str) else None, message, boot)
+
+
+def parse_json(line: str, ctx: Context) -> Parsed | None:
+    if not line.startswith("{"):
+        return None
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        return None
+    return journal_record(fields) if isinstance(fields, dict) else None
+
+
+def parse_dmesg(line: str, ctx: Context) -> Parsed | None:
+    if line.startswith("["):
+        m = _UPTIME.match(line)
+        if m:
+            uptime = int(m.group(1)) + int(m.group(2)) / 10 ** len(m.group(2))
+            base = ctx.boot_base if ctx.boot_base is not None else 0.0
+            return Parsed(base + uptime, None, line[m.end() :], base)
+        m = _DMESG_T.match(line)
+        if m and m.group(1) in MONTHS:
+            mon, day, hh, mi, ss, year = m.groups()
+            try:
+                ts = float(calendar.timegm((int(year), MONTHS[mon], int(day), int(hh), int(mi), int(ss), 0, 0, 0)))
+            except ValueError:
+                return None
+            return Parsed(ts, None, line[m.end() :], None)
+        return None
+    m = _ISO_DMESG.match(line)
+    if m:
+        ts = iso_epoch(f"{m.group(1)}.{m.group(2)}{m.group(3)}")
+        if ts is not None:
+            return Parsed(ts, None, line[m.end() :], None)
+    return None
+
+
+def parse_kmsg(line: str, ctx: Context) -> Parsed | None:
+    head, sep, message = line.partition(";")
+    if not sep:
+        return None
+    fields = head.split(",")
+    if len(fields) < 4 or not (fields[0].isdigit() and fields[1].isdigit() and fields[2].isdigit()):
+        return None
+    base = ctx.boot_base if ctx.boot_base is not None else 0.0
+    return Parsed(base + int(fields[2]) / 1e6, None, message, base)
+
+
+PARSERS = {
+    "rfc3164": parse_rfc3164,
+    "iso": parse_iso,
+    "rfc5424": parse_rfc5424,
+    "json": parse_json,
+    "dmesg": parse_dmesg,
+    "kmsg": parse_kmsg,
+}
+
+
+def parse_line(fmt: str, line: str, ctx: Context) -> tuple[str, Parsed] | None:
+    """Parse `line` as `fmt`, falling back to the other line formats (mixed files).
+
+    Returns (the format that parsed it, the record) or None when no format does.
+    """
+    parsed = PARSERS[fmt](line, ctx) if fmt in PARSERS else None
+    if parsed is not None:
+        return fmt, parsed
+    for other in LINE_FORMATS:
+        if other != fmt:
+            parsed = PARSERS[other](line, ctx)
+            if parsed is not None:
+                return other, parsed
+    return None
+
+
+def detect(sample_lines: list[str], ctx: Context) -> str | None:
+    """The format most of the sample's non-empty lines parse as (export detected by its fields)."""
+    lines = [ln for ln in sample_lines if ln.strip()][:64]
+    if not lines:
+        return None
+    if lines[0].startswith("__CURSOR=") or (
+        all("=" in ln for ln in lines[:8]) and any(ln.startswith("__REALTIME_TIMESTAMP=") for ln in lines)
+    ):
+        return "export"
+    votes = dict.fromkeys(LINE_FORMATS, 0)
+    for ln in lines:
+        for fmt in LINE_FORMATS:
+            if PARSERS[fmt](ln, ctx) is not None:
+                votes[fmt] += 1
+                break
+    best = max(votes, key=lambda f: votes[f])
+    return best if votes[best] > 0 else None
+
+
+def last_uptime(lines: list[str]) -> float | None:
+    """The largest seconds-since-boot stamp among dmesg or kmsg lines (to anchor relative times)."""
+    best = None
+    for ln in lines:
+        m = _UPTIME.match(ln)
+        if m:
+            best = int(m.group(1)) + int(m.group(2)) / 10 ** len(m.group(2))
+            continue
+        head = ln.partition(";")[0].split(",")
+        if len(head) >= 4 and head[2].isdigit():
+            best = int(head[2]) / 1e6
+    return best
+
+
+def parse_export_fields(record: dict[str, bytes]) -> Parsed | None:
+    fields: dict[str, Any] = {}
+    for key in ("MESSAGE", "__REALTIME_TIMESTAMP", "_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP", "_HOSTNAME"):
+        if key in record:
+            fields[key] = record[key].decode("utf-8", "replace")
+    return journal_record(fields)
