@@ -24,8 +24,8 @@ patterns_app = typer.Typer(help="Check pattern packs.", no_args_is_help=True)
 app.add_typer(patterns_app, name="patterns")
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
-out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=False, emoji=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, emoji=False)
 
 
 class OutputFormat(StrEnum):

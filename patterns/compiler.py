@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import fnmatch
 import re as stdre
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ MATCH_TIMEOUT = 0.05  # seconds one rule's regex may spend on one message
 CACHE_SIZE = 16384
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
+_UNANCHORED = re2._re2.RE2.Anchor.UNANCHORED
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,7 @@ class CompiledPattern:
         fatal, action = False, Action.NONE.value
         component, description = spec.component.value, spec.description
         escalate = self.escalate
+        ignore = False
         for step in self.steps:
             row = step.fixed
             if step.table is not None and step.key is not None:
@@ -185,6 +187,9 @@ class CompiledPattern:
             component = row.component.value if row.component is not None else component
             description = row.description if row.description is not None else description
             escalate = row.escalate if row.escalate is not None else escalate
+            ignore = row.ignore if row.ignore is not None else ignore
+        if ignore:
+            return None
         esc = (escalate.count, escalate.within, escalate.fatal, escalate.action.value) if escalate else None
         return Hit(
             self.index,
@@ -262,7 +267,29 @@ class CompiledPacks:
                 literal_parts.append(f"(?i:{part})" if p.spec.ignore_case else part)
         alternation = "|".join(sorted(set(literal_parts)))
         self.scanner = re2.compile(alternation.encode("utf-8"), _RE2_OPTIONS)
+        # The same search widened to whole lines, so a match's span is the candidate line itself.
+        self._line_scanner = re2.compile(f"[^\n]*(?:{alternation})[^\n]*".encode(), _RE2_OPTIONS)
         self.literals = sorted({lit for p in self.patterns for lit in p.literals})
+
+    def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]:
+        """(start, end) of every line in `data` that holds a prefilter literal, end excluding the newline."""
+        raw = getattr(self._line_scanner, "_regexp", None)
+        if raw is None:  # the binding changed shape: fall back to its public iterator
+            for m in self._line_scanner.finditer(data):
+                yield m.start(), m.end()
+            return
+        # google-re2's finditer wraps every match in Python objects; calling the compiled RE2 directly
+        # is the same search without that per-match overhead.
+        match, pos, end = raw.Match, 0, len(data)
+        while pos < end:
+            span = match(_UNANCHORED, data, pos, end)[0]
+            if span[0] < 0:
+                return
+            yield span
+            pos = span[1] + 1
+
+    def prefilter(self, message: str) -> bool:
+        return self.scanner.search(message.encode("utf-8", "replace")) is not None
 
     def by_id(self, pattern_id: str) -> CompiledPattern:
         for p in self.patterns:

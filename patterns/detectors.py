@@ -54,18 +54,27 @@ class Counters:
     cleared: int = 0
 
 
-def _remember(times: list[float], ts: float, cap: int = RECENT_CAP) -> None:
+def _remember(times: list[float], ts: float, cap: int = RECENT_CAP) -> int:
+    """Insert `ts` in the sorted, capped list; return its index (the usual in-order case is an append)."""
     if not times or ts >= times[-1]:
         times.append(ts)
+        index = len(times) - 1
     else:
-        bisect.insort(times, ts)
+        index = bisect.bisect_right(times, ts)
+        times.insert(index, ts)
     if len(times) > cap:
-        del times[: len(times) - cap]
+        drop = len(times) - cap
+        del times[:drop]
+        index -= drop
+    return index
 
 
-def _reached(times: list[float], count: int, within: float) -> bool:
-    """Is there a window of `within` seconds holding `count` of the (sorted) timestamps?"""
-    return any(times[i + count - 1] - times[i] <= within for i in range(len(times) - count + 1))
+def _reached(times: list[float], index: int, count: int, within: float) -> bool:
+    """Does a window of `within` seconds around times[index] hold `count` of the sorted timestamps?"""
+    if index < 0:
+        return False
+    last_start = min(index, len(times) - count)
+    return any(times[j + count - 1] - times[j] <= within for j in range(max(0, index - count + 1), last_start + 1))
 
 
 def _near(times: list[float], ts: float, within: float, *, before_only: bool = False) -> bool:
@@ -86,6 +95,7 @@ class NodeDetector:
         self.pending: dict[FaultKey, list[float]] = {}
         self.boots: list[float] = []
         self.counters = Counters()
+        self._roles: dict[str, tuple[bool, bool]] = {}
 
     # -- entry point -------------------------------------------------------------------------------
     def observe(self, ts: float, hit: Hit, message: str, boot: float | None = None) -> None:
@@ -112,8 +122,8 @@ class NodeDetector:
         fault = self.faults.get(key)
         if fault is None and rules.threshold is not None:
             times = self.pending.setdefault(key, [])
-            _remember(times, ts, max(RECENT_CAP, rules.threshold.count))
-            if not _reached(times, rules.threshold.count, rules.threshold.within):
+            at = _remember(times, ts, max(RECENT_CAP, rules.threshold.count))
+            if not _reached(times, at, rules.threshold.count, rules.threshold.within):
                 self.counters.below_threshold += 1
                 return
             del self.pending[key]
@@ -122,10 +132,14 @@ class NodeDetector:
             fault.recent = times[:-1]
         elif fault is None:
             fault = self._open(key, hit, ts, message)
-        self._count(fault, ts, message, hit)
-        self._escalate(fault, hit)
-        self._sequences(ts, hit, message)
-        self._supersede(ts, hit)
+        at = self._count(fault, ts, message, hit)
+        if hit.escalate is not None and not fault.escalated:
+            self._escalate(fault, hit.escalate, at)
+        then_target, suppressor = self._code_roles(hit.code)
+        if then_target:
+            self._sequences(ts, hit, message)
+        if suppressor:
+            self._supersede(ts, hit)
 
     # -- helpers -----------------------------------------------------------------------------------
     def _open(self, key: FaultKey, hit: Hit, ts: float, message: str) -> OpenFault:
@@ -143,7 +157,22 @@ class NodeDetector:
     def _entity_faults(self, entity_type: str, entity_id: str) -> list[OpenFault]:
         return list(self.by_entity.get((entity_type, entity_id), {}).values())
 
-    def _count(self, fault: OpenFault, ts: float, message: str, hit: Hit) -> None:
+    def _code_roles(self, code: str) -> tuple[bool, bool]:
+        """(can this code complete an A-then-B rule, can it suppress another pattern's faults), cached."""
+        roles = self._roles.get(code)
+        if roles is None:
+            rules = [p.rules for p in self.compiled.patterns]
+            roles = (
+                any(r.then is not None and any(fnmatch.fnmatchcase(code, c) for c in r.then.codes) for r in rules),
+                any(
+                    r.suppressed_by is not None and any(fnmatch.fnmatchcase(code, c) for c in r.suppressed_by.codes)
+                    for r in rules
+                ),
+            )
+            self._roles[code] = roles
+        return roles
+
+    def _count(self, fault: OpenFault, ts: float, message: str, hit: Hit) -> int:
         fault.count += 1
         fault.first_seen = min(fault.first_seen, ts)
         if ts >= fault.last_seen:
@@ -155,13 +184,11 @@ class NodeDetector:
             fault.fatal = True
         if _SEVERITY[hit.action] > _SEVERITY[fault.action]:
             fault.action = hit.action
-        _remember(fault.recent, ts)
+        return _remember(fault.recent, ts)
 
-    def _escalate(self, fault: OpenFault, hit: Hit) -> None:
-        if hit.escalate is None or fault.escalated:
-            return
-        count, within, fatal, action = hit.escalate
-        if _reached(fault.recent, count, within):
+    def _escalate(self, fault: OpenFault, escalate: tuple[int, float, bool, str], at: int) -> None:
+        count, within, fatal, action = escalate
+        if _reached(fault.recent, at, count, within):
             fault.escalated = True
             fault.fatal = fault.fatal or fatal
             if _SEVERITY[action] > _SEVERITY[fault.action]:
@@ -194,8 +221,8 @@ class NodeDetector:
             self.counters.cleared += 1
             flapping = self.compiled.patterns[fault.pattern].rules.flapping
             if flapping is not None:
-                _remember(fault.cycles, ts, max(RECENT_CAP, flapping.count))
-                if _reached(fault.cycles, flapping.count, flapping.within):
+                at = _remember(fault.cycles, ts, max(RECENT_CAP, flapping.count))
+                if _reached(fault.cycles, at, flapping.count, flapping.within):
                     self._derived(
                         ts, fault, flapping.code, flapping.fatal, flapping.action.value,
                         flapping.description or f"{fault.code} flapping", fault.message,

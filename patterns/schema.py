@@ -51,6 +51,7 @@ class Classification(_Strict):
     recommendation: str | None = None
     name: str | None = None
     escalate: Escalate | None = None
+    ignore: bool | None = Field(default=None, description="true: matching lines produce nothing")
 
 
 class SetStep(_Strict):

@@ -46,6 +46,7 @@ class Chunk:
     file: FileInfo
     first_line: int
     data: bytes = b""
+    offset: int = 0  # stream offset of data[0] (uncompressed)
     records: list[tuple[int, formats.Parsed | None]] = field(default_factory=list)
     lines: int = 0
     bad_lines: int = 0
@@ -179,6 +180,7 @@ class TextChunker:
         self.chunk = chunk
         self.max_line = max_line
         self.line_no = 1  # number of the next line to emit
+        self.pos = 0  # stream offset of the first byte of `carry`
         self.carry = b""
         self.skipping = False  # inside an over-long line, discarding to its end
         self.done = False
@@ -195,30 +197,36 @@ class TextChunker:
             out.nbytes += len(block)
             if not block:
                 self.done = True
-                tail, self.carry = self.carry, b""
                 if self.skipping:
                     self._oversize(out)
-                elif tail:
-                    out.data = tail
+                elif self.carry:
+                    out.data, out.offset, self.carry = self.carry, self.pos, b""
                 self._count(out)
                 return out
             if self.skipping:
                 nl = block.find(b"\n")
                 if nl < 0:
+                    self.pos += len(block)
                     continue
                 self._oversize(out)
+                self.pos += nl + 1
                 block = block[nl + 1 :]
                 self.skipping = False
                 out.first_line = self.line_no
-            buf = self.carry + block if self.carry else block
-            nl = buf.rfind(b"\n")
+            nl = block.rfind(b"\n")
             if nl < 0:
-                self.carry = buf
-                if len(buf) > self.max_line:
+                self.carry += block
+                if len(self.carry) > self.max_line:
+                    self.pos += len(self.carry)
                     self.carry, self.skipping = b"", True
                 continue
-            out.data, self.carry = buf[: nl + 1], buf[nl + 1 :]
+            # one copy: the carried partial line joined with this block's whole lines
+            out.data = b"".join((self.carry, memoryview(block)[: nl + 1])) if self.carry else block[: nl + 1]
+            out.offset = self.pos
+            self.pos += len(out.data)
+            self.carry = block[nl + 1 :]
             if len(self.carry) > self.max_line:
+                self.pos += len(self.carry)
                 self.carry, self.skipping = b"", True
             self._count(out)
             return out

@@ -152,7 +152,8 @@ def parse_rfc3164(line: str, ctx: Context) -> Parsed | None:
 
 def parse_iso(line: str, ctx: Context) -> Parsed | None:
     stamp, _, rest = line.partition(" ")
-    if len(stamp) < 20 or stamp[4] != "-" or stamp[10] != "T":
+    # rsyslog writes a '.' before the fraction; `dmesg --time-format iso` writes a ',' (see parse_dmesg)
+    if len(stamp) < 20 or stamp[4] != "-" or stamp[10] != "T" or stamp[19] == ",":
         return None
     ts = iso_epoch(stamp)
     if ts is None:

@@ -17,22 +17,19 @@ from sources.files import MAX_LINE, Chunk
 MAX_DIAGS_PER_FILE = 5
 
 
-class Finder(Protocol):
-    def finditer(self, data: bytes) -> Iterator[Any]: ...
-    def search(self, data: bytes) -> Any: ...
-
-
 class Matcher(Protocol):
     """What the scan needs from the pattern engine: a byte prefilter and a message matcher."""
 
-    @property
-    def scanner(self) -> Finder: ...
+    def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]: ...
+
+    def prefilter(self, message: str) -> bool: ...
 
     def match(self, source: str, message: str) -> tuple[Any, ...]: ...
 
 
 class Timed(NamedTuple):
-    """One hit at one time. `order` (file index, line number) breaks ties deterministically."""
+    """One hit at one time. `order` (file index, byte offset or record number) breaks ties
+    deterministically."""
 
     ts: float
     order: tuple[int, int]
@@ -152,44 +149,37 @@ def _scan_text(chunk: Chunk, matcher: Matcher, node_override: str | None, result
             stats.invalid_utf8 += len(bad)
             for ls in bad:
                 diags.add("utf8", line_no_of(ls), "invalid UTF-8, decoded with replacement characters")
-    next_start = 0
-    counted_to, counted_no = 0, chunk.first_line
+    offset = chunk.offset
     warned_mixed = False
-    for m in matcher.scanner.finditer(data):
-        pos = m.start()
-        if pos < next_start:
-            continue
-        ls = data.rfind(b"\n", 0, pos) + 1
-        le = data.find(b"\n", pos)
-        if le < 0:
-            le = len(data)
-        next_start = le + 1
-        counted_no += data.count(b"\n", counted_to, ls)
-        counted_to = ls
+    for ls, le in matcher.candidate_lines(data):
         stats.candidates += 1
         if ls in binary:
             continue
         if le - ls > MAX_LINE:
             stats.oversize += 1
-            diags.add("oversize", counted_no, f"line longer than {MAX_LINE} bytes, skipped")
+            diags.add("oversize", line_no_of(ls), f"line longer than {MAX_LINE} bytes, skipped")
             continue
-        text = data[ls:le].decode("utf-8", "replace").rstrip("\r")
-        parsed = formats.parse_line(fmt, text, ctx)
+        text = data[ls:le].decode("utf-8", "replace")
+        parsed = formats.parse_line(fmt, text.rstrip("\r"), ctx)
         if parsed is None:
             stats.unparseable += 1
-            diags.add("unparseable", counted_no, f"not a {fmt} line, skipped: {text[:120]!r}")
+            diags.add("unparseable", line_no_of(ls), f"not a {fmt} line, skipped: {text[:120]!r}")
             continue
         line_fmt, rec = parsed
         if line_fmt != fmt:
             stats.mixed += 1
             if not warned_mixed:
-                diags.add("mixed", counted_no, f"line is {line_fmt}, file was detected as {fmt}")
+                diags.add("mixed", line_no_of(ls), f"line is {line_fmt}, file was detected as {fmt}")
                 warned_mixed = True
         hits = matcher.match(formats.SOURCE_OF_FORMAT[line_fmt], rec.message)
         if hits:
             node = node_override or rec.host or info.default_node
+            bucket = result.by_node.get(node)
+            if bucket is None:
+                bucket = result.by_node[node] = []
+            order = (file_index, offset + ls)
             for hit in hits:
-                _add(result, node, Timed(rec.ts, (file_index, counted_no), hit, rec.message, rec.boot))
+                bucket.append(Timed(rec.ts, order, hit, rec.message, rec.boot))
 
 
 def _scan_records(chunk: Chunk, matcher: Matcher, node_override: str | None, result: ScanResult) -> None:
@@ -197,7 +187,7 @@ def _scan_records(chunk: Chunk, matcher: Matcher, node_override: str | None, res
     for record_no, rec in chunk.records:
         if rec is None:
             continue
-        if matcher.scanner.search(rec.message.encode("utf-8", "replace")) is None:
+        if not matcher.prefilter(rec.message):
             continue
         result.stats.candidates += 1
         hits = matcher.match("journal", rec.message)
