@@ -25,18 +25,36 @@ MONTHS = [m for m in calendar.month_abbr if m]
 NOISE = [
     ("systemd[1]", "Started session-{n}.scope - Session {n} of User ubuntu."),
     ("systemd[1]", "Finished logrotate.service - Rotate log files."),
-    ("sshd[{pid}]", "Accepted publickey for ubuntu from 10.20.{a}.{b} port {port} ssh2: ED25519 SHA256:qk3v9x"),
+    (
+        "sshd[{pid}]",
+        "Accepted publickey for ubuntu from 10.20.{a}.{b} port {port} ssh2: ED25519 SHA256:qk3v9x",
+    ),
     ("sshd[{pid}]", "pam_unix(sshd:session): session closed for user ubuntu"),
     ("CRON[{pid}]", "(root) CMD (/usr/lib/sysstat/debian-sa1 1 1)"),
-    ("kubelet[{pid}]", 'I1130 08:00:00.000000 {pid} kubelet.go:2410] "SyncLoop (PLEG): event for pod" pod="train/job-{n}-worker-0"'),
-    ("kubelet[{pid}]", 'I1130 08:00:00.000000 {pid} prober.go:107] "Probe succeeded" probeType="Readiness" pod="kube-system/dcgm-exporter-{n}"'),
-    ("containerd[{pid}]", 'time="2026-11-30T08:00:00Z" level=info msg="StartContainer for \\"{hex}\\" returns successfully"'),
+    (
+        "kubelet[{pid}]",
+        'I1130 08:00:00.000000 {pid} kubelet.go:2410] "SyncLoop (PLEG): event for pod" pod="train/job-{n}-worker-0"',
+    ),
+    (
+        "kubelet[{pid}]",
+        'I1130 08:00:00.000000 {pid} prober.go:107] "Probe succeeded" probeType="Readiness" pod="kube-system/dcgm-exporter-{n}"',
+    ),
+    (
+        "containerd[{pid}]",
+        'time="2026-11-30T08:00:00Z" level=info msg="StartContainer for \\"{hex}\\" returns successfully"',
+    ),
     ("kernel", "[{up}] IPv6: ADDRCONF(NETDEV_CHANGE): veth{hex6}: link becomes ready"),
     ("kernel", "[{up}] cni0: port {a}(veth{hex6}) entered forwarding state"),
     ("nvidia-persistenced[{pid}]", "device 0000:{bus}:00.0 - persistence mode enabled."),
     ("chronyd[{pid}]", "Selected source 10.0.0.{a} (ntp.internal)"),
-    ("systemd-journald[{pid}]", "Data hash table of /var/log/journal/{hex}/system.journal has a fill level at 75.0"),
-    ("dockerd[{pid}]", 'time="2026-11-30T08:00:00Z" level=warning msg="cleaning up after shim disconnected" id={hex}'),
+    (
+        "systemd-journald[{pid}]",
+        "Data hash table of /var/log/journal/{hex}/system.journal has a fill level at 75.0",
+    ),
+    (
+        "dockerd[{pid}]",
+        'time="2026-11-30T08:00:00Z" level=warning msg="cleaning up after shim disconnected" id={hex}',
+    ),
 ]
 GPU_BUSES = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
 
@@ -68,12 +86,12 @@ def iso(ts: float, host: str, tag: str, msg: str) -> str:
 
 def rfc5424(ts: float, host: str, tag: str, msg: str) -> str:
     t = datetime.fromtimestamp(ts, tz=UTC)
-    app = tag.split("[")[0]
+    app = tag.split("[", maxsplit=1)[0]
     return f"<4>1 {t:%Y-%m-%dT%H:%M:%S}.{t.microsecond // 1000:03d}Z {host} {app} - - - {msg}"
 
 
 def journal_fields(ts: float, host: str, tag: str, msg: str, boot: float) -> dict[str, str]:
-    app = tag.split("[")[0]
+    app = tag.split("[", maxsplit=1)[0]
     fields = {
         "__REALTIME_TIMESTAMP": str(int(ts * 1e6)),
         "__MONOTONIC_TIMESTAMP": str(int((ts - boot) * 1e6)),
@@ -104,11 +122,25 @@ def scenario_node01(t: float) -> list[Event]:
     """RFC 3164: boot, link-down inside boot grace, XID 79 with its 'fallen off the bus' twin and 154,
     an XID 13 burst that escalates, an XID 45 flood, NIC flapping, then a reboot that clears the 79."""
     k = "kernel"
-    ev: list[Event] = [(t, k, "[    0.000000] Linux version 6.8.0-45-generic (buildd@lcy02-amd64-115) #45-Ubuntu SMP")]
+    ev: list[Event] = [
+        (t, k, "[    0.000000] Linux version 6.8.0-45-generic (buildd@lcy02-amd64-115) #45-Ubuntu SMP")
+    ]
     ev.append((t + 40, k, "[   40.100000] mlx5_core 0000:0c:00.0 ibp12s0: Link down"))
     ev.append((t + 45, k, "[   45.100000] mlx5_core 0000:0c:00.0 ibp12s0: Link up"))
     for i in range(6):  # XID 13 on one GPU: escalates at the 5th within an hour
-        ev.append((t + 600 + i * 300, k, xid("3a", 13, "Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0): Out Of Range Address", 51200, "train.py")))
+        ev.append(
+            (
+                t + 600 + i * 300,
+                k,
+                xid(
+                    "3a",
+                    13,
+                    "Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0): Out Of Range Address",
+                    51200,
+                    "train.py",
+                ),
+            )
+        )
     for i in range(40):  # an XID 45 flood from job teardown: one fault, count 40
         ev.append((t + 3000 + i * 0.5, k, xid("5d", 45, "Ch 00000010", 51200 + i % 4, "train.py")))
     for i in range(4):  # NIC flapping: 4 down/up cycles in 8 minutes
@@ -116,8 +148,16 @@ def scenario_node01(t: float) -> list[Event]:
         ev.append((t + 4030 + i * 120, k, "mlx5_core 0000:0c:00.1 ibp12s1: Link up"))
     ev.append((t + 7200, k, xid("9a", 79, "GPU has fallen off the bus.", 51200, "train.py")))
     ev.append((t + 7200.2, k, "NVRM: GPU 0000:9a:00.0: GPU has fallen off the bus."))
-    ev.append((t + 7201, k, "NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"))
-    ev.append((t + 9000, k, "[    0.000000] Linux version 6.8.0-45-generic (buildd@lcy02-amd64-115) #45-Ubuntu SMP"))
+    ev.append(
+        (
+            t + 7201,
+            k,
+            "NVRM: Xid (PCI:0000:9a:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+        )
+    )
+    ev.append(
+        (t + 9000, k, "[    0.000000] Linux version 6.8.0-45-generic (buildd@lcy02-amd64-115) #45-Ubuntu SMP")
+    )
     ev.append((t + 9040, k, "[   40.200000] mlx5_core 0000:0c:00.0 ibp12s0: Link down"))
     return ev
 
@@ -126,9 +166,21 @@ def scenario_node02(t: float) -> list[Event]:
     """ISO syslog: DBE (XID 48) followed by a row remap (XID 63), an uncontained error with its reset, XID 94."""
     k = "kernel"
     return [
-        (t + 100, k, xid("18", 48, "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.")),
+        (
+            t + 100,
+            k,
+            xid(
+                "18",
+                48,
+                "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, subpartition 0.",
+            ),
+        ),
         (t + 160, k, xid("18", 63, "Row Remapper: New row marked for remapping, reset gpu to activate.")),
-        (t + 161, k, "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)"),
+        (
+            t + 161,
+            k,
+            "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)",
+        ),
         (t + 900, k, xid("2a", 95, "Uncontained: SM 0 ECC DBE, channel 0x0000004b")),
         (t + 901, k, xid("2a", 45, "Ch 0000004b")),
         (t + 1500, "nvidia-reset[7711]", "GPU 00000000:2A:00.0 was successfully reset."),
@@ -140,12 +192,24 @@ def scenario_node03(t: float) -> list[Event]:
     """Journal JSON: NVSwitch SXids of every severity, a thermal start/end pair and an NVLink XID 74."""
     k = "kernel"
     return [
-        (t + 50, k, "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)"),
-        (t + 51, k, "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 20009, Non-fatal, Link 04 RX Short Error Rate"),
+        (
+            t + 50,
+            k,
+            "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)",
+        ),
+        (
+            t + 51,
+            k,
+            "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 20009, Non-fatal, Link 04 RX Short Error Rate",
+        ),
         (t + 52, k, "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 12021, Correctable, Link 04 ingress SBE"),
         (t + 300, k, "nvidia-nvswitch2: SXid (PCI:0000:c2:00.0): 10004, Thermal event start"),
         (t + 420, k, "nvidia-nvswitch2: SXid (PCI:0000:c2:00.0): 10005, Thermal event end"),
-        (t + 600, k, xid("ba", 74, "NVLink: fatal error detected on link 14(0x100000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)")),
+        (
+            t + 600,
+            k,
+            xid("ba", 74, "NVLink: fatal error detected on link 14(0x100000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)"),
+        ),
     ]
 
 
@@ -154,19 +218,55 @@ def scenario_node04(t: float) -> list[Event]:
     k = "kernel"
     return [
         (t + 20, k, "NVRM: GPU 0000:db:00.0: RmInitAdapter failed! (0x26:0x56:1474)"),
-        (t + 700, k, xid("5d", 119, "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).")),
-        (t + 760, k, xid("5d", 119, "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).")),
-        (t + 761, k, "NVRM: Xid (PCI:0000:5d:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"),
-        (t + 1200, k, "nvidia 0000:3a:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)"),
+        (
+            t + 700,
+            k,
+            xid(
+                "5d",
+                119,
+                "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
+            ),
+        ),
+        (
+            t + 760,
+            k,
+            xid(
+                "5d",
+                119,
+                "Timeout after 6s of waiting for RPC response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20802a02 0x8).",
+            ),
+        ),
+        (
+            t + 761,
+            k,
+            "NVRM: Xid (PCI:0000:5d:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+        ),
+        (
+            t + 1200,
+            k,
+            "nvidia 0000:3a:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
+        ),
     ]
 
 
 def scenario_node05(t: float) -> list[Event]:
     """dmesg (--time-format iso): NVLink5 XIDs with the severity in the line, one injected."""
     return [
-        (t + 10, "kernel", "NVRM: Xid (PCI:0008:06:00): 145, RLW_REMAP Fatal XC0 i0 Link 03 (0x00040406 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)"),
-        (t + 20, "kernel", "NVRM: Xid (PCI:0009:06:00): 149, NETIR_BER_EVENT Nonfatal XC1 i0 Link 12 (0x00000016 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)"),
-        (t + 30, "kernel", "NVRM: Xid (PCI:0018:06:00): 146, TLW_RX_PIPE0 Fatal XC0 i1 Link 07 (0x00000004 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)"),
+        (
+            t + 10,
+            "kernel",
+            "NVRM: Xid (PCI:0008:06:00): 145, RLW_REMAP Fatal XC0 i0 Link 03 (0x00040406 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)",
+        ),
+        (
+            t + 20,
+            "kernel",
+            "NVRM: Xid (PCI:0009:06:00): 149, NETIR_BER_EVENT Nonfatal XC1 i0 Link 12 (0x00000016 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)",
+        ),
+        (
+            t + 30,
+            "kernel",
+            "NVRM: Xid (PCI:0018:06:00): 146, TLW_RX_PIPE0 Fatal XC0 i1 Link 07 (0x00000004 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)",
+        ),
     ]
 
 
@@ -182,10 +282,26 @@ def scenario_node07(t: float) -> list[Event]:
     """RFC 5424 across rotated files: NIC module error, cable unplugged then plugged, NIC AER fatal error."""
     k = "kernel"
     return [
-        (t + 100, k, "mlx5_core 0000:5e:00.0: mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 0, Cable error, Bus stuck (I2C or data shorted)"),
-        (t + 5000, k, "mlx5_core 0000:5e:00.1: mlx5_port_module_event:1110:(pid 0): Port module event: module 1, Cable unplugged"),
-        (t + 5600, k, "mlx5_core 0000:5e:00.1: mlx5_port_module_event:1110:(pid 0): Port module event: module 1, Cable plugged"),
-        (t + 9000, k, "mlx5_core 0000:5e:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)"),
+        (
+            t + 100,
+            k,
+            "mlx5_core 0000:5e:00.0: mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 0, Cable error, Bus stuck (I2C or data shorted)",
+        ),
+        (
+            t + 5000,
+            k,
+            "mlx5_core 0000:5e:00.1: mlx5_port_module_event:1110:(pid 0): Port module event: module 1, Cable unplugged",
+        ),
+        (
+            t + 5600,
+            k,
+            "mlx5_core 0000:5e:00.1: mlx5_port_module_event:1110:(pid 0): Port module event: module 1, Cable plugged",
+        ),
+        (
+            t + 9000,
+            k,
+            "mlx5_core 0000:5e:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)",
+        ),
     ]
 
 
@@ -283,10 +399,15 @@ def large_lines(n: int, *, seed: int = 11, gpu_share: float = 0.03, nodes: int =
             if kind < 0.4:
                 flood = [xid(bus, 45, f"Ch {rng.randint(1, 64):08x}")] * rng.randint(10, 40)
             elif kind < 0.7:
-                flood = [xid(bus, 13, "Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address")] * rng.randint(5, 30)
+                flood = [
+                    xid(bus, 13, "Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address")
+                ] * rng.randint(5, 30)
             elif kind < 0.9:
                 nic = f"ibp{rng.randint(1, 16)}s0"
-                flood = [f"mlx5_core 0000:0c:00.0 {nic}: Link {'up' if j % 2 else 'down'}" for j in range(rng.randint(4, 20))]
+                flood = [
+                    f"mlx5_core 0000:0c:00.0 {nic}: Link {'up' if j % 2 else 'down'}"
+                    for j in range(rng.randint(4, 20))
+                ]
             else:
                 flood = [rng.choice([
                     xid(bus, 79, "GPU has fallen off the bus."),
@@ -317,7 +438,9 @@ def large(path: Path, n: int, *, seed: int = 11, gpu_share: float = 0.03) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sample", help="write the sample corpus into DIR")
     s.add_argument("dir", type=Path)

@@ -10,9 +10,9 @@ chunk, cross the key exchange.  Step ids are constants: they are the recovery co
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import bytewax.operators as op
@@ -143,9 +143,9 @@ def run(
     timeouts_before = compiled.timeouts
     epoch = timedelta(seconds=EPOCH_INTERVAL_S)
     if workers <= 1:
-        run_main(flow, epoch_interval=epoch)
+        run_main(flow, epoch_interval=epoch)  # type: ignore[no-untyped-call]
     else:
-        cluster_main(flow, [], 0, epoch_interval=epoch, worker_count_per_proc=workers)
+        cluster_main(flow, [], 0, epoch_interval=epoch, worker_count_per_proc=workers)  # type: ignore[no-untyped-call]
     result.seconds = time.perf_counter() - started
     result.regex_timeouts = compiled.timeouts - timeouts_before
     result.stats.files = sum(len(g) for g in groups)

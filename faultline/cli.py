@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from datetime import datetime
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from faultline.errors import FaultlineError, InputError, PackError
+from faultline.errors import FaultlineError, PackError
+
+if TYPE_CHECKING:
+    from patterns.compiler import CompiledPacks
+    from sources.files import FileInfo
 
 app = typer.Typer(
     help="faultline: GPU fault detection, quarantine and remediation for Kubernetes.",
@@ -43,7 +49,7 @@ class LogFormat(StrEnum):
     kmsg = "kmsg"
 
 
-def _compile(packs: list[Path], *, builtin: bool = True, check_examples: bool = True):  # type: ignore[no-untyped-def]  # noqa: ANN202
+def _compile(packs: list[Path], *, builtin: bool = True, check_examples: bool = True) -> CompiledPacks:
     from patterns import compiler, loader  # noqa: PLC0415 - keep `--help` fast
 
     return compiler.compile_packs(loader.load(packs, builtin=builtin), check_examples=check_examples)
@@ -51,16 +57,37 @@ def _compile(packs: list[Path], *, builtin: bool = True, check_examples: bool = 
 
 @app.command()
 def replay(
-    paths: Annotated[list[str], typer.Argument(help="Log files or directories (syslog, journal JSON/export, dmesg; .gz ok).")],
-    pack: Annotated[list[Path] | None, typer.Option("--pack", help="Extra pack directory (repeatable); overrides built-ins by id.")] = None,
-    output: Annotated[OutputFormat, typer.Option(help="table for people, jsonl for machines.")] = OutputFormat.table,
+    paths: Annotated[
+        list[str],
+        typer.Argument(help="Log files or directories (syslog, journal JSON/export, dmesg; .gz ok)."),
+    ],
+    pack: Annotated[
+        list[Path] | None,
+        typer.Option("--pack", help="Extra pack directory (repeatable); overrides built-ins by id."),
+    ] = None,
+    output: Annotated[
+        OutputFormat, typer.Option(help="table for people, jsonl for machines.")
+    ] = OutputFormat.table,
     workers: Annotated[int, typer.Option(min=1, max=64, help="Bytewax worker threads.")] = 1,
-    node: Annotated[str | None, typer.Option(help="Node name for every line (default: the line's host, else the file name).")] = None,
-    year: Annotated[int | None, typer.Option(min=1970, max=9999, help="Year of RFC 3164 lines (default: from each file's mtime).")] = None,
-    boot_time: Annotated[datetime | None, typer.Option(help="Boot time (UTC) for dmesg/kmsg lines stamped in seconds since boot.")] = None,
-    log_format: Annotated[LogFormat | None, typer.Option("--format", help="Skip detection: treat every file as this format.")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(help="Node name for every line (default: the line's host, else the file name)."),
+    ] = None,
+    year: Annotated[
+        int | None,
+        typer.Option(min=1970, max=9999, help="Year of RFC 3164 lines (default: from each file's mtime)."),
+    ] = None,
+    boot_time: Annotated[
+        datetime | None,
+        typer.Option(help="Boot time (UTC) for dmesg/kmsg lines stamped in seconds since boot."),
+    ] = None,
+    log_format: Annotated[
+        LogFormat | None, typer.Option("--format", help="Skip detection: treat every file as this format.")
+    ] = None,
     builtin: Annotated[bool, typer.Option(help="Load the built-in packs.")] = True,
-    progress: Annotated[bool | None, typer.Option(help="Progress bar (default: when stdout is a terminal).")] = None,
+    progress: Annotated[
+        bool | None, typer.Option(help="Progress bar (default: when stdout is a terminal).")
+    ] = None,
 ) -> None:
     """Replay log files through the pattern packs and print the faults found."""
     from dataflows import replay as replay_flow  # noqa: PLC0415
@@ -70,55 +97,33 @@ def replay(
     try:
         compiled = _compile(pack or [], builtin=builtin)
     except PackError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        _error(str(exc))
         raise typer.Exit(2) from exc
-    boot_epoch = None
-    if boot_time is not None:
-        boot_epoch = (boot_time if boot_time.tzinfo else boot_time.replace(tzinfo=__import__("datetime").UTC)).timestamp()
-    infos: list[files.FileInfo] = []
-    failed = 0
-    for index, path in enumerate(files.expand_paths(paths)):
-        try:
-            info = files.sniff(index, path, year=year, boot_time=boot_epoch,
-                               force_format=log_format.value if log_format else None)  # fmt: skip
-        except InputError as exc:
-            err.print(f"[red]error:[/red] {exc}")
-            failed += 1
-            continue
-        for note in info.notes:
-            err.print(f"[yellow]note:[/yellow] {info.path}: {note}")
-        if info.fmt != "empty":
-            infos.append(info)
-    if not infos and failed:
-        err.print("[red]error:[/red] no readable input files")
+    if boot_time is not None and boot_time.tzinfo is None:
+        boot_time = boot_time.replace(tzinfo=UTC)
+    inputs = files.sniff_all(
+        files.expand_paths(paths),
+        year=year,
+        boot_time=boot_time.timestamp() if boot_time else None,
+        force_format=log_format.value if log_format else None,
+    )
+    for problem in inputs.errors:
+        _error(problem)
+    for note in inputs.notes:
+        err.print(f"note: {note}", markup=False)
+    if not inputs.files and inputs.errors:
+        _error("no readable input files")
         raise typer.Exit(1)
-    by_path = {i.path: i for i in infos}
-    groups = [[by_path[p] for p in g] for g in files.rotation_groups([i.path for i in infos])]
     show_progress = sys.stdout.isatty() if progress is None else progress
-    bar: Progress | None = None
-    callback = None
-    if show_progress:
-        total = sum(i.size for i in infos) if not any(files.is_gzip(i.path) for i in infos) else None
-        bar = Progress(TextColumn("replay"), BarColumn(), TextColumn("{task.fields[lines]:,} lines"),
-                       TimeElapsedColumn(), console=err, transient=True)  # fmt: skip
-        task = bar.add_task("replay", total=total, lines=0)
-        seen = [0]
-
-        def callback(nbytes: int, nlines: int) -> None:
-            seen[0] += nlines
-            assert bar is not None
-            bar.update(task, advance=nbytes, lines=seen[0])
-
-        bar.start()
-    try:
+    with _progress(inputs.files, enabled=show_progress) as advance:
         result = replay_flow.run(
-            groups, compiled, workers=workers, node_override=node, progress=callback,
-            on_diag=lambda d: err.print(f"[yellow]warning:[/yellow] {d}", markup=True, highlight=False),
-        )  # fmt: skip
-    finally:
-        if bar is not None:
-            bar.stop()
-    stats = result.stats
+            inputs.groups(),
+            compiled,
+            workers=workers,
+            node_override=node,
+            progress=advance,
+            on_diag=lambda d: err.print(f"warning: {d}", markup=False),
+        )
     if output is OutputFormat.jsonl:
         for line in render.jsonl_lines(result.faults):
             sys.stdout.write(line + "\n")
@@ -127,18 +132,44 @@ def replay(
     else:
         render.print_table(out, result.faults)
         summary_console = out
-    rate = stats.lines / result.seconds if result.seconds > 0 else 0.0
-    open_faults = sum(1 for f in result.faults if f.resolved_at is None)
-    fatal = sum(1 for f in result.faults if f.fatal and f.resolved_at is None)
-    summary_console.print(
-        f"lines read {stats.lines:,} in {stats.files} file(s); skipped {stats.skipped:,} as unparseable "
-        f"(not a log line {stats.unparseable:,}, binary {stats.binary:,}, too long {stats.oversize:,}); "
-        f"invalid UTF-8 {stats.invalid_utf8:,}; faults {len(result.faults)} ({open_faults} open, {fatal} fatal); "
-        f"{rate:,.0f} lines/s ({result.seconds:.2f} s)"
-        + (f"; regex timeouts {result.regex_timeouts}" if result.regex_timeouts else "")
-        + (f"; unreadable files {failed}" if failed else ""),
-        markup=False, highlight=False,
+    line = render.summary(
+        result.stats, result.faults, result.seconds,
+        regex_timeouts=result.regex_timeouts, unreadable=len(inputs.errors),
     )  # fmt: skip
+    summary_console.print(line, markup=False)
+
+
+def _error(message: str) -> None:
+    err.print(f"error: {message}", markup=False)
+
+
+@contextlib.contextmanager
+def _progress(infos: list[FileInfo], *, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr (by bytes when the total is known) that the sources advance."""
+    if not enabled:
+        yield None
+        return
+    from sources import files  # noqa: PLC0415
+
+    total = None if any(files.is_gzip(i.path) for i in infos) else sum(i.size for i in infos)
+    bar = Progress(
+        TextColumn("replay"),
+        BarColumn(),
+        TextColumn("{task.fields[lines]:,} lines"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    task = bar.add_task("replay", total=total, lines=0)
+    lines = 0
+
+    def advance(nbytes: int, nlines: int) -> None:
+        nonlocal lines
+        lines += nlines
+        bar.update(task, advance=nbytes, lines=lines)
+
+    with bar:
+        yield advance
 
 
 def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> None:
@@ -147,7 +178,7 @@ def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> Non
     try:
         compiled = _compile(dirs, builtin=builtin, check_examples=False)
     except PackError as exc:
-        err.print(f"[red]FAIL[/red] {exc}")
+        err.print(f"FAIL {exc}", markup=False)
         raise typer.Exit(1) from exc
     if run_examples:
         failures = examples.run(compiled)
@@ -157,7 +188,9 @@ def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> Non
             out.print(f"{len(failures)} example failure(s)")
             raise typer.Exit(1)
         total = sum(len(p.spec.examples.match) + len(p.spec.examples.no_match) for p in compiled.patterns)
-        out.print(f"ok: {total} examples of {len(compiled.patterns)} patterns in {len(compiled.packs.files)} files")
+        out.print(
+            f"ok: {total} examples of {len(compiled.patterns)} patterns in {len(compiled.packs.files)} files"
+        )
         return
     for p in compiled.patterns:
         previous = compiled.packs.patterns[p.id].overrides
@@ -168,7 +201,9 @@ def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> Non
 
 @patterns_app.command("lint")
 def patterns_lint(
-    dirs: Annotated[list[Path] | None, typer.Argument(help="Pack directories or files (default: built-ins only).")] = None,
+    dirs: Annotated[
+        list[Path] | None, typer.Argument(help="Pack directories or files (default: built-ins only).")
+    ] = None,
     builtin: Annotated[bool, typer.Option(help="Load the built-in packs too.")] = True,
 ) -> None:
     """Validate packs: schema, regexes (and catastrophic backtracking), templates and tables."""
@@ -177,7 +212,9 @@ def patterns_lint(
 
 @patterns_app.command("test")
 def patterns_test(
-    dirs: Annotated[list[Path] | None, typer.Argument(help="Pack directories or files (default: built-ins only).")] = None,
+    dirs: Annotated[
+        list[Path] | None, typer.Argument(help="Pack directories or files (default: built-ins only).")
+    ] = None,
     builtin: Annotated[bool, typer.Option(help="Load the built-in packs too.")] = True,
 ) -> None:
     """Run every pattern's positive and negative examples; report each failure with file and pattern id."""
@@ -188,5 +225,5 @@ def main() -> None:
     try:
         app()
     except FaultlineError as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        _error(str(exc))
         sys.exit(2)

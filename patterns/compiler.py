@@ -17,7 +17,7 @@ import fnmatch
 import re as stdre
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import re2
 import regex
@@ -28,8 +28,6 @@ from patterns import redos
 from patterns.loader import LoadedPattern, PackSet
 from patterns.schema import (
     Classification,
-    Clears,
-    Escalate,
     Flapping,
     Pattern,
     SetStep,
@@ -44,7 +42,7 @@ MATCH_TIMEOUT = 0.05  # seconds one rule's regex may spend on one message
 CACHE_SIZE = 16384
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
-_UNANCHORED = re2._re2.RE2.Anchor.UNANCHORED
+_UNANCHORED = re2._re2.RE2.Anchor.UNANCHORED  # type: ignore[attr-defined]  # the compiled RE2 API
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +296,8 @@ class CompiledPacks:
         raise KeyError(pattern_id)
 
     def candidates(self, message: str) -> list[CompiledPattern]:
-        found = [self.patterns[self._set_index[i]] for i in self._set.Match(message) or ()]
+        matched = cast("list[int] | None", self._set.Match(message)) or []  # the stub says bool
+        found = [self.patterns[self._set_index[i]] for i in matched]
         for p in self._unset:
             if any(lit in message for lit in p.literals):
                 found.append(p)

@@ -74,7 +74,9 @@ def _reached(times: list[float], index: int, count: int, within: float) -> bool:
     if index < 0:
         return False
     last_start = min(index, len(times) - count)
-    return any(times[j + count - 1] - times[j] <= within for j in range(max(0, index - count + 1), last_start + 1))
+    return any(
+        times[j + count - 1] - times[j] <= within for j in range(max(0, index - count + 1), last_start + 1)
+    )
 
 
 def _near(times: list[float], ts: float, within: float, *, before_only: bool = False) -> bool:
@@ -163,9 +165,13 @@ class NodeDetector:
         if roles is None:
             rules = [p.rules for p in self.compiled.patterns]
             roles = (
-                any(r.then is not None and any(fnmatch.fnmatchcase(code, c) for c in r.then.codes) for r in rules),
                 any(
-                    r.suppressed_by is not None and any(fnmatch.fnmatchcase(code, c) for c in r.suppressed_by.codes)
+                    r.then is not None and any(fnmatch.fnmatchcase(code, c) for c in r.then.codes)
+                    for r in rules
+                ),
+                any(
+                    r.suppressed_by is not None
+                    and any(fnmatch.fnmatchcase(code, c) for c in r.suppressed_by.codes)
                     for r in rules
                 ),
             )
@@ -210,7 +216,9 @@ class NodeDetector:
         if clears is None:
             return
         targets = (
-            self._entity_faults(hit.entity_type, hit.entity_id) if scope == "entity" else list(self.faults.values())
+            self._entity_faults(hit.entity_type, hit.entity_id)
+            if scope == "entity"
+            else list(self.faults.values())
         )
         for fault in targets:
             if fault.resolved_at is not None or fault.last_seen > ts:

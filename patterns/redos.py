@@ -35,6 +35,5 @@ def catastrophic_probe(compiled: regex.Pattern[str], examples: list[str]) -> str
         try:
             compiled.search(probe, timeout=PROBE_TIMEOUT)
         except TimeoutError:
-            shown = probe if len(probe) < 60 else f"{probe[:40]!r}... ({len(probe)} chars)"
-            return shown
+            return probe if len(probe) < 60 else f"{probe[:40]!r}... ({len(probe)} chars)"
     return None

@@ -15,7 +15,8 @@ from faultline.models import Action, Component
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-LOG_SOURCES = ("syslog", "journal", "kmsg")
+LogSource = Literal["syslog", "journal", "kmsg"]
+LOG_SOURCES: tuple[LogSource, ...] = ("syslog", "journal", "kmsg")
 
 
 def parse_duration(value: object) -> float:
@@ -141,7 +142,7 @@ class Pattern(_Strict):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     description: str
     kind: Literal["fault", "clear", "boot"] = "fault"
-    sources: list[Literal["syslog", "journal", "kmsg"]] = Field(default_factory=lambda: list(LOG_SOURCES))
+    sources: list[LogSource] = Field(default_factory=lambda: list(LOG_SOURCES))
     regex: str
     ignore_case: bool = False
     prefilter: list[str] | None = Field(

@@ -81,6 +81,30 @@ def fault_table(faults: list[Fault]) -> Table:
     return table
 
 
+def summary(
+    stats: Any, faults: list[Fault], seconds: float, *, regex_timeouts: int = 0, unreadable: int = 0
+) -> str:
+    """One line for people: what was read, what was skipped and why, what was found, how fast."""
+    rate = stats.lines / seconds if seconds > 0 else 0.0
+    open_faults = [f for f in faults if f.resolved_at is None]
+    fatal = sum(1 for f in open_faults if f.fatal)
+    parts = [
+        f"lines read {stats.lines:,} in {stats.files} file(s)",
+        f"skipped {stats.skipped:,} as unparseable (not a log line {stats.unparseable:,}, "
+        f"binary {stats.binary:,}, too long {stats.oversize:,})",
+        f"invalid UTF-8 {stats.invalid_utf8:,}",
+        f"faults {len(faults)} ({len(open_faults)} open, {fatal} fatal)",
+        f"{rate:,.0f} lines/s ({seconds:.2f} s)",
+    ]
+    if stats.mixed:
+        parts.append(f"lines in another format than their file {stats.mixed:,}")
+    if regex_timeouts:
+        parts.append(f"regex timeouts {regex_timeouts}")
+    if unreadable:
+        parts.append(f"unreadable files {unreadable}")
+    return "; ".join(parts)
+
+
 def print_table(console: Console, faults: list[Fault]) -> None:
     if not faults:
         console.print("no faults found")

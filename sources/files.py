@@ -61,8 +61,8 @@ def is_gzip(path: str) -> bool:
 
 def open_binary(path: str) -> IO[bytes]:
     if is_gzip(path):
-        return gzip.open(path, "rb")
-    return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]  # a binary file object
+    return open(path, "rb")
 
 
 def expand_paths(paths: list[str]) -> list[str]:
@@ -169,6 +169,39 @@ def _last_uptime(path: str) -> float | None:
             fh.seek(max(0, size - SNIFF))
             tail = fh.read()
     return formats.last_uptime(tail.decode("utf-8", "replace").splitlines()[1:] or [""])
+
+
+@dataclass
+class Inputs:
+    """The outcome of sniffing every input: usable files, and one message per unusable one."""
+
+    files: list[FileInfo] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def groups(self) -> list[list[FileInfo]]:
+        by_path = {i.path: i for i in self.files}
+        return [[by_path[p] for p in g] for g in rotation_groups([i.path for i in self.files])]
+
+
+def sniff_all(
+    paths: list[str],
+    *,
+    year: int | None = None,
+    boot_time: float | None = None,
+    force_format: str | None = None,
+) -> Inputs:
+    inputs = Inputs()
+    for index, path in enumerate(paths):
+        try:
+            info = sniff(index, path, year=year, boot_time=boot_time, force_format=force_format)
+        except InputError as exc:
+            inputs.errors.append(str(exc))
+            continue
+        inputs.notes.extend(f"{info.path}: {note}" for note in info.notes)
+        if info.fmt != "empty":
+            inputs.files.append(info)
+    return inputs
 
 
 class TextChunker:

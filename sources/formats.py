@@ -250,16 +250,18 @@ def parse_dmesg(line: str, ctx: Context) -> Parsed | None:
         if m and m.group(1) in MONTHS:
             mon, day, hh, mi, ss, year = m.groups()
             try:
-                ts = float(calendar.timegm((int(year), MONTHS[mon], int(day), int(hh), int(mi), int(ss), 0, 0, 0)))
+                ts = float(
+                    calendar.timegm((int(year), MONTHS[mon], int(day), int(hh), int(mi), int(ss), 0, 0, 0))
+                )
             except ValueError:
                 return None
             return Parsed(ts, None, line[m.end() :], None)
         return None
     m = _ISO_DMESG.match(line)
     if m:
-        ts = iso_epoch(f"{m.group(1)}.{m.group(2)}{m.group(3)}")
-        if ts is not None:
-            return Parsed(ts, None, line[m.end() :], None)
+        stamp = iso_epoch(f"{m.group(1)}.{m.group(2)}{m.group(3)}")
+        if stamp is not None:
+            return Parsed(stamp, None, line[m.end() :], None)
     return None
 
 
@@ -335,7 +337,13 @@ def last_uptime(lines: list[str]) -> float | None:
 
 def parse_export_fields(record: dict[str, bytes]) -> Parsed | None:
     fields: dict[str, Any] = {}
-    for key in ("MESSAGE", "__REALTIME_TIMESTAMP", "_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP", "_HOSTNAME"):
+    for key in (
+        "MESSAGE",
+        "__REALTIME_TIMESTAMP",
+        "_SOURCE_MONOTONIC_TIMESTAMP",
+        "__MONOTONIC_TIMESTAMP",
+        "_HOSTNAME",
+    ):
         if key in record:
             fields[key] = record[key].decode("utf-8", "replace")
     return journal_record(fields)

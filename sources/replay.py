@@ -13,7 +13,9 @@ ProgressFn = Callable[[int, int], None]  # (bytes read, lines read) since the la
 
 
 class _GroupPartition(StatefulSourcePartition[files.Chunk, tuple[int, int]]):
-    def __init__(self, group: list[files.FileInfo], resume: tuple[int, int] | None, progress: ProgressFn | None):
+    def __init__(
+        self, group: list[files.FileInfo], resume: tuple[int, int] | None, progress: ProgressFn | None
+    ):
         self.group = group
         self.progress = progress
         self.pos, skip = resume if resume is not None else (0, 0)
