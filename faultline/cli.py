@@ -30,8 +30,8 @@ patterns_app = typer.Typer(help="Check pattern packs.", no_args_is_help=True)
 app.add_typer(patterns_app, name="patterns")
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
-out = Console(highlight=False, soft_wrap=False, emoji=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, emoji=False)
+out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 
 class OutputFormat(StrEnum):
@@ -136,7 +136,7 @@ def replay(
         result.stats, result.faults, result.seconds,
         regex_timeouts=result.regex_timeouts, unreadable=len(inputs.errors),
     )  # fmt: skip
-    summary_console.print(line, markup=False)
+    summary_console.print(line, markup=False, soft_wrap=True)
 
 
 def _error(message: str) -> None:
@@ -196,6 +196,11 @@ def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> Non
         previous = compiled.packs.patterns[p.id].overrides
         if previous:
             out.print(f"note: {p.file}: pattern {p.id!r} overrides the one in {previous}", markup=False)
+        changed = examples.reclassified_by(compiled, p)
+        if changed:
+            out.print(
+                f"note: {p.file}: pattern {p.id!r} is re-classified by {', '.join(changed)}", markup=False
+            )
     out.print(f"ok: {len(compiled.patterns)} patterns in {len(compiled.packs.files)} files")
 
 

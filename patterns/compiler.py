@@ -42,6 +42,10 @@ MATCH_TIMEOUT = 0.05  # seconds one rule's regex may spend on one message
 CACHE_SIZE = 16384
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
+# Raw-byte scanning: one byte is one character, so invalid UTF-8 cannot split a line.
+_BYTE_OPTIONS = re2.Options()
+_BYTE_OPTIONS.log_errors = False
+_BYTE_OPTIONS.encoding = re2.Options.Encoding.LATIN1  # type: ignore[attr-defined]  # missing from the stub
 _UNANCHORED = re2._re2.RE2.Anchor.UNANCHORED  # type: ignore[attr-defined]  # the compiled RE2 API
 
 
@@ -125,6 +129,7 @@ class CompiledPattern:
         self.entity_id = self._template(p.entity.id, groups, loaded, "entity.id") if p.entity else None
         self.message = self._template(p.message, groups, loaded, "message") if p.message else None
         self.steps: list[_Step] = []
+        self.tables_used = [s.table for s in p.classify if isinstance(s, TableStep)]
         for step in p.classify:
             if isinstance(step, SetStep):
                 self.steps.append(_Step(step.set, None, None, False))
@@ -258,15 +263,15 @@ class CompiledPacks:
             else:
                 self._unset.append(p)
         self._set.Compile()
-        literal_parts = []
+        literal_parts = set()
         for p in self.patterns:
             for lit in p.literals:
-                part = re2.escape(lit)
-                literal_parts.append(f"(?i:{part})" if p.spec.ignore_case else part)
-        alternation = "|".join(sorted(set(literal_parts)))
-        self.scanner = re2.compile(alternation.encode("utf-8"), _RE2_OPTIONS)
+                part = _byte_literal(lit)
+                literal_parts.add(b"(?i:" + part + b")" if p.spec.ignore_case else part)
+        alternation = b"|".join(sorted(literal_parts))
+        self.scanner = re2.compile(alternation, _BYTE_OPTIONS)
         # The same search widened to whole lines, so a match's span is the candidate line itself.
-        self._line_scanner = re2.compile(f"[^\n]*(?:{alternation})[^\n]*".encode(), _RE2_OPTIONS)
+        self._line_scanner = re2.compile(b"[^\n]*(?:" + alternation + b")[^\n]*", _BYTE_OPTIONS)
         self.literals = sorted({lit for p in self.patterns for lit in p.literals})
 
     def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]:
@@ -331,6 +336,11 @@ class CompiledPacks:
             self.timeouts += 1
             return None
         return m.groupdict() if m else None
+
+
+def _byte_literal(literal: str) -> bytes:
+    """A literal as a Latin-1 RE2 pattern matching its UTF-8 bytes one by one."""
+    return b"".join(b"\\x%02x" % b if not chr(b).isalnum() else bytes([b]) for b in literal.encode("utf-8"))
 
 
 def _positive_lines(p: Pattern) -> list[str]:

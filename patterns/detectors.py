@@ -69,14 +69,19 @@ def _remember(times: list[float], ts: float, cap: int = RECENT_CAP) -> int:
     return index
 
 
-def _reached(times: list[float], index: int, count: int, within: float) -> bool:
-    """Does a window of `within` seconds around times[index] hold `count` of the sorted timestamps?"""
+def _window(times: list[float], index: int, count: int, within: float) -> int:
+    """Start index of a window of `within` seconds that holds times[index] and `count` of the sorted
+    timestamps, or -1 when there is none."""
     if index < 0:
-        return False
-    last_start = min(index, len(times) - count)
-    return any(
-        times[j + count - 1] - times[j] <= within for j in range(max(0, index - count + 1), last_start + 1)
-    )
+        return -1
+    for j in range(max(0, index - count + 1), min(index, len(times) - count) + 1):
+        if times[j + count - 1] - times[j] <= within:
+            return j
+    return -1
+
+
+def _reached(times: list[float], index: int, count: int, within: float) -> bool:
+    return _window(times, index, count, within) >= 0
 
 
 def _near(times: list[float], ts: float, within: float, *, before_only: bool = False) -> bool:
@@ -124,14 +129,19 @@ class NodeDetector:
         fault = self.faults.get(key)
         if fault is None and rules.threshold is not None:
             times = self.pending.setdefault(key, [])
-            at = _remember(times, ts, max(RECENT_CAP, rules.threshold.count))
-            if not _reached(times, at, rules.threshold.count, rules.threshold.within):
+            need = rules.threshold.count
+            at = _remember(times, ts, max(RECENT_CAP, need))
+            start = _window(times, at, need, rules.threshold.within)
+            if start < 0:
                 self.counters.below_threshold += 1
                 return
             del self.pending[key]
-            fault = self._open(key, hit, times[0], message)
-            fault.count = len(times) - 1  # the current hit is counted below
-            fault.recent = times[:-1]
+            self.counters.below_threshold -= need - 1  # these now belong to the fault
+            window = times[start : start + need]
+            window.remove(ts)  # the current hit is counted below, like any other
+            fault = self._open(key, hit, window[0] if window else ts, message)
+            fault.count = need - 1
+            fault.recent = window
         elif fault is None:
             fault = self._open(key, hit, ts, message)
         at = self._count(fault, ts, message, hit)

@@ -34,7 +34,7 @@ class PackSet:
 
     patterns: dict[str, LoadedPattern] = field(default_factory=dict)
     tables: dict[str, dict[str, Classification]] = field(default_factory=dict)
-    table_files: dict[str, str] = field(default_factory=dict)
+    table_files: dict[str, list[str]] = field(default_factory=dict)  # every file that set rows of it
     files: list[str] = field(default_factory=list)
 
 
@@ -106,5 +106,13 @@ def _merge(packs: PackSet, pack: Pack, file: str) -> None:
             pattern, file, pack.pack, overrides=previous.file if previous else None
         )
     for name, rows in pack.tables.items():
-        packs.tables.setdefault(name, {}).update(rows)
-        packs.table_files.setdefault(name, file)
+        table = packs.tables.setdefault(name, {})
+        for key, row in rows.items():
+            # a later row changes only the fields it sets; the rest of the earlier row stays
+            earlier = table.get(key)
+            table[key] = (
+                earlier.model_copy(update={f: getattr(row, f) for f in row.model_fields_set})
+                if earlier is not None
+                else row
+            )
+        packs.table_files.setdefault(name, []).append(file)

@@ -230,6 +230,7 @@ class TextChunker:
             out.nbytes += len(block)
             if not block:
                 self.done = True
+                out.offset = self.pos
                 if self.skipping:
                     self._oversize(out)
                 elif self.carry:

@@ -1,0 +1,40 @@
+# faultline developer entry points. The README names two of them: `make replay` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.12 || command -v python3.11)
+VENV := .venv
+BIN := $(VENV)/bin
+SAMPLE := benchmarks/corpus/sample
+
+.PHONY: setup replay check test bench sample
+
+# A virtual environment at the repository root with faultline (editable) and its dev tools.
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "error: Python 3.11 or 3.12 is required (bytewax 0.21 has no 3.13 build)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+setup: $(VENV)/.installed
+
+# The main job on its embedded default: replay the committed sample corpus through every built-in pack.
+# The sample's RFC 3164 lines carry no year and its kmsg file counts from boot: pin both.
+replay: setup
+	$(BIN)/faultline replay $(SAMPLE) --year 2026 --boot-time 2026-11-30T00:00:00
+
+# Lint, format, types and the architecture contracts.
+check: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: check
+	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python benchmarks/replay.py --memory
+
+# Rewrite the committed sample corpus (deterministic).
+sample: setup
+	rm -rf $(SAMPLE) && $(BIN)/python benchmarks/gen_corpus.py sample $(SAMPLE)

@@ -1,0 +1,158 @@
+"""Replay throughput and memory, measured beside two baselines in the same run.
+
+    python benchmarks/replay.py                   # 1M-line corpus: faultline vs grep vs a Python loop
+    python benchmarks/replay.py --memory          # also: peak memory on a 20 MB and a large corpus
+    python benchmarks/replay.py --memory --big-mb 2000
+
+The corpus (benchmarks/gen_corpus.py `large`) is RFC 3164 from 64 hosts with ~3 % GPU/NIC lines, most of
+them in floods.  The baselines use the same prefilter words faultline's packs compile to:
+`grep -cE 'w1|w2|...'`, and a plain Python loop testing each line against one combined stdlib regex.
+Goals (issue 2): >= 1,000,000 lines/s on one core, within 10x grep's time, flat memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import gen_corpus  # noqa: E402
+
+OUT = HERE / "out"
+R = TypeVar("R")
+PEAK_RSS = (
+    "import resource, subprocess, sys\n"
+    "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)\n"
+    "sys.stderr.write(rc.stderr)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "sys.exit(rc.returncode)\n"
+)
+
+
+def corpus(lines: int) -> Path:
+    path = OUT / f"corpus-{lines}.log"
+    if not path.exists():
+        started = time.perf_counter()
+        gen_corpus.large(path, lines)
+        print(
+            f"generated {path.name} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - started:.1f} s"
+        )
+    return path
+
+
+def corpus_of_size(megabytes: int) -> Path:
+    path = OUT / f"corpus-{megabytes}MB.log"
+    if not path.exists():
+        lines = megabytes * 1_000_000 // 120
+        gen_corpus.large(path, lines)
+    return path
+
+
+def literals() -> list[str]:
+    from patterns import compiler, loader  # noqa: PLC0415
+
+    return compiler.compile_packs(loader.load()).literals
+
+
+def replay(path: Path) -> tuple[float, float, int, str]:
+    """(wall seconds, dataflow lines/s, peak RSS KiB, summary line) of `faultline replay`."""
+    cmd = [sys.executable, "-m", "faultline", "replay", str(path), "--output", "jsonl", "--year", "2026",
+           "--no-progress"]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS, *cmd], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - started
+    summary = done.stderr.strip().splitlines()[-1]
+    m = re.search(r"([\d,]+) lines/s", summary)
+    rate = float(m.group(1).replace(",", "")) if m else 0.0
+    return wall, rate, int(done.stdout.strip()), summary
+
+
+def grep(path: Path, words: list[str]) -> tuple[float, int]:
+    pattern = "|".join(re.escape(w) for w in words)
+    started = time.perf_counter()
+    done = subprocess.run(["grep", "-cE", pattern, str(path)], capture_output=True, text=True, check=False)
+    return time.perf_counter() - started, int(done.stdout.strip() or 0)
+
+
+def python_loop(path: Path, words: list[str]) -> tuple[float, int]:
+    combined = re.compile("|".join(re.escape(w) for w in words))
+    search = combined.search
+    started = time.perf_counter()
+    hits = 0
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if search(line):
+                hits += 1
+    return time.perf_counter() - started, hits
+
+
+def best(fn: Callable[..., R], *args: Any, runs: int = 3) -> R:
+    """The fastest of `runs` runs (results are tuples whose first item is seconds)."""
+    results = [fn(*args) for _ in range(runs)]
+    return min(results, key=lambda r: r[0])  # type: ignore[index]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--memory", action="store_true", help="compare peak memory on a small and a large corpus"
+    )
+    parser.add_argument("--big-mb", type=int, default=400, help="size of the large corpus for --memory")
+    args = parser.parse_args()
+    OUT.mkdir(exist_ok=True)
+    path = corpus(args.lines)
+    words = literals()
+    n_lines = args.lines
+    g_time, g_hits = best(grep, path, words, runs=args.runs)
+    p_time, p_hits = best(python_loop, path, words, runs=1)
+    r_wall, r_rate, r_rss, summary = best(replay, path, runs=args.runs)
+    print(f"corpus: {n_lines:,} lines, {path.stat().st_size / 1e6:.0f} MB, {g_hits:,} prefilter lines "
+          f"({100 * g_hits / n_lines:.1f} %), {os.cpu_count()} cores, best of {args.runs}")  # fmt: skip
+    print(f"{'run':<44}{'seconds':>10}{'lines/s':>14}{'vs grep':>10}")
+    rows = [
+        ("grep -cE <prefilter words>", g_time, n_lines / g_time),
+        ("python loop, one combined re", p_time, n_lines / p_time),
+        ("faultline replay (whole command)", r_wall, n_lines / r_wall),
+        ("faultline replay (dataflow only)", n_lines / r_rate if r_rate else 0.0, r_rate),
+    ]
+    for name, secs, rate in rows:
+        print(f"{name:<44}{secs:>10.3f}{rate:>14,.0f}{secs / g_time:>9.1f}x")
+    print(f"faultline summary: {summary}")
+    print(f"faultline peak RSS: {r_rss / 1024:.0f} MiB")
+    assert p_hits == g_hits, "baselines disagree on the prefilter lines"
+    verdict = {
+        "lines_per_s_dataflow": r_rate,
+        "lines_per_s_command": n_lines / r_wall,
+        "x_grep_command": r_wall / g_time,
+        "goal_1M_lines_per_s": r_rate >= 1_000_000,
+        "goal_within_10x_grep": r_wall <= 10 * g_time,
+    }
+    if args.memory:
+        small = corpus_of_size(20)
+        big = corpus_of_size(args.big_mb)
+        _, _, small_rss, _ = replay(small)
+        _, big_rate, big_rss, _ = replay(big)
+        print(f"peak RSS: 20 MB corpus {small_rss / 1024:.0f} MiB, {args.big_mb} MB corpus {big_rss / 1024:.0f} MiB "
+              f"({big_rate:,.0f} lines/s)")  # fmt: skip
+        verdict["rss_small_mib"] = small_rss / 1024
+        verdict["rss_big_mib"] = big_rss / 1024
+        verdict["goal_flat_memory"] = big_rss <= small_rss * 1.25
+    print(json.dumps(verdict))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
