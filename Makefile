@@ -1,6 +1,9 @@
 # faultline developer entry points. The README names two of them: `make replay` and `make test`.
 SHELL := /bin/bash
-PYTHON ?= $(shell command -v python3.12 || command -v python3.11)
+# The first interpreter on PATH that runs and is 3.11 or 3.12 (a pyenv shim may exist but not run).
+PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
+	  $$p -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null \
+	  && { command -v $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
