@@ -39,7 +39,8 @@ from patterns.schema import (
 from patterns.templates import Template
 
 MATCH_TIMEOUT = 0.05  # seconds one rule's regex may spend on one message
-CACHE_SIZE = 16384
+CACHE_SIZE = 16384  # messages whose results are remembered (floods repeat one message)
+CACHE_MAX_MESSAGE = 1024  # longer messages are not cached, so the cache stays under ~20 MB
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
 # Raw-byte scanning: one byte is one character, so invalid UTF-8 cannot split a line.
@@ -324,9 +325,10 @@ class CompiledPacks:
                 if hit is not None:
                     hits.append(hit)
         result = tuple(hits)
-        if len(self._cache) >= CACHE_SIZE:
-            self._cache.clear()
-        self._cache[key] = result
+        if len(message) <= CACHE_MAX_MESSAGE:
+            if len(self._cache) >= CACHE_SIZE:
+                self._cache.clear()
+            self._cache[key] = result
         return result
 
     def extract(self, p: CompiledPattern, message: str) -> dict[str, str | None] | None:

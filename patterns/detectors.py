@@ -20,6 +20,7 @@ from patterns.compiler import CompiledPacks, Hit
 from patterns.schema import SuppressedBy
 
 RECENT_CAP = 128  # timestamps kept per fault for window rules
+BOOT_JITTER = 5.0  # boot times derived from (wall clock - uptime) that differ by less are one boot
 _SEVERITY = {a.value: i for i, a in enumerate(Action)}
 
 FaultKey = tuple[str, str, str]  # (entity type, entity id, code)
@@ -212,9 +213,9 @@ class NodeDetector:
             fault.description = f"{fault.description} (escalated: {count} in {within:g}s)"
 
     def _note_boot(self, ts: float) -> None:
-        i = bisect.bisect_left(self.boots, ts - 1.0)
-        if i < len(self.boots) and abs(self.boots[i] - ts) <= 1.0:
-            return  # the same boot seen again (dmesg lines all carry it)
+        i = bisect.bisect_left(self.boots, ts - BOOT_JITTER)
+        if i < len(self.boots) and abs(self.boots[i] - ts) <= BOOT_JITTER:
+            return  # the same boot seen again: every dmesg line carries it, give or take a second
         bisect.insort(self.boots, ts)
 
     def _in_boot_grace(self, ts: float, grace: float) -> bool:

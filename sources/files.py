@@ -11,6 +11,7 @@ import gzip
 import os
 import re
 import struct
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -127,7 +128,7 @@ def sniff(
     try:
         with open_binary(path) as fh:
             head = fh.read(SNIFF)
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: cannot read: {exc}") from exc
     mtime = datetime.fromtimestamp(st.st_mtime, tz=UTC)
     guess = formats.YearGuess(year, 1, fixed=True) if year else formats.YearGuess(mtime.year, mtime.month)
@@ -217,6 +218,7 @@ class TextChunker:
         self.carry = b""
         self.skipping = False  # inside an over-long line, discarding to its end
         self.done = False
+        self.error: str | None = None
 
     def __iter__(self) -> Iterator[Chunk]:
         return self
@@ -226,11 +228,13 @@ class TextChunker:
             raise StopIteration
         out = Chunk(self.info, self.line_no)
         while True:
-            block = self.fh.read(self.chunk)
+            block = self._read()
             out.nbytes += len(block)
             if not block:
                 self.done = True
                 out.offset = self.pos
+                if self.error is not None:
+                    out.diags.append(self.error)
                 if self.skipping:
                     self._oversize(out)
                 elif self.carry:
@@ -264,6 +268,27 @@ class TextChunker:
                 self.carry, self.skipping = b"", True
             self._count(out)
             return out
+
+    def _read(self) -> bytes:
+        """The next block; on a damaged stream, what could be read before the damage, then EOF."""
+        if self.error is not None:
+            return b""
+        if not isinstance(self.fh, gzip.GzipFile):
+            return self.fh.read(self.chunk)
+        # gzip loses a whole read() to a truncated or corrupt stream: read it in steps instead.
+        parts: list[bytes] = []
+        got = 0
+        try:
+            while got < self.chunk:
+                part = self.fh.read1(self.chunk - got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        except (OSError, EOFError, zlib.error) as exc:
+            at = self.pos + len(self.carry) + got
+            self.error = f"{self.info.path}: damaged after {at} bytes, rest skipped: {exc}"
+        return b"".join(parts)
 
     def _oversize(self, out: Chunk) -> None:
         out.bad_lines += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,7 @@ class _GroupPartition(StatefulSourcePartition[files.Chunk, tuple[int, int]]):
                 chunk = next(self.reader)
             except StopIteration:
                 chunk = None
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:
                 info = self.group[self.pos]
                 chunk = files.Chunk(info, 0, diags=[f"{info.path}: read error, rest of file skipped: {exc}"])
                 self.reader = iter(())

@@ -197,3 +197,24 @@ def test_scan_uses_node_override_then_host_then_file_name(builtin: CompiledPacks
     chunk = files.Chunk(info("dmesg"), 1, data=b"[ 1.0] " + XID.encode() + b"\n", lines=1)
     assert list(scan.scan(chunk, builtin).by_node) == ["gpu-9"]
     assert list(scan.scan(chunk, builtin, "forced").by_node) == ["forced"]
+
+
+def test_truncated_gzip_keeps_what_was_readable_and_says_where_it_broke(tmp_path: Path) -> None:
+    data = b"".join(line(i, f"kernel: {XID} #{i}") for i in range(20000))
+    path = tmp_path / "syslog.1.gz"
+    path.write_bytes(gzip.compress(data)[:-2000])
+    sniffed = files.sniff(0, str(path), year=2026)
+    with files.open_binary(str(path)) as fh:
+        chunks = list(files.chunks(sniffed, fh))
+    kept = b"".join(c.data for c in chunks)
+    assert data.startswith(kept)
+    assert 15000 < sum(c.lines for c in chunks) < 20000
+    (diag,) = [d for c in chunks for d in c.diags]
+    assert diag.startswith(f"{path}: damaged after ") and "rest skipped" in diag
+
+
+def test_corrupt_gzip_header_is_an_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00" + b"\xff" * 64)
+    with pytest.raises(InputError, match=r"broken\.gz: cannot read"):
+        files.sniff(0, str(path))
