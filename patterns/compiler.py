@@ -39,7 +39,7 @@ from patterns.schema import (
 from patterns.templates import Template
 
 MATCH_TIMEOUT = 0.05  # seconds one rule's regex may spend on one message
-CACHE_SIZE = 16384  # messages whose results are remembered (floods repeat one message)
+CACHE_SIZE = 4096  # messages whose results are remembered (floods repeat one message)
 CACHE_MAX_MESSAGE = 1024  # longer messages are not cached, so the cache stays under ~20 MB
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False
@@ -253,6 +253,7 @@ class CompiledPacks:
                     raise PackError(
                         p.file, f"regex backtracks catastrophically (timed out on probe {bad})", p.id
                     )
+        self.horizons = _horizons(self.patterns, packs.tables)
         self.timeouts = 0
         self._cache: dict[tuple[str, str], tuple[Hit, ...]] = {}
         self._set = re2.Set.SearchSet(_RE2_OPTIONS)
@@ -338,6 +339,19 @@ class CompiledPacks:
             self.timeouts += 1
             return None
         return m.groupdict() if m else None
+
+
+def _horizons(patterns: list[CompiledPattern], tables: dict[str, dict[str, Classification]]) -> list[float]:
+    """Per pattern, how far back its faults' timestamps can matter to a window rule (seconds)."""
+    suppress = max((p.rules.suppressed_by.within for p in patterns if p.rules.suppressed_by), default=0.0)
+    out = []
+    for p in patterns:
+        r = p.rules
+        windows = [suppress, r.threshold.within if r.threshold else 0.0, r.then.within if r.then else 0.0]
+        windows.append(p.escalate.within if p.escalate else 0.0)
+        windows += [row.escalate.within for t in p.tables_used for row in tables[t].values() if row.escalate]
+        out.append(max(windows))
+    return out
 
 
 def _byte_literal(literal: str) -> bytes:

@@ -201,7 +201,12 @@ class NodeDetector:
             fault.fatal = True
         if _SEVERITY[hit.action] > _SEVERITY[fault.action]:
             fault.action = hit.action
-        return _remember(fault.recent, ts)
+        at = _remember(fault.recent, ts)
+        # keep only what a window rule can still use: memory stays flat however long a flood lasts
+        cut = bisect.bisect_left(fault.recent, fault.last_seen - self.compiled.horizons[fault.pattern])
+        if cut:
+            del fault.recent[:cut]
+        return at - cut
 
     def _escalate(self, fault: OpenFault, escalate: tuple[int, float, bool, str], at: int) -> None:
         count, within, fatal, action = escalate
