@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup replay check test bench sample
+.PHONY: setup tools replay check test bench sample cluster
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -32,8 +32,17 @@ check: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: check
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm and FerretDB, built from the
+# Go module proxy into .cache/bin (skipped when current; see tools/build.sh).
+tools:
+	bash tools/build.sh
+
+test: check tools
 	$(BIN)/pytest
+
+# A local control plane with 4 simulated GPU nodes and FerretDB, in the foreground until Ctrl-C.
+cluster: setup tools
+	$(BIN)/faultline dev cluster up --nodes 4
 
 bench: setup
 	$(BIN)/python benchmarks/replay.py --memory

@@ -28,6 +28,11 @@ app = typer.Typer(
 )
 patterns_app = typer.Typer(help="Check pattern packs.", no_args_is_help=True)
 app.add_typer(patterns_app, name="patterns")
+dev_app = typer.Typer(help="Local infrastructure for development, tests and the demo.", no_args_is_help=True)
+cluster_app = typer.Typer(help="A local Kubernetes control plane with simulated GPU nodes, and FerretDB.",
+                          no_args_is_help=True)  # fmt: skip
+dev_app.add_typer(cluster_app, name="cluster")
+app.add_typer(dev_app, name="dev")
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -224,6 +229,30 @@ def patterns_test(
 ) -> None:
     """Run every pattern's positive and negative examples; report each failure with file and pattern id."""
     _pack_command(dirs or [], builtin, run_examples=True)
+
+
+@cluster_app.command("up")
+def cluster_up(
+    nodes: Annotated[int, typer.Option(min=1, max=500, help="Simulated GPU nodes (8 GPUs each).")] = 4,
+) -> None:
+    """Run etcd, the API server, controller manager, scheduler, simulated nodes and FerretDB until Ctrl-C.
+
+    Prints `KUBECONFIG=<path>` and `MONGODB_URI=<uri>` once ready.
+    """
+    from faultline.dev import session  # noqa: PLC0415
+
+    def emit(line: str) -> None:
+        print(line, flush=True)  # noqa: T201 - the contract is plain lines on stdout
+
+    session.up(nodes, emit)
+
+
+@cluster_app.command("down")
+def cluster_down() -> None:
+    """Stop a dev cluster left running in the background."""
+    from faultline.dev import session  # noqa: PLC0415
+
+    out.print(session.down(), markup=False)
 
 
 def main() -> None:

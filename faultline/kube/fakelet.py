@@ -1,0 +1,362 @@
+"""Simulated GPU nodes for the local control plane: a small fake kubelet.
+
+It registers Node objects that look like 8-GPU nodes, keeps them Ready (node status and the Lease in
+`kube-node-lease`), runs the pods the scheduler binds to them (Running and Ready at once; pods that may
+not restart finish after `faultline.io/sim-run-seconds` with `faultline.io/sim-exit-code`), and finishes
+deleting terminating pods once their grace period has passed (the API server keeps pods with finalizers
+until those are removed). A node can be rebooted (NotReady for a while, then Ready with a new boot id)
+or killed (it stops heartbeating, as a dead kubelet would).
+
+Why our own and not kubemark or kwok: it is one small Python module with no extra build, reboot and kill
+are plain method calls that tests drive directly, and it runs inside the test process or `faultline dev
+cluster up` with no container runtime.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from faultline import kube
+
+log = logging.getLogger("faultline.fakelet")
+
+RUN_SECONDS = "faultline.io/sim-run-seconds"
+EXIT_CODE = "faultline.io/sim-exit-code"
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+LEASE_SECONDS = 40
+HEARTBEAT_S = 2.0
+POLL_S = 0.2
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+def _ts(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro(t: dt.datetime) -> str:
+    # The client re-serialises time strings through datetime.isoformat(), which drops a zero fraction,
+    # and the API server's MicroTime needs one: keep it non-zero.
+    return t.replace(microsecond=max(1, t.microsecond)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class SimNode:
+    name: str
+    ip: str
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    down_until: float = 0.0  # rebooting: NotReady until then
+    dead: bool = False  # killed: no heartbeats at all
+    ready_reported: bool | None = None
+    booted_at: dt.datetime = field(default_factory=_now)
+
+    @property
+    def up(self) -> bool:
+        return not self.dead and time.monotonic() >= self.down_until
+
+
+def node_manifest(node: SimNode, gpus: int) -> dict[str, Any]:
+    capacity = {
+        "cpu": "96",
+        "memory": "1056Gi",
+        "pods": "110",
+        "ephemeral-storage": "3500Gi",
+        "nvidia.com/gpu": str(gpus),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "labels": {
+                "kubernetes.io/hostname": node.name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "sim.gpu-8x",
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": GPU_PRODUCT,
+                "nvidia.com/gpu.count": str(gpus),
+                "nvidia.com/gpu.memory": "81559",
+                "faultline.io/simulated": "true",
+            },
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+
+
+class Fakelet:
+    """Runs N simulated nodes against the API server in a background thread."""
+
+    def __init__(self, api: kube.ApiClient, names: list[str], *, gpus: int = 8) -> None:
+        self.api = api
+        # Bodies are plain JSON-shaped dicts, which the client accepts; typed as Any on purpose.
+        self.core: Any = kube.core(api)
+        self.leases: Any = kube.coordination(api)
+        self.gpus = gpus
+        self.nodes = {n: SimNode(n, f"10.244.{i // 250}.{i % 250 + 1}") for i, n in enumerate(names)}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._finishing: dict[str, float] = {}  # pod uid -> monotonic time it finishes running
+        self._lock = threading.Lock()
+        self.errors = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        for node in self.nodes.values():
+            self._register(node)
+            self._heartbeat(node, force=True)
+        self._thread = threading.Thread(target=self._run, name="fakelet", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def reboot(self, name: str, down_seconds: float = 3.0) -> str:
+        """Take the node NotReady for `down_seconds`, then back Ready with a new boot id (returned)."""
+        with self._lock:
+            node = self.nodes[name]
+            node.down_until = time.monotonic() + down_seconds
+            node.boot_id = str(uuid.uuid4())
+            node.booted_at = _now()
+            boot_id = node.boot_id
+        self._heartbeat(node, force=True)
+        return boot_id
+
+    def kill(self, name: str) -> None:
+        """The node stops heartbeating; its Ready condition goes Unknown once the lease expires."""
+        with self._lock:
+            self.nodes[name].dead = True
+
+    def revive(self, name: str) -> None:
+        with self._lock:
+            self.nodes[name].dead = False
+        self._heartbeat(self.nodes[name], force=True)
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        next_beat = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_beat:
+                    for node in list(self.nodes.values()):
+                        self._heartbeat(node)
+                    next_beat = time.monotonic() + HEARTBEAT_S
+                self._sync_pods()
+            except Exception:  # keep simulating; the API server may be restarting
+                self.errors += 1
+                log.exception("fakelet loop failed")
+                time.sleep(1)
+            self._stop.wait(POLL_S)
+
+    def _register(self, node: SimNode) -> None:
+        try:
+            self.core.create_node(node_manifest(node, self.gpus))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def _heartbeat(self, node: SimNode, *, force: bool = False) -> None:
+        if node.dead:
+            return
+        now = _now()
+        up = node.up
+        changed = force or node.ready_reported != up
+        ready = {
+            "type": "Ready",
+            "status": "True" if up else "False",
+            "reason": "KubeletReady" if up else "KubeletNotReady",
+            "message": "simulated kubelet is posting ready status" if up else "node is rebooting",
+            "lastHeartbeatTime": _ts(now),
+        }
+        if changed:
+            ready["lastTransitionTime"] = _ts(now)
+        conditions = [ready] + [
+            {
+                "type": t,
+                "status": "False",
+                "reason": r,
+                "message": "simulated",
+                "lastHeartbeatTime": _ts(now),
+                **({"lastTransitionTime": _ts(now)} if force else {}),
+            }
+            for t, r in (
+                ("MemoryPressure", "KubeletHasSufficientMemory"),
+                ("DiskPressure", "KubeletHasNoDiskPressure"),
+                ("PIDPressure", "KubeletHasSufficientPID"),
+            )
+        ]
+        status: dict[str, Any] = {"conditions": conditions}
+        if force or changed:
+            status["nodeInfo"] = {
+                "bootID": node.boot_id,
+                "machineID": node.name,
+                "systemUUID": node.name,
+                "kernelVersion": "6.8.0-sim",
+                "osImage": "faultline simulated node",
+                "containerRuntimeVersion": "sim://1",
+                "kubeletVersion": "v1.37.2",
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            }
+            status["addresses"] = [
+                {"type": "InternalIP", "address": node.ip},
+                {"type": "Hostname", "address": node.name},
+            ]
+            cap = node_manifest(node, self.gpus)["status"]["capacity"]
+            status["capacity"] = cap
+            status["allocatable"] = cap
+        self.core.patch_node_status(node.name, {"status": status})
+        node.ready_reported = up
+        if up:
+            self._renew_lease(node, now)
+
+    def _renew_lease(self, node: SimNode, now: dt.datetime) -> None:
+        spec = {"holderIdentity": node.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": _micro(now)}
+        try:
+            self.leases.patch_namespaced_lease(node.name, "kube-node-lease", {"spec": spec})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": node.name, "namespace": "kube-node-lease"},
+                "spec": spec,
+            }
+            try:
+                self.leases.create_namespaced_lease("kube-node-lease", body)
+            except ApiException as create_exc:
+                if create_exc.status not in (404, 409):  # namespace not created yet, or a race: next beat
+                    raise
+
+    # -- pods ----------------------------------------------------------------------------------------
+    def _sync_pods(self) -> None:
+        pods: list[Any] = self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
+        now_mono = time.monotonic()
+        for pod in pods:
+            node = self.nodes.get(pod.spec.node_name)
+            if node is None or node.dead:
+                continue
+            meta = pod.metadata
+            if meta.deletion_timestamp is not None:
+                self._finish_deletion(pod)
+                continue
+            phase = pod.status.phase if pod.status else None
+            if phase in ("Succeeded", "Failed"):
+                continue
+            if phase != "Running":
+                self._set_running(pod, node)
+                if pod.spec.restart_policy in ("Never", "OnFailure"):
+                    run_for = float((meta.annotations or {}).get(RUN_SECONDS, "1"))
+                    self._finishing[meta.uid] = now_mono + run_for
+                continue
+            if node.up != _pod_ready(pod):
+                self._set_running(pod, node)
+            finish = self._finishing.get(meta.uid)
+            if finish is not None and now_mono >= finish:
+                code = int((meta.annotations or {}).get(EXIT_CODE, "0"))
+                self._set_finished(pod, code)
+                del self._finishing[meta.uid]
+
+    def _containers(self, pod: Any, state: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": c.name,
+                "image": c.image or "sim",
+                "imageID": f"sim://{c.image}",
+                "containerID": f"sim://{pod.metadata.uid}-{c.name}",
+                "ready": ready,
+                "started": "running" in state,
+                "restartCount": 0,
+                "state": state,
+            }
+            for c in pod.spec.containers
+        ]
+
+    def _set_running(self, pod: Any, node: SimNode) -> None:
+        now = _ts(_now())
+        ready = "True" if node.up else "False"
+        status = {
+            "phase": "Running",
+            "hostIP": node.ip,
+            "podIP": node.ip,
+            "startTime": now,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
+                {"type": "Ready", "status": ready, "lastTransitionTime": now},
+            ],
+            "containerStatuses": self._containers(pod, {"running": {"startedAt": now}}, node.up),
+        }
+        self._patch_status(pod, status)
+
+    def _set_finished(self, pod: Any, code: int) -> None:
+        now = _ts(_now())
+        terminated = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": now,
+                "finishedAt": now,
+            }
+        }
+        status = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+                {
+                    "type": "ContainersReady",
+                    "status": "False",
+                    "reason": "PodCompleted",
+                    "lastTransitionTime": now,
+                },
+            ],
+            "containerStatuses": self._containers(pod, terminated, False),
+        }
+        self._patch_status(pod, status)
+
+    def _finish_deletion(self, pod: Any) -> None:
+        meta = pod.metadata
+        grace = meta.deletion_grace_period_seconds or 0
+        deadline = meta.deletion_timestamp  # the API server sets it to request time + grace
+        if deadline is not None and _now() < deadline.replace(tzinfo=dt.UTC) and grace > 0:
+            return
+        try:
+            # grace 0 in the body: the client drops a zero grace_period_seconds query parameter
+            body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta.uid}}
+            self.core.delete_namespaced_pod(meta.name, meta.namespace, body=body)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone already, or replaced by a pod of the same name
+                raise
+        self._finishing.pop(meta.uid, None)
+
+    def _patch_status(self, pod: Any, status: dict[str, Any]) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(
+                pod.metadata.name, pod.metadata.namespace, {"status": status}
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+
+def _pod_ready(pod: Any) -> bool:
+    for cond in (pod.status.conditions or []) if pod.status else []:
+        if cond.type == "Ready":
+            return bool(cond.status == "True")
+    return False

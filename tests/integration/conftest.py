@@ -1,0 +1,88 @@
+"""Session-scoped real infrastructure: a local control plane with simulated GPU nodes, and FerretDB.
+
+Each test gets its own namespace or database. The binaries are built (or found current) by the
+fixtures themselves, so these tests never skip. When the session's fixtures end, no process they
+started may be left: the outermost fixture asserts it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+
+from faultline import kube
+from faultline.dev import procs
+from faultline.dev.cluster import LocalCluster
+from faultline.dev.mongo import LocalMongo
+
+INFRA = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "ferretdb")
+STARTED: list[int] = []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead already
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    yield
+    left = [pid for pid in STARTED if _alive(pid)]
+    named = [f"{pid} {name}" for pid, name in procs.pids_named(INFRA) if pid in STARTED]
+    assert not left, f"processes left after the session: {named or left}"
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(nodes=4) as c:
+        STARTED.extend(p.pid for p in c.procs)
+        yield c
+
+
+@pytest.fixture(scope="session")
+def mongo() -> Iterator[LocalMongo]:
+    with LocalMongo() as m:
+        assert m.proc is not None
+        STARTED.append(m.proc.pid)
+        yield m
+
+
+@pytest.fixture
+def api(cluster: LocalCluster) -> Any:
+    return cluster.api()
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:6]}"
+    name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
+    core = kube.core(cluster.api())
+    core.create_namespace({"metadata": {"name": name}})
+    procs.wait_for(
+        "the namespace's default ServiceAccount",
+        lambda: bool(core.read_namespaced_service_account("default", name)),
+        30,
+    )
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture
+def mongo_db(mongo: LocalMongo, request: pytest.FixtureRequest) -> Iterator[Any]:
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri, serverSelectionTimeoutMS=10_000)
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield client[name]
+    client.drop_database(name)
+    client.close()
