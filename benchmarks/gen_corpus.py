@@ -423,11 +423,11 @@ def large_lines(n: int, *, seed: int = 11, gpu_share: float = 0.03, nodes: int =
         i += 1
 
 
-def large(path: Path, n: int, *, seed: int = 11, gpu_share: float = 0.03) -> int:
+def large(path: Path, n: int, *, seed: int = 11, gpu_share: float = 0.03, nodes: int = 64) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     buf: list[str] = []
     with path.open("w", encoding="utf-8") as fh:
-        for line in large_lines(n, seed=seed, gpu_share=gpu_share):
+        for line in large_lines(n, seed=seed, gpu_share=gpu_share, nodes=nodes):
             buf.append(line)
             if len(buf) >= 65536:
                 fh.write("\n".join(buf) + "\n")

@@ -50,10 +50,12 @@ def corpus(lines: int) -> Path:
 
 
 def corpus_of_size(megabytes: int) -> Path:
-    path = OUT / f"corpus-{megabytes}MB.log"
+    """A corpus from 8 hosts: its set of possible faults is covered within the first megabytes, so a
+    bigger one differs only in length (what a streaming replay must not pay for)."""
+    path = OUT / f"corpus-8hosts-{megabytes}MB.log"
     if not path.exists():
         lines = megabytes * 1_000_000 // 120
-        gen_corpus.large(path, lines)
+        gen_corpus.large(path, lines, nodes=8)
     return path
 
 
@@ -143,13 +145,13 @@ def main() -> int:
     if args.memory:
         small = corpus_of_size(20)
         big = corpus_of_size(args.big_mb)
-        _, _, small_rss, _ = replay(small)
-        _, big_rate, big_rss, _ = replay(big)
-        print(f"peak RSS: 20 MB corpus {small_rss / 1024:.0f} MiB, {args.big_mb} MB corpus {big_rss / 1024:.0f} MiB "
-              f"({big_rate:,.0f} lines/s)")  # fmt: skip
+        _, _, small_rss, small_summary = replay(small)
+        _, _, big_rss, big_summary = replay(big)
+        print(f"20 MB corpus (8 hosts): peak RSS {small_rss / 1024:.1f} MiB; {small_summary}")
+        print(f"{args.big_mb} MB corpus (8 hosts): peak RSS {big_rss / 1024:.1f} MiB; {big_summary}")
         verdict["rss_small_mib"] = small_rss / 1024
         verdict["rss_big_mib"] = big_rss / 1024
-        verdict["goal_flat_memory"] = big_rss <= small_rss * 1.25
+        verdict["goal_flat_memory"] = big_rss <= small_rss * 1.05
     print(json.dumps(verdict))
     return 0
 
