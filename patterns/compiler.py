@@ -296,12 +296,6 @@ class CompiledPacks:
     def prefilter(self, message: str) -> bool:
         return self.scanner.search(message.encode("utf-8", "replace")) is not None
 
-    def by_id(self, pattern_id: str) -> CompiledPattern:
-        for p in self.patterns:
-            if p.id == pattern_id:
-                return p
-        raise KeyError(pattern_id)
-
     def candidates(self, message: str) -> list[CompiledPattern]:
         matched = cast("list[int] | None", self._set.Match(message)) or []  # the stub says bool
         found = [self.patterns[self._set_index[i]] for i in matched]

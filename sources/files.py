@@ -12,7 +12,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -388,6 +388,3 @@ def chunks(info: FileInfo, fh: IO[bytes]) -> Iterator[Chunk]:
     if info.fmt == "export":
         return ExportReader(info, fh)
     return TextChunker(info, fh)
-
-
-ProgressFn = Callable[[int], None]

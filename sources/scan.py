@@ -7,7 +7,7 @@ skipped, invalid UTF-8 is decoded with replacement characters, and both are coun
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -195,10 +195,3 @@ def _scan_records(chunk: Chunk, matcher: Matcher, node_override: str | None, res
             node = node_override or rec.host or info.default_node
             for hit in hits:
                 _add(result, node, Timed(rec.ts, (info.index, record_no), hit, rec.message, rec.boot))
-
-
-def merge_stats(parts: Iterable[Stats]) -> Stats:
-    total = Stats()
-    for part in parts:
-        total.add(part)
-    return total

@@ -1,21 +1,14 @@
-"""faultline's Kubernetes adapter: the one package that imports the official `kubernetes` client.
-
-Errors are translated once, by status: 409/429/5xx and connection failures are transient (retry after a
-delay), other 4xx permanent.
-"""
+"""faultline's Kubernetes adapter: the one package that imports the official `kubernetes` client."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
-from faultline.errors import PermanentError, TransientError
+from faultline.errors import PermanentError
 
 ApiClient = client.ApiClient
-TRANSIENT_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 
 
 def api_client(kubeconfig: str | Path) -> client.ApiClient:
@@ -49,22 +42,6 @@ def rbac(api: client.ApiClient) -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(api)
 
 
-def status_of(exc: BaseException) -> int | None:
-    return exc.status if isinstance(exc, ApiException) else None
-
-
-def translate(exc: BaseException, what: str) -> Exception:
-    """An API failure as the error kind the caller branches on."""
-    status = status_of(exc)
-    if status is None or status in TRANSIENT_STATUSES:
-        return TransientError(f"{what}: {exc}", delay=1.0)
-    return PermanentError(f"{what}: HTTP {status}: {getattr(exc, 'reason', exc)}")
-
-
-def is_not_found(exc: BaseException) -> bool:
-    return status_of(exc) == 404
-
-
 def mint_token(api: client.ApiClient, namespace: str, service_account: str, *, seconds: int = 3600) -> str:
     """A bound token for a ServiceAccount (TokenRequest API), for tests of least-privilege RBAC."""
     body = client.AuthenticationV1TokenRequest(
@@ -74,8 +51,3 @@ def mint_token(api: client.ApiClient, namespace: str, service_account: str, *, s
     if result.status is None or not result.status.token:
         raise PermanentError(f"TokenRequest for {namespace}/{service_account} returned no token")
     return result.status.token
-
-
-def to_dict(obj: Any) -> Any:
-    """A client model as plain JSON-shaped data."""
-    return client.ApiClient().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
