@@ -13,22 +13,23 @@ _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[a-z_]+)*)\}")
 _PCI = re.compile(r"^(?:PCI:)?(?:([0-9A-Fa-f]{4,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.([0-7]))?$")
 
 
-def pci_bus(value: str) -> str:
-    """Normalise a PCI address to the bus id `dddd:bb:dd` (lowercase, no function)."""
+def _pci(value: str, *, function: bool) -> str:
     m = _PCI.match(value.strip())
     if not m:
         return value.lower()
-    domain = (m.group(1) or "0000")[-4:]
-    return f"{domain}:{m.group(2)}:{m.group(3)}".lower()
+    domain = (m.group(1) or "0000")[-4:]  # 8-digit domains (nvidia-smi) keep their low 4 digits
+    bus = f"{domain}:{m.group(2)}:{m.group(3)}"
+    return (f"{bus}.{m.group(4) or '0'}" if function else bus).lower()
+
+
+def pci_bus(value: str) -> str:
+    """Normalise a PCI address to the bus id `dddd:bb:dd` (lowercase, no function)."""
+    return _pci(value, function=False)
 
 
 def pci_function(value: str) -> str:
     """Normalise a PCI address to `dddd:bb:dd.f` (a NIC port is a PCI function)."""
-    m = _PCI.match(value.strip())
-    if not m:
-        return value.lower()
-    domain = (m.group(1) or "0000")[-4:]
-    return f"{domain}:{m.group(2)}:{m.group(3)}.{m.group(4) or '0'}".lower()
+    return _pci(value, function=True)
 
 
 def _int(value: str) -> str:

@@ -119,12 +119,19 @@ def _strip_uptime(message: str, ts: float) -> tuple[str, float | None]:
     return message, None
 
 
+def _strip_pri(line: str) -> str | None:
+    """`<13>rest` -> `rest`; None when a `<` opens no priority."""
+    if not line.startswith("<"):
+        return line
+    end = line.find(">", 1, 5)
+    return line[end + 1 :] if end > 0 else None
+
+
 def parse_rfc3164(line: str, ctx: Context) -> Parsed | None:
-    if line.startswith("<"):
-        end = line.find(">", 1, 5)
-        if end < 0:
-            return None
-        line = line[end + 1 :]
+    stripped = _strip_pri(line)
+    if stripped is None:
+        return None
+    line = stripped
     if len(line) < 17 or line[3] != " " or line[6] != " " or line[9] != ":" or line[15] != " ":
         return None
     month = MONTHS.get(line[:3])
@@ -166,12 +173,10 @@ def parse_iso(line: str, ctx: Context) -> Parsed | None:
 
 
 def parse_rfc5424(line: str, ctx: Context) -> Parsed | None:
-    if line.startswith("<"):
-        end = line.find(">", 1, 5)
-        if end < 0:
-            return None
-        line = line[end + 1 :]
-    parts = line.split(" ", 6)
+    stripped = _strip_pri(line)
+    if stripped is None:
+        return None
+    parts = stripped.split(" ", 6)
     if len(parts) < 7 or parts[0] != "1":
         return None
     ts = iso_epoch(parts[1])
