@@ -224,3 +224,47 @@ def test_minted_service_account_credentials_obey_rbac(
         sa_api.close()
         kube.rbac(api).delete_cluster_role_binding(f"{namespace}-nodes")
         kube.rbac(api).delete_cluster_role(f"{namespace}-nodes")
+
+
+def test_terminating_pod_waits_for_its_finalizer(api: Any, namespace: str, cluster: LocalCluster) -> None:
+    core = kube.core(api)
+    pod = {
+        "metadata": {"name": "held", "finalizers": ["faultline.io/test-hold"]},
+        "spec": {
+            "nodeName": cluster.node_names[1],
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "sim/c:1"}],
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    procs.wait_for(
+        "the pod to run", lambda: core.read_namespaced_pod("held", namespace).status.phase == "Running", 30
+    )
+    core.delete_namespaced_pod("held", namespace)
+    time.sleep(3)  # well past its 1 s grace period: the fake kubelet has finished its part by now
+    held = core.read_namespaced_pod("held", namespace)
+    assert held.metadata.deletion_timestamp is not None
+    core.patch_namespaced_pod("held", namespace, {"metadata": {"finalizers": None}})
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("held", namespace)
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    procs.wait_for("the pod to go once its finalizer is removed", gone, 30)
+
+
+def test_killed_node_stops_heartbeating_and_goes_unknown(cluster: LocalCluster, api: Any) -> None:
+    name = cluster.node_names[3]
+    cluster.fakelet.kill(name)
+    try:
+        # the node lifecycle controller notices the lease is no longer renewed (grace 12 s)
+        procs.wait_for("Ready Unknown", lambda: node_state(api, name)[0] == "Unknown", 40)
+        node = kube.core(api).read_node(name)
+        assert any(t.key == "node.kubernetes.io/unreachable" for t in node.spec.taints or [])
+    finally:
+        cluster.fakelet.revive(name)
+    procs.wait_for("Ready again after revival", lambda: node_state(api, name)[0] == "True", 40)
