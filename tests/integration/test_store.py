@@ -1,0 +1,173 @@
+"""The store against a real wire-protocol server (FerretDB): idempotent event and fault writes, claims
+with leases and fencing, the reaper and retention."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import Any
+
+import pymongo
+import pytest
+
+from faultline import store
+from faultline.errors import LeaseLostError
+from faultline.models import (
+    Action,
+    Component,
+    Entity,
+    Fault,
+    FaultState,
+    HealthEvent,
+    event_id,
+    fault_id,
+)
+
+pytestmark = pytest.mark.integration
+T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+def fault(
+    node: str = "n1", code: str = "XID-79", count: int = 1, *, resolved: bool = False, minute: int = 0
+) -> Fault:
+    seen = T0 + dt.timedelta(minutes=minute)
+    return Fault(
+        id=fault_id(node, "GPU", "0000:3b:00", code), node=node, entity=Entity(type="GPU", id="0000:3b:00"),
+        code=code, component=Component.GPU, count=count, first_seen=T0, last_seen=seen, fatal=True,
+        action=Action.RESTART_BM, state=FaultState.RESOLVED if resolved else FaultState.OPEN,
+        resolved_at=seen if resolved else None,
+    )  # fmt: skip
+
+
+def event(i: int) -> HealthEvent:
+    ts = T0 + dt.timedelta(seconds=i)
+    return HealthEvent(
+        id=event_id("n1", "kmsg", "GPU", "0000:3b:00", "XID-79", ts), node="n1", component=Component.GPU,
+        check="xid", code="XID-79", entities=(Entity(type="GPU", id="0000:3b:00"),), healthy=False, fatal=True,
+        action=Action.RESTART_BM, generated_at=ts, observed_at=ts,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def st(mongo_db: Any) -> store.Store:
+    s = store.Store(mongo_db, clock=Clock())
+    s.ensure_indexes()
+    return s
+
+
+def test_events_are_recorded_once(st: store.Store) -> None:
+    assert st.record_events([event(1), event(2)]) == 2
+    assert st.record_events([event(2), event(3), event(1)]) == 1  # a replay after a crash
+    assert st.events.count_documents({}) == 3
+    doc = st.events.find_one({"_id": event(3).id})
+    assert doc["code"] == "XID-79" and doc["entities"] == [{"type": "GPU", "id": "0000:3b:00"}]
+
+
+def test_fault_writes_apply_in_revision_order_only(st: store.Store) -> None:
+    assert st.write_fault(fault(count=1), revision=1)
+    assert st.write_fault(fault(count=5, minute=3), revision=3)
+    assert not st.write_fault(fault(count=2, minute=1), revision=2)  # late, older view: ignored
+    assert not st.write_fault(fault(count=5, minute=3), revision=3)  # replayed: ignored
+    doc = st.faults.find_one({"_id": fault().id})
+    assert (doc["count"], doc["revision"], doc["state"]) == (5, 3, "open")
+    assert doc["last_seen"] == (T0 + dt.timedelta(minutes=3)).replace(tzinfo=None)
+    assert st.write_fault(fault(count=5, minute=4, resolved=True), revision=4)
+    doc = st.faults.find_one({"_id": fault().id})
+    assert (doc["state"], doc["quarantine"]["state"]) == ("resolved", "pending")
+
+
+def test_updates_keep_stage_progress(st: store.Store) -> None:
+    st.write_fault(fault(), revision=1)
+    claim = st.claim("quarantine", "w1", dt.timedelta(minutes=5))
+    assert claim is not None
+    st.complete(claim)
+    st.write_fault(fault(count=2), revision=2)
+    assert st.faults.find_one({"_id": fault().id})["quarantine"]["state"] == "done"
+
+
+def test_claims_take_the_oldest_and_are_fenced(st: store.Store) -> None:
+    st.write_fault(fault("n2", minute=2), revision=1)
+    st.write_fault(fault("n1", minute=1), revision=1)
+    first = st.claim("quarantine", "w1", dt.timedelta(minutes=5))
+    second = st.claim("quarantine", "w2", dt.timedelta(minutes=5))
+    assert first is not None and second is not None
+    assert {first.id, second.id} == {fault("n1").id, fault("n2").id}
+    assert st.claim("quarantine", "w3", dt.timedelta(minutes=5)) is None
+    st.renew(first, dt.timedelta(minutes=10))
+    st.complete(first)
+    with pytest.raises(LeaseLostError):
+        st.complete(first)  # completing twice: the second finds its number taken
+    doc = st.faults.find_one({"_id": first.id})
+    assert (doc["quarantine"]["state"], doc["quarantine"]["attempts"], doc["drain"]["state"]) == (
+        "done",
+        1,
+        "pending",
+    )
+
+
+def test_claim_filters_by_equality(st: store.Store) -> None:
+    st.write_fault(fault("n1"), revision=1)
+    assert st.claim("drain", "w1", dt.timedelta(minutes=1), {"node": "n2"}) is None
+    assert st.claim("drain", "w1", dt.timedelta(minutes=1), {"node": "n1"}) is not None
+
+
+def test_concurrent_claimers_never_share_a_fault(st: store.Store, mongo: Any) -> None:
+    for i in range(40):
+        st.write_fault(fault(f"n{i:02d}"), revision=1)
+    taken: list[str] = []
+    lock = threading.Lock()
+
+    def worker(name: str) -> None:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)  # one connection pool each
+        mine = store.Store(client[st.db.name], clock=st.clock)
+        while (c := mine.claim("remediation", name, dt.timedelta(minutes=5))) is not None:
+            with lock:
+                taken.append(c.id)
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(taken) == 40
+    assert len(set(taken)) == 40
+
+
+def test_reaper_requeues_expired_claims_and_parks_repeat_offenders(st: store.Store) -> None:
+    clock = st.clock
+    assert isinstance(clock, Clock)
+    st.write_fault(fault("n1"), revision=1)
+    st.write_fault(fault("n2"), revision=1)
+    a = st.claim("drain", "w1", dt.timedelta(minutes=1))
+    assert a is not None
+    clock.now += dt.timedelta(minutes=2)
+    assert st.reap("drain", max_attempts=3) == (1, 0)
+    with pytest.raises(LeaseLostError):
+        st.renew(a, dt.timedelta(minutes=1))  # the lease expired and was taken back
+    with pytest.raises(LeaseLostError):
+        st.complete(a)
+    for _ in range(2):
+        c = st.claim("drain", "w2", dt.timedelta(minutes=1))
+        assert c is not None and c.id == a.id
+        clock.now += dt.timedelta(minutes=2)
+        st.reap("drain", max_attempts=3)
+    doc = st.faults.find_one({"_id": a.id})
+    assert (doc["drain"]["state"], doc["drain"]["attempts"]) == ("parked", 3)
+
+
+def test_retention_deletes_old_events(st: store.Store) -> None:
+    st.record_events([event(i) for i in range(5)])
+    clock = st.clock
+    assert isinstance(clock, Clock)
+    clock.now = T0 + dt.timedelta(days=8, seconds=2)
+    assert st.prune_events(dt.timedelta(days=8)) == 2  # events 0 and 1 are older than the cutoff
+    assert st.events.count_documents({}) == 3
