@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import uuid
 from pathlib import Path
 
 from kubernetes import client, config
@@ -38,8 +40,57 @@ def coordination(api: client.ApiClient) -> client.CoordinationV1Api:
     return client.CoordinationV1Api(api)
 
 
+def events_api(api: client.ApiClient) -> client.EventsV1Api:
+    return client.EventsV1Api(api)
+
+
 def rbac(api: client.ApiClient) -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(api)
+
+
+def node_conditions(api: client.ApiClient, node: str) -> dict[str, dict[str, str]]:
+    """The node's current conditions by type, as plain dicts."""
+    status = core(api).read_node_status(node).status
+    return {
+        c.type: {"status": c.status, "reason": c.reason or "", "message": c.message or ""}
+        for c in (status.conditions if status and status.conditions else [])
+    }
+
+
+def write_node_conditions(
+    api: client.ApiClient, node: str, conditions: list[dict[str, str]], delete: list[str]
+) -> None:
+    """Set conditions (merged by type) and delete the condition types in `delete`, in one status patch."""
+    items: list[dict[str, str]] = [*conditions, *({"type": t, "$patch": "delete"} for t in delete)]
+    if items:
+        core(api).patch_node_status(node, {"status": {"conditions": items}})
+
+
+def post_node_event(
+    api: client.ApiClient, node: str, *, reason: str, note: str, action: str, warning: bool, controller: str,
+    instance: str,
+) -> None:  # fmt: skip
+    """An events.k8s.io/v1 Event about a Node (in `default`, where node events live)."""
+    body = client.EventsV1Event(
+        metadata=client.V1ObjectMeta(
+            name=f"{node}.{uuid.uuid4().hex[:16]}"
+        ),  # generateName may not end in "."
+        event_time=_micro_now(),
+        reporting_controller=controller,
+        reporting_instance=instance,
+        action=action,
+        reason=reason,
+        note=note[:1024],
+        type="Warning" if warning else "Normal",
+        regarding=client.V1ObjectReference(api_version="v1", kind="Node", name=node, uid=node),
+    )
+    events_api(api).create_namespaced_event("default", body)
+
+
+def _micro_now() -> datetime.datetime:
+    """Now, with a non-zero fraction: the client drops a zero one and MicroTime fields need it."""
+    now = datetime.datetime.now(datetime.UTC)
+    return now.replace(microsecond=max(1, now.microsecond))
 
 
 def mint_token(api: client.ApiClient, namespace: str, service_account: str, *, seconds: int = 3600) -> str:

@@ -1,0 +1,111 @@
+"""Node conditions and Events from a node's open faults (pure logic; `faultline.kube` applies them).
+
+One condition per component class (`GpuHealthy`, `NvSwitchHealthy`, `NicHealthy`, `NodeHealthy`):
+False while an open fault of that class is fatal, True otherwise. The reason is the code of the most
+severe open fault (or `NoFaults`), and the message names the faults, bounded in length. A condition
+faultline set is set back to True when its faults resolve; a condition type faultline owns but no
+longer produces (a check that was removed) is deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from faultline.models import Action, Component, Fault
+
+CONDITION_TYPES = {
+    Component.GPU: "GpuHealthy",
+    Component.NVSWITCH: "NvSwitchHealthy",
+    Component.NIC: "NicHealthy",
+    Component.NODE: "NodeHealthy",
+}
+OWNED_TYPES = frozenset(CONDITION_TYPES.values())
+MESSAGE_LIMIT = 512
+_SEVERITY = {a: i for i, a in enumerate(Action)}
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False"
+    reason: str
+    message: str
+
+    def as_patch(self, now: dt.datetime, transitioned: bool) -> dict[str, str]:
+        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"type": self.type, "status": self.status, "reason": self.reason, "message": self.message,
+                "lastHeartbeatTime": stamp}  # fmt: skip
+        if transitioned:
+            body["lastTransitionTime"] = stamp
+        return body
+
+
+def _describe(fault: Fault, gpu_names: dict[str, str]) -> str:
+    entity = fault.entity.id
+    if fault.entity.type == "GPU" and entity in gpu_names:
+        entity = f"{gpu_names[entity]} ({entity})"
+    elif entity:
+        entity = f"{fault.entity.type.lower()} {entity}"
+    else:
+        entity = "node"
+    return f"{fault.code} on {entity} x{fault.count}" + (" (fatal)" if fault.fatal else "")
+
+
+def desired(
+    faults: Iterable[Fault], gpu_names: dict[str, str] | None = None, types: Iterable[str] = OWNED_TYPES
+) -> dict[str, Condition]:
+    """The conditions a node should carry given its faults (resolved ones are ignored).
+
+    `types` are the condition types of the checks this node runs; `gpu_names` maps a GPU PCI bus id to a
+    label such as `GPU 3 GPU-5c2b...` for messages.
+    """
+    names = gpu_names or {}
+    open_by_type: dict[str, list[Fault]] = {t: [] for t in types}
+    for fault in faults:
+        ctype = CONDITION_TYPES.get(fault.component, "NodeHealthy")
+        if fault.resolved_at is None and ctype in open_by_type:
+            open_by_type[ctype].append(fault)
+    out: dict[str, Condition] = {}
+    for ctype, items in open_by_type.items():
+        if not items:
+            out[ctype] = Condition(ctype, "True", "NoFaults", "no open faults")
+            continue
+        items.sort(key=lambda f: (not f.fatal, -_SEVERITY[f.action], f.code, f.entity.id))
+        worst = items[0]
+        status = "False" if worst.fatal else "True"
+        message = "; ".join(_describe(f, names) for f in items)
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 20].rsplit("; ", 1)[0] + f"; and {len(items)} in all"
+        out[ctype] = Condition(ctype, status, worst.code if worst.fatal else "NonFatalFaults", message)
+    return out
+
+
+def diff(
+    current: dict[str, dict[str, str]], wanted: dict[str, Condition]
+) -> tuple[list[Condition], list[str]]:
+    """(conditions to write because they changed, owned condition types to delete)."""
+    changed = [
+        c
+        for t, c in wanted.items()
+        if (cur := current.get(t)) is None
+        or (cur.get("status"), cur.get("reason"), cur.get("message")) != (c.status, c.reason, c.message)
+    ]
+    stale = sorted(t for t in current if t in OWNED_TYPES and t not in wanted)
+    return changed, stale
+
+
+class EventLimiter:
+    """At most one Event per (node, reason) per `interval` seconds (event time, injected)."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        self.interval = interval
+        self._last: dict[tuple[str, str], float] = {}
+
+    def allow(self, node: str, reason: str, now: float) -> bool:
+        last = self._last.get((node, reason))
+        if last is not None and now - last < self.interval:
+            return False
+        self._last[(node, reason)] = now
+        return True

@@ -1,0 +1,69 @@
+"""Node conditions and Events written to the real API server, next to the (fake) kubelet's own."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from faultline import conditions, kube
+from faultline.dev import procs
+from faultline.dev.cluster import LocalCluster
+from tests.unit.test_conditions import fault
+
+pytestmark = pytest.mark.integration
+
+
+def apply(api: Any, node: str, wanted: dict[str, conditions.Condition]) -> None:
+    current = kube.node_conditions(api, node)
+    changed, stale = conditions.diff(current, wanted)
+    now = dt.datetime.now(dt.UTC)
+    patches = [
+        c.as_patch(now, transitioned=current.get(c.type, {}).get("status") != c.status) for c in changed
+    ]
+    kube.write_node_conditions(api, node, patches, stale)
+
+
+def test_conditions_follow_faults_and_survive_kubelet_heartbeats(cluster: LocalCluster, api: Any) -> None:
+    node = cluster.node_names[1]
+    apply(api, node, conditions.desired([fault("XID-79")]))
+    got = kube.node_conditions(api, node)
+    assert (got["GpuHealthy"]["status"], got["GpuHealthy"]["reason"]) == ("False", "XID-79")
+    assert got["Ready"]["status"] == "True"  # the kubelet's condition is untouched
+    beat = kube.core(api).read_node_status(node).status.conditions
+    ready_beat = next(c.last_heartbeat_time for c in beat if c.type == "Ready")
+
+    def kubelet_beat_since() -> bool:
+        conds = kube.core(api).read_node_status(node).status.conditions
+        return next(c.last_heartbeat_time for c in conds if c.type == "Ready") > ready_beat
+
+    procs.wait_for("a kubelet heartbeat after ours", kubelet_beat_since, 10)
+    assert kube.node_conditions(api, node)["GpuHealthy"]["reason"] == "XID-79"
+
+    apply(api, node, conditions.desired([fault("XID-79", resolved=True)]))
+    assert kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True"
+
+    apply(api, node, conditions.desired([], types=["GpuHealthy"]))  # the other checks were switched off
+    got = kube.node_conditions(api, node)
+    assert "GpuHealthy" in got and "NicHealthy" not in got and "NvSwitchHealthy" not in got
+    assert got["Ready"]["status"] == "True"
+
+
+def test_events_about_a_node(cluster: LocalCluster, api: Any) -> None:
+    node = cluster.node_names[0]
+    kube.post_node_event(
+        api, node, reason="XID-79", note="GPU 0000:3b:00 fell off the bus", action="Detected", warning=True,
+        controller="faultline.io/agent", instance=f"agent-{node}",
+    )  # fmt: skip
+    # read back through core/v1: the events.k8s.io list model rejects other components' events without eventTime
+    events = (
+        kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    )
+    mine = [e for e in events if e.reason == "XID-79"]
+    assert mine, [e.reason for e in events]
+    assert (mine[-1].type, mine[-1].message, mine[-1].reporting_component) == (
+        "Warning",
+        "GPU 0000:3b:00 fell off the bus",
+        "faultline.io/agent",
+    )
