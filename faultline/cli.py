@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from faultline.errors import FaultlineError, PackError
 
 if TYPE_CHECKING:
+    from faultline.config import AgentConfig
     from patterns.compiler import CompiledPacks
     from sources.files import FileInfo
 
@@ -33,6 +34,8 @@ cluster_app = typer.Typer(help="A local Kubernetes control plane with simulated 
                           no_args_is_help=True)  # fmt: skip
 dev_app.add_typer(cluster_app, name="cluster")
 app.add_typer(dev_app, name="dev")
+sim_app = typer.Typer(help="Drive simulated GPUs (the `sim` GPU backend).", no_args_is_help=True)
+app.add_typer(sim_app, name="sim")
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -229,6 +232,79 @@ def patterns_test(
 ) -> None:
     """Run every pattern's positive and negative examples; report each failure with file and pattern id."""
     _pack_command(dirs or [], builtin, run_examples=True)
+
+
+@app.command()
+def agent(
+    node: Annotated[
+        str, typer.Option(envvar="NODE_NAME", help="This node's name (downward API: spec.nodeName).")
+    ],
+    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
+    ] = None,
+    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
+    gpu_backend: Annotated[str, typer.Option(help="GPU backend: sim.")] = "sim",
+    sim_dir: Annotated[Path | None, typer.Option(help="Simulator control directory.")] = None,
+    sim_scenario: Annotated[Path | None, typer.Option(help="Simulator scenario YAML.")] = None,
+    pack: Annotated[
+        list[Path] | None, typer.Option("--pack", help="Extra pack directory (repeatable).")
+    ] = None,
+) -> None:
+    """Run the node agent: GPU events -> pattern packs -> faults in MongoDB and node conditions."""
+    from faultline.config import AgentConfig  # noqa: PLC0415
+
+    fields = {"node": node, "mongodb_uri": mongodb_uri, "kubeconfig": kubeconfig, "database": database,
+              "gpu_backend": gpu_backend, "sim_dir": sim_dir, "sim_scenario": sim_scenario}  # fmt: skip
+    config = AgentConfig.model_validate({**fields, "packs": tuple(pack or [])})
+    _run_agent(config)
+
+
+def _run_agent(config: AgentConfig) -> None:
+    from bytewax.testing import run_main  # noqa: PLC0415
+
+    from dataflows import node as node_flow  # noqa: PLC0415
+    from sinks.kube import KubeSink  # noqa: PLC0415
+    from sinks.mongo import MongoSink  # noqa: PLC0415
+    from sources import simulator  # noqa: PLC0415
+
+    compiled = _compile(list(config.packs))
+    scenario = simulator.load_scenario(config.sim_scenario) if config.sim_scenario else None
+    backend = simulator.SimulatorBackend(
+        config.node, directory=config.sim_dir, gpus=config.gpus, scenario=scenario
+    )
+    gpu_names = {d.pci: f"GPU {d.index} {d.uuid}" for d in backend.devices()}
+    if config.kubeconfig is None:
+        raise typer.BadParameter("in-cluster credentials are not supported yet: pass --kubeconfig")
+    sinks = {
+        node_flow.STEP_MONGO: MongoSink(config.mongodb_uri.get_secret_value(), config.database),
+        node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
+    }
+    flow = node_flow.build(config.node, backend, compiled, sinks)
+    err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
+    run_main(flow)  # type: ignore[no-untyped-call]
+
+
+@sim_app.command("inject")
+def sim_inject(
+    node: Annotated[str, typer.Option(help="Simulated node.")],
+    gpu: Annotated[int, typer.Option(min=0, max=15, help="GPU index.")],
+    xid: Annotated[int | None, typer.Option(help="Raise this XID.")] = None,
+    lost: Annotated[bool, typer.Option(help="The GPU falls off the bus.")] = False,
+    clear: Annotated[bool, typer.Option(help="The GPU reports healthy again (resolves its faults).")] = False,
+    sim_dir: Annotated[Path | None, typer.Option(help="Simulator control directory.")] = None,
+) -> None:
+    """Make a simulated GPU report an event (exactly one of --xid, --lost, --clear)."""
+    from sources import simulator  # noqa: PLC0415
+
+    chosen = [name for name, on in (("xid", xid is not None), ("lost", lost), ("healthy", clear)) if on]
+    if len(chosen) != 1:
+        raise typer.BadParameter("give exactly one of --xid, --lost, --clear")
+    path = simulator.inject(node, gpu, kind=chosen[0], value=xid or 0, directory=sim_dir)
+    out.print(
+        f"injected {chosen[0]}{f' {xid}' if xid is not None else ''} on {node} GPU {gpu} ({path})",
+        markup=False,
+    )
 
 
 @cluster_app.command("up")

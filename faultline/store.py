@@ -56,6 +56,12 @@ class Claim:
     n: int  # this claim's number in `leases`
 
 
+def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow) -> Store:
+    """A Store on a new client (create it where it is used: Bytewax may fork)."""
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000)
+    return Store(client[database], clock=clock)
+
+
 class Store:
     def __init__(self, db: Database[Any], *, clock: Clock = utcnow) -> None:
         self.db = db

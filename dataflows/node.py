@@ -1,0 +1,140 @@
+"""The node agent's dataflow: GPU backend events -> packs -> per-node detection -> MongoDB and Kubernetes.
+
+    gpu events ── match ── key ── detect (NodeDetector) ──┬── MongoDB sink (faults by revision)
+                                                            └── Kubernetes sink (conditions, Events)
+
+The detector shell emits, after each batch, every fault of the node and the ones that changed with a
+revision number, so both sinks stay idempotent under replays. Step ids are constants.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import bytewax.operators as op
+from bytewax.dataflow import Dataflow
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from bytewax.outputs import DynamicSink
+
+from faultline.models import Fault
+from patterns.compiler import CompiledPacks
+from patterns.detectors import NodeDetector
+from sources import gpu, scan
+
+FLOW_ID = "node"
+STEP_INPUT = "gpu"
+STEP_MATCH = "match"
+STEP_DETECT = "detect"
+STEP_MONGO = "mongo_out"
+STEP_KUBE = "kube_out"
+WAIT_S = 0.5
+IDLE_AWAKE_S = 0.02
+
+
+@dataclass(frozen=True)
+class NodeUpdate:
+    """A node's faults after a batch, and those that changed (with their new revision)."""
+
+    node: str
+    faults: list[Fault]
+    changed: list[tuple[Fault, int]]
+
+
+class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, None]):
+    def __init__(self, backend: gpu.GpuBackend) -> None:
+        self.backend = backend
+        self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._wait, name="gpu-events", daemon=True)
+        self.thread.start()
+
+    def _wait(self) -> None:  # the backend blocks; Bytewax's next_batch must not
+        while not self.stop.is_set():
+            for event in self.backend.wait_events(WAIT_S):
+                self.queue.put(event)
+
+    def next_batch(self) -> list[gpu.GpuEvent]:
+        out: list[gpu.GpuEvent] = []
+        while len(out) < 1000:
+            try:
+                out.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return out
+
+    def next_awake(self) -> dt.datetime | None:
+        return (
+            None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=IDLE_AWAKE_S)
+        )
+
+    def snapshot(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.backend.close()
+
+
+class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, None]):
+    def __init__(self, backend: gpu.GpuBackend) -> None:
+        self.backend = backend
+
+    def list_parts(self) -> list[str]:
+        return ["gpu"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _GpuPartition:
+        return _GpuPartition(self.backend)
+
+
+class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, None]):
+    def __init__(self, node: str, compiled: CompiledPacks) -> None:
+        self.detector = NodeDetector(node, compiled)
+        self.seen: dict[str, tuple[Any, ...]] = {}
+        self.revisions: dict[str, int] = {}
+
+    def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
+        for t in sorted(value, key=lambda t: (t.ts, t.order)):
+            self.detector.observe(t.ts, t.hit, t.message, t.boot)
+        faults = self.detector.snapshot_faults()
+        changed = []
+        for f in faults:
+            signature = (f.count, f.last_seen, f.first_seen, f.resolved_at, f.fatal, f.action)
+            if self.seen.get(f.id) != signature:
+                self.seen[f.id] = signature
+                self.revisions[f.id] = self.revisions.get(f.id, 0) + 1
+                changed.append((f, self.revisions[f.id]))
+        return [NodeUpdate(self.detector.node, faults, changed)], op.StatefulLogic.RETAIN
+
+    def snapshot(self) -> None:
+        return None
+
+
+def build(
+    node: str,
+    backend: gpu.GpuBackend,
+    compiled: CompiledPacks,
+    sinks: dict[str, DynamicSink[NodeUpdate]],
+) -> Dataflow:
+    """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate."""
+    devices = {d.index: d for d in backend.devices()}
+    flow = Dataflow(FLOW_ID)
+    events = op.input(STEP_INPUT, flow, GpuEventSource(backend))
+
+    def match(event: gpu.GpuEvent) -> list[scan.Timed]:
+        device = devices.get(event.gpu)
+        text = gpu.message(event, device) if device else None
+        if text is None:
+            return []
+        return [scan.Timed(event.ts, (0, 0), hit, text, None) for hit in compiled.match("nvml", text)]
+
+    hits = op.map(STEP_MATCH, events, match)
+    keyed = op.map("key", op.filter("nonempty", hits, bool), lambda batch: (node, batch))
+    updates = op.stateful(STEP_DETECT, keyed, lambda _resume: DetectLogic(node, compiled))
+    plain = op.key_rm("unkey", updates)
+    for step_id, sink in sinks.items():
+        op.output(step_id, plain, sink)
+    return flow

@@ -1,0 +1,26 @@
+"""Typed configuration, one frozen model per component, resolved only in the CLI and handed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+
+class AgentConfig(BaseModel):
+    """The node agent (`faultline agent`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str = Field(min_length=1, description="the Node this agent watches (downward API spec.nodeName)")
+    mongodb_uri: SecretStr = Field(
+        description="MongoDB connection string; masked in dumps (may hold a password)"
+    )
+    database: str = Field(default="faultline", description="MongoDB database name")
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig file; None: in-cluster credentials")
+    gpu_backend: Literal["sim"] = Field(default="sim", description="where GPU events come from")
+    sim_dir: Path | None = Field(default=None, description="simulator control directory (sim backend)")
+    sim_scenario: Path | None = Field(default=None, description="simulator scenario YAML (sim backend)")
+    gpus: int = Field(default=8, ge=1, le=16, description="simulated GPUs (sim backend)")
+    packs: tuple[Path, ...] = Field(default=(), description="extra pattern pack directories")

@@ -1,0 +1,134 @@
+"""A simulated GPU backend: the same interface as NVML, driven by a scenario and by `faultline sim inject`.
+
+Control records are JSON lines appended to `<dir>/<node>.jsonl` (by `inject`); the backend follows the
+file from where it was when the backend started. A scenario is a YAML timeline run from that start:
+
+    - {at: 5s, gpu: 3, xid: 79}
+    - {at: 60s, gpu: 3, clear: true}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from faultline.models import stable_id
+from sources.gpu import GpuDevice, GpuEvent
+
+POLL_S = 0.02
+
+
+def default_dir() -> Path:
+    return Path(
+        os.environ.get("FAULTLINE_SIM_DIR", Path(tempfile.gettempdir()) / f"faultline-sim-{os.getuid()}")
+    )
+
+
+def devices_for(node: str, count: int = 8) -> list[GpuDevice]:
+    """Deterministic GPUs for a simulated node: bus ids like an 8-GPU HGX board, UUIDs from the node name."""
+    buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
+    return [
+        GpuDevice(
+            i,
+            f"GPU-{stable_id('gpu', node, i)[:8]}-sim0-{stable_id('gpu', node, i)[8:20]}",
+            f"0000:{buses[i % 8]}:00",
+        )
+        for i in range(count)
+    ]
+
+
+def inject(node: str, gpu: int, *, kind: str, value: int = 0, directory: Path | None = None) -> Path:
+    """Append a control record for the node's simulator (the `faultline sim inject` command)."""
+    target = (directory or default_dir()) / f"{node}.jsonl"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    record = {"ts": time.time(), "gpu": gpu, "kind": kind, "value": value}
+    with target.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+    return target
+
+
+class SimulatorBackend:
+    def __init__(self, node: str, *, directory: Path | None = None, gpus: int = 8,
+                 scenario: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
+        self.node = node
+        self.path = (directory or default_dir()) / f"{node}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._devices = devices_for(node, gpus)
+        self._offset = self.path.stat().st_size if self.path.exists() else 0
+        self._started = time.time()
+        self._timeline = sorted(_parse_scenario(scenario or []), key=lambda e: e.ts)
+        self._closed = threading.Event()
+
+    def devices(self) -> list[GpuDevice]:
+        return list(self._devices)
+
+    def wait_events(self, timeout: float) -> list[GpuEvent]:
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self._due() + self._read_control()
+            if events or self._closed.is_set() or time.monotonic() >= deadline:
+                return events
+            time.sleep(POLL_S)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _due(self) -> list[GpuEvent]:
+        now = time.time() - self._started
+        due = [e for e in self._timeline if e.ts <= now]
+        self._timeline = self._timeline[len(due) :]
+        return [GpuEvent(self._started + e.ts, e.gpu, e.kind, e.value) for e in due]
+
+    def _read_control(self) -> list[GpuEvent]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # only whole records
+        self._offset += end
+        events = []
+        for line in data[:end].splitlines():
+            try:
+                rec = json.loads(line)
+                events.append(
+                    GpuEvent(float(rec["ts"]), int(rec["gpu"]), str(rec["kind"]), int(rec.get("value", 0)))
+                )
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn or foreign line: ignore it, as a driver would ignore garbage
+        return events
+
+
+def _parse_scenario(items: list[dict[str, Any]]) -> list[GpuEvent]:
+    from patterns.schema import parse_duration  # noqa: PLC0415 - durations are spelled as in packs
+
+    out = []
+    for item in items:
+        at = parse_duration(item.get("at", 0.001))
+        gpu = int(item["gpu"])
+        if "xid" in item:
+            out.append(GpuEvent(at, gpu, "xid", int(item["xid"])))
+        elif item.get("lost"):
+            out.append(GpuEvent(at, gpu, "lost"))
+        elif item.get("reset"):
+            out.append(GpuEvent(at, gpu, "reset"))
+        elif item.get("clear"):
+            out.append(GpuEvent(at, gpu, "healthy"))
+        else:
+            raise ValueError(f"scenario item needs xid, lost, reset or clear: {item}")
+    return out
+
+
+def load_scenario(path: Path) -> list[dict[str, Any]]:
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: a scenario is a YAML list of events")
+    return data

@@ -1,0 +1,97 @@
+"""The node agent end to end on the simulated GPU backend: an XID on one GPU becomes a fault document in
+MongoDB and a False GpuHealthy condition on the node within a second; a reset resolves both."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+
+from faultline import kube
+from faultline.dev.cluster import LocalCluster
+from faultline.dev.mongo import LocalMongo
+from faultline.models import fault_id
+from sources import simulator
+
+pytestmark = pytest.mark.integration
+
+
+def sim(tmp: Path, node: str, *args: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "faultline", "sim", "inject", "--node", node, "--sim-dir", str(tmp), *args],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+def poll(what: str, check: Any, timeout: float) -> float:
+    """Seconds until `check()` is truthy (polling every 10 ms)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check():
+            return time.monotonic() - started
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_xid_to_fault_document_and_condition_then_clear(
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
+) -> None:
+    node = cluster.node_names[2]
+    database = f"agent_{os.getpid()}"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
+         "--database", database, "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    faults = client[database]["faults"]
+    fid = fault_id(node, "GPU", "0000:5d:00", "XID-79")  # GPU 3 of a simulated node
+    try:
+        assert agent.stderr is not None
+        assert agent.stderr.readline().startswith(f"agent: watching 8 GPUs on {node}")
+        time.sleep(1.0)  # the flow is running once its sinks are built
+
+        started = time.monotonic()
+        simulator.inject(node, 3, kind="xid", value=79, directory=tmp_path)  # what `sim inject` does
+        to_mongo = poll("the fault document", lambda: faults.find_one({"_id": fid}), 10)
+        doc = faults.find_one({"_id": fid})
+        assert (doc["code"], doc["fatal"], doc["action"], doc["state"]) == (
+            "XID-79",
+            True,
+            "RESTART_BM",
+            "open",
+        )
+        assert doc["quarantine"]["state"] == "pending"
+        poll(
+            "GpuHealthy False",
+            lambda: kube.node_conditions(api, node).get("GpuHealthy", {}).get("status") == "False",
+            10,
+        )
+        to_condition = time.monotonic() - started
+        condition = kube.node_conditions(api, node)["GpuHealthy"]
+        assert condition["reason"] == "XID-79"
+        assert "GPU 3 GPU-" in condition["message"] and "(0000:5d:00)" in condition["message"]
+        print(f"XID -> MongoDB {to_mongo * 1000:.0f} ms, -> node condition {to_condition * 1000:.0f} ms")
+        assert to_mongo < 1.0 and to_condition < 1.0, (to_mongo, to_condition)
+
+        sim(tmp_path, node, "--gpu", "3", "--clear")
+        poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)
+        poll("GpuHealthy True", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True", 10)
+    finally:
+        agent.send_signal(signal.SIGINT)
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(10)
+        if agent.stderr is not None:
+            agent.stderr.close()
+        client.drop_database(database)
+        client.close()
