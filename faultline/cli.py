@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from faultline.config import AgentConfig
     from patterns.compiler import CompiledPacks
     from sources.files import FileInfo
+    from sources.gpu import GpuBackend
 
 app = typer.Typer(
     help="faultline: GPU fault detection, quarantine and remediation for Kubernetes.",
@@ -244,7 +245,7 @@ def agent(
         Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
     ] = None,
     database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend: sim.")] = "sim",
+    gpu_backend: Annotated[str, typer.Option(help="GPU backend: sim or nvml.")] = "sim",
     sim_dir: Annotated[Path | None, typer.Option(help="Simulator control directory.")] = None,
     sim_scenario: Annotated[Path | None, typer.Option(help="Simulator scenario YAML.")] = None,
     pack: Annotated[
@@ -269,10 +270,16 @@ def _run_agent(config: AgentConfig) -> None:
     from sources import simulator  # noqa: PLC0415
 
     compiled = _compile(list(config.packs))
-    scenario = simulator.load_scenario(config.sim_scenario) if config.sim_scenario else None
-    backend = simulator.SimulatorBackend(
-        config.node, directory=config.sim_dir, gpus=config.gpus, scenario=scenario
-    )
+    backend: GpuBackend
+    if config.gpu_backend == "nvml":
+        from sources.nvml import NvmlBackend  # noqa: PLC0415
+
+        backend = NvmlBackend()
+    else:
+        scenario = simulator.load_scenario(config.sim_scenario) if config.sim_scenario else None
+        backend = simulator.SimulatorBackend(
+            config.node, directory=config.sim_dir, gpus=config.gpus, scenario=scenario
+        )
     gpu_names = {d.pci: f"GPU {d.index} {d.uuid}" for d in backend.devices()}
     if config.kubeconfig is None:
         raise typer.BadParameter("in-cluster credentials are not supported yet: pass --kubeconfig")
