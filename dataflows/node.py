@@ -1,7 +1,9 @@
-"""The node agent's dataflow: GPU backend events -> packs -> per-node detection -> MongoDB and Kubernetes.
+"""The node agent's dataflow: GPU backend events and kernel journal -> packs -> per-node detection ->
+MongoDB and Kubernetes.
 
-    gpu events ── match ── key ── detect (NodeDetector) ──┬── MongoDB sink (faults by revision)
-                                                            └── Kubernetes sink (conditions, Events)
+    gpu events ──── match ──┐
+    journal (kernel) ─ match ┴─ key ── detect (NodeDetector) ──┬── MongoDB sink (faults by revision)
+                                                                 └── Kubernetes sink (conditions, Events)
 
 The detector shell emits, after each batch, every fault of the node and the ones that changed with a
 revision number, so both sinks stay idempotent under replays. Step ids are constants.
@@ -24,9 +26,12 @@ from faultline.models import Fault
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
 from sources import gpu, scan
+from sources.journal import Entry, JournalSource
 
 FLOW_ID = "node"
 STEP_INPUT = "gpu"
+STEP_JOURNAL = "journal"
+STEP_JOURNAL_MATCH = "journal_match"
 STEP_MATCH = "match"
 STEP_DETECT = "detect"
 STEP_MONGO = "mongo_out"
@@ -118,8 +123,11 @@ def build(
     backend: gpu.GpuBackend,
     compiled: CompiledPacks,
     sinks: dict[str, DynamicSink[NodeUpdate]],
+    *,
+    journal_source: JournalSource | None = None,
 ) -> Dataflow:
-    """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate."""
+    """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate. With `journal_source`,
+    the kernel messages of the journal are matched too."""
     devices = {d.index: d for d in backend.devices()}
     flow = Dataflow(FLOW_ID)
     events = op.input(STEP_INPUT, flow, GpuEventSource(backend))
@@ -132,6 +140,17 @@ def build(
         return [scan.Timed(event.ts, (0, 0), hit, text, None) for hit in compiled.match("nvml", text)]
 
     hits = op.map(STEP_MATCH, events, match)
+    if journal_source is not None:
+        entries = op.input(STEP_JOURNAL, flow, journal_source)
+
+        def match_entry(entry: Entry) -> list[scan.Timed]:
+            rec = entry.record
+            return [
+                scan.Timed(rec.ts, (1, 0), hit, rec.message, rec.boot)
+                for hit in compiled.match("journal", rec.message)
+            ]
+
+        hits = op.merge("sources", hits, op.map(STEP_JOURNAL_MATCH, entries, match_entry))
     keyed = op.map("key", op.filter("nonempty", hits, bool), lambda batch: (node, batch))
     updates = op.stateful(STEP_DETECT, keyed, lambda _resume: DetectLogic(node, compiled))
     plain = op.key_rm("unkey", updates)

@@ -251,13 +251,20 @@ def agent(
     pack: Annotated[
         list[Path] | None, typer.Option("--pack", help="Extra pack directory (repeatable).")
     ] = None,
+    journal_file: Annotated[
+        Path | None, typer.Option(help="Follow this journal file's kernel messages.")
+    ] = None,
+    journal_dir: Annotated[Path | None, typer.Option(help="Follow the journal in this directory.")] = None,
 ) -> None:
-    """Run the node agent: GPU events -> pattern packs -> faults in MongoDB and node conditions."""
+    """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
+    node conditions."""
     from faultline.config import AgentConfig  # noqa: PLC0415
 
     fields = {"node": node, "mongodb_uri": mongodb_uri, "kubeconfig": kubeconfig, "database": database,
               "gpu_backend": gpu_backend, "sim_dir": sim_dir, "sim_scenario": sim_scenario}  # fmt: skip
-    config = AgentConfig.model_validate({**fields, "packs": tuple(pack or [])})
+    config = AgentConfig.model_validate(
+        {**fields, "packs": tuple(pack or []), "journal_file": journal_file, "journal_dir": journal_dir}
+    )
     _run_agent(config)
 
 
@@ -287,7 +294,12 @@ def _run_agent(config: AgentConfig) -> None:
         node_flow.STEP_MONGO: MongoSink(config.mongodb_uri.get_secret_value(), config.database),
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }
-    flow = node_flow.build(config.node, backend, compiled, sinks)
+    journal_source = None
+    if config.journal_file or config.journal_dir:
+        from sources.journal import JournalSource  # noqa: PLC0415
+
+        journal_source = JournalSource(file=config.journal_file, directory=config.journal_dir)
+    flow = node_flow.build(config.node, backend, compiled, sinks, journal_source=journal_source)
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     run_main(flow)  # type: ignore[no-untyped-call]
 

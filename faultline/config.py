@@ -24,3 +24,5 @@ class AgentConfig(BaseModel):
     sim_scenario: Path | None = Field(default=None, description="simulator scenario YAML (sim backend)")
     gpus: int = Field(default=8, ge=1, le=16, description="simulated GPUs (sim backend)")
     packs: tuple[Path, ...] = Field(default=(), description="extra pattern pack directories")
+    journal_file: Path | None = Field(default=None, description="follow this journal file's kernel messages")
+    journal_dir: Path | None = Field(default=None, description="follow the journal in this directory")

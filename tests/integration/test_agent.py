@@ -19,6 +19,7 @@ from faultline.dev.cluster import LocalCluster
 from faultline.dev.mongo import LocalMongo
 from faultline.models import fault_id
 from sources import simulator
+from tests.integration.test_journal import append
 
 pytestmark = pytest.mark.integration
 
@@ -40,22 +41,66 @@ def poll(what: str, check: Any, timeout: float) -> float:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def start_agent(cluster: LocalCluster, mongo: LocalMongo, node: str, database: str, sim_dir: Path,
+                *extra: str) -> subprocess.Popen[str]:  # fmt: skip
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
+         "--database", database, "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(sim_dir), *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert agent.stderr is not None
+    assert agent.stderr.readline().startswith(f"agent: watching 8 GPUs on {node}")
+    return agent
+
+
+def stop_agent(agent: subprocess.Popen[str]) -> None:
+    agent.send_signal(signal.SIGINT)
+    try:
+        agent.wait(20)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait(10)
+    if agent.stderr is not None:
+        agent.stderr.close()
+
+
+def test_journal_xids_before_and_after_start_become_faults(
+    cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path
+) -> None:
+    node = cluster.node_names[0]
+    database = f"agent_journal_{os.getpid()}"
+    journal_file = tmp_path / "node.journal"
+    append(journal_file, 0, 2, tmp_path)  # XID 13 twice on 0000:3b:00, before the agent starts
+    agent = start_agent(cluster, mongo, node, database, tmp_path, "--journal-file", str(journal_file))
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    faults = client[database]["faults"]
+    fid = fault_id(node, "GPU", "0000:3b:00", "XID-13")
+    try:
+        poll(
+            "the XIDs logged before the start",
+            lambda: (faults.find_one({"_id": fid}) or {}).get("count") == 2,
+            20,
+        )
+        append(journal_file, 2, 3, tmp_path)  # three more while the agent follows
+        poll("the XIDs logged while following", lambda: faults.find_one({"_id": fid})["count"] == 5, 20)
+        doc = faults.find_one({"_id": fid})
+        assert (doc["fatal"], doc["action"]) == (True, "COMPONENT_RESET")  # the 5th within an hour escalates
+    finally:
+        stop_agent(agent)
+        client.drop_database(database)
+        client.close()
+
+
 def test_xid_to_fault_document_and_condition_then_clear(
     cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
 ) -> None:
     node = cluster.node_names[2]
     database = f"agent_{os.getpid()}"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
-         "--database", database, "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    agent = start_agent(cluster, mongo, node, database, tmp_path)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
     faults = client[database]["faults"]
     fid = fault_id(node, "GPU", "0000:5d:00", "XID-79")  # GPU 3 of a simulated node
     try:
-        assert agent.stderr is not None
-        assert agent.stderr.readline().startswith(f"agent: watching 8 GPUs on {node}")
         time.sleep(1.0)  # the flow is running once its sinks are built
 
         started = time.monotonic()
@@ -85,13 +130,6 @@ def test_xid_to_fault_document_and_condition_then_clear(
         poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)
         poll("GpuHealthy True", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True", 10)
     finally:
-        agent.send_signal(signal.SIGINT)
-        try:
-            agent.wait(20)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait(10)
-        if agent.stderr is not None:
-            agent.stderr.close()
+        stop_agent(agent)
         client.drop_database(database)
         client.close()
