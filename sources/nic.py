@@ -1,0 +1,75 @@
+"""NIC health from sysfs: InfiniBand port state and error counters, Ethernet carrier and operstate.
+
+Each poll compares with the previous one and reports *changes* as short messages the `nic` pack
+classifies (`nic <port>: link down`, `nic <port>: counter link_downed +2`). Only positive evidence counts:
+a device that is absent (a node type without InfiniBand) reports nothing, and the first poll only
+records a baseline, except for a port that is already down.
+The sysfs root is configurable, so tests use a real directory tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+IB_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors")
+
+
+@dataclass(frozen=True)
+class PortState:
+    up: bool
+    counters: tuple[tuple[str, int], ...] = ()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def read_ports(root: Path) -> dict[str, PortState]:
+    """Every IB port (`mlx5_0/1`) and Ethernet interface (`eth0`) under `root` (usually /sys)."""
+    ports: dict[str, PortState] = {}
+    for port in sorted((root / "class" / "infiniband").glob("*/ports/*")):
+        state = _read(port / "state") or ""  # e.g. "4: ACTIVE"
+        counters = []
+        for name in IB_COUNTERS:
+            value = _read(port / "counters" / name)
+            if value is not None and value.isdigit():
+                counters.append((name, int(value)))
+        ports[f"{port.parent.parent.name}/{port.name}"] = PortState("ACTIVE" in state, tuple(counters))
+    for iface in sorted((root / "class" / "net").glob("*")):
+        if iface.name == "lo" or not (iface / "device").exists():
+            continue  # virtual interfaces (veth, bridges) have no device: not a NIC port
+        carrier = _read(iface / "carrier")
+        operstate = _read(iface / "operstate")
+        ports[iface.name] = PortState(carrier == "1" and operstate in ("up", "unknown"))
+    return ports
+
+
+@dataclass
+class NicWatcher:
+    root: Path
+    previous: dict[str, PortState] = field(default_factory=dict)
+    primed: bool = False
+
+    def poll(self) -> list[str]:
+        """Messages for what changed since the last poll."""
+        now = read_ports(self.root)
+        messages: list[str] = []
+        for name, state in now.items():
+            before = self.previous.get(name)
+            if before is None:
+                if not state.up:  # already down when first seen: that is evidence too
+                    messages.append(f"nic {name}: link down")
+                continue
+            if before.up != state.up:
+                messages.append(f"nic {name}: link {'up' if state.up else 'down'}")
+            old = dict(before.counters)
+            for counter, value in state.counters:
+                if counter in old and value > old[counter]:
+                    messages.append(f"nic {name}: counter {counter} +{value - old[counter]}")
+        self.previous = now
+        self.primed = True
+        return messages
