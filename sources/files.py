@@ -375,7 +375,10 @@ class ExportReader:
                 return None, nbytes, "truncated binary field at end of file"
             (size,) = struct.unpack("<Q", size_raw)
             if size > MAX_LINE:
-                self.fh.seek(size + 1, os.SEEK_CUR) if self.fh.seekable() else self.fh.read(size + 1)
+                if self.fh.seekable():  # skip an over-long binary field without reading it
+                    self.fh.seek(size + 1, os.SEEK_CUR)
+                else:
+                    self.fh.read(size + 1)
                 nbytes += size + 1
                 continue
             data = self.fh.read(size)

@@ -7,7 +7,7 @@ skipped, invalid UTF-8 is decoded with replacement characters, and both are coun
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -67,18 +67,20 @@ class ScanResult:
 
 
 class _Diags:
-    """Caps diagnostics per file and kind so a garbage file cannot flood the terminal."""
+    """Caps diagnostics per file and kind so a garbage file cannot flood the terminal; the line number of
+    a byte offset is only worked out for the diagnostics that are kept."""
 
-    def __init__(self, out: list[str], path: str) -> None:
+    def __init__(self, out: list[str], path: str, line_of: Callable[[int], int]) -> None:
         self.out = out
         self.path = path
+        self.line_of = line_of
         self.counts: dict[str, int] = {}
 
-    def add(self, kind: str, line_no: int, text: str) -> None:
+    def add(self, kind: str, offset: int, text: str) -> None:
         n = self.counts.get(kind, 0) + 1
         self.counts[kind] = n
         if n <= MAX_DIAGS_PER_FILE:
-            self.out.append(f"{self.path}:{line_no}: {text}")
+            self.out.append(f"{self.path}:{self.line_of(offset)}: {text}")
 
 
 def _line_starts_with(data: bytes, needle: bytes) -> set[int]:
@@ -131,15 +133,12 @@ def _add(result: ScanResult, node: str, timed: Timed) -> None:
 
 def _scan_text(chunk: Chunk, matcher: Matcher, node_override: str | None, result: ScanResult) -> None:
     data, info, stats = chunk.data, chunk.file, result.stats
-    diags = _Diags(result.diags, info.path)
+    diags = _Diags(result.diags, info.path, lambda offset: chunk.first_line + data.count(b"\n", 0, offset))
     fmt, ctx, file_index = info.fmt, info.ctx, info.index
-
-    def line_no_of(offset: int) -> int:
-        return chunk.first_line + data.count(b"\n", 0, offset)
 
     binary = _line_starts_with(data, b"\x00") if b"\x00" in data else set()
     for ls in sorted(binary):
-        diags.add("binary", line_no_of(ls), "binary data (NUL bytes), line skipped")
+        diags.add("binary", ls, "binary data (NUL bytes), line skipped")
     stats.binary += len(binary)
     if not data.isascii():
         try:
@@ -148,7 +147,7 @@ def _scan_text(chunk: Chunk, matcher: Matcher, node_override: str | None, result
             bad = _invalid_utf8_lines(data)
             stats.invalid_utf8 += len(bad)
             for ls in bad:
-                diags.add("utf8", line_no_of(ls), "invalid UTF-8, decoded with replacement characters")
+                diags.add("utf8", ls, "invalid UTF-8, decoded with replacement characters")
     offset = chunk.offset
     warned_mixed = False
     for ls, le in matcher.candidate_lines(data):
@@ -157,19 +156,19 @@ def _scan_text(chunk: Chunk, matcher: Matcher, node_override: str | None, result
             continue
         if le - ls > MAX_LINE:
             stats.oversize += 1
-            diags.add("oversize", line_no_of(ls), f"line longer than {MAX_LINE} bytes, skipped")
+            diags.add("oversize", ls, f"line longer than {MAX_LINE} bytes, skipped")
             continue
         text = data[ls:le].decode("utf-8", "replace")
         parsed = formats.parse_line(fmt, text.rstrip("\r"), ctx)
         if parsed is None:
             stats.unparseable += 1
-            diags.add("unparseable", line_no_of(ls), f"not a {fmt} line, skipped: {text[:120]!r}")
+            diags.add("unparseable", ls, f"not a {fmt} line, skipped: {text[:120]!r}")
             continue
         line_fmt, rec = parsed
         if line_fmt != fmt:
             stats.mixed += 1
             if not warned_mixed:
-                diags.add("mixed", line_no_of(ls), f"line is {line_fmt}, file was detected as {fmt}")
+                diags.add("mixed", ls, f"line is {line_fmt}, file was detected as {fmt}")
                 warned_mixed = True
         hits = matcher.match(formats.SOURCE_OF_FORMAT[line_fmt], rec.message)
         if hits:
