@@ -218,3 +218,14 @@ def test_corrupt_gzip_header_is_an_unreadable_file(tmp_path: Path) -> None:
     path.write_bytes(b"\x1f\x8b\x08\x00" + b"\xff" * 64)
     with pytest.raises(InputError, match=r"broken\.gz: cannot read"):
         files.sniff(0, str(path))
+
+
+def test_line_numbers_are_only_worked_out_for_kept_diagnostics() -> None:
+    calls: list[int] = []
+    out: list[str] = []
+    diags = scan._Diags(out, "f.log", lambda offset: calls.append(offset) or offset // 10 + 1)
+    for offset in range(0, 10_000, 10):
+        diags.add("unparseable", offset, "skipped")
+    assert len(out) == scan.MAX_DIAGS_PER_FILE
+    assert len(calls) == scan.MAX_DIAGS_PER_FILE  # a garbage file costs no line counting per bad line
+    assert out[0] == "f.log:1: skipped"
