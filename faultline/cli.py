@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -255,6 +256,9 @@ def agent(
         Path | None, typer.Option(help="Follow this journal file's kernel messages.")
     ] = None,
     journal_dir: Annotated[Path | None, typer.Option(help="Follow the journal in this directory.")] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help="The agent's files (MongoDB spool); default: a directory in /tmp.")
+    ] = None,
 ) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
@@ -263,7 +267,13 @@ def agent(
     fields = {"node": node, "mongodb_uri": mongodb_uri, "kubeconfig": kubeconfig, "database": database,
               "gpu_backend": gpu_backend, "sim_dir": sim_dir, "sim_scenario": sim_scenario}  # fmt: skip
     config = AgentConfig.model_validate(
-        {**fields, "packs": tuple(pack or []), "journal_file": journal_file, "journal_dir": journal_dir}
+        {
+            **fields,
+            "packs": tuple(pack or []),
+            "journal_file": journal_file,
+            "journal_dir": journal_dir,
+            "state_dir": state_dir or Path(tempfile.gettempdir()) / f"faultline-agent-{node}",
+        }
     )
     _run_agent(config)
 
@@ -291,7 +301,11 @@ def _run_agent(config: AgentConfig) -> None:
     if config.kubeconfig is None:
         raise typer.BadParameter("in-cluster credentials are not supported yet: pass --kubeconfig")
     sinks = {
-        node_flow.STEP_MONGO: MongoSink(config.mongodb_uri.get_secret_value(), config.database),
+        node_flow.STEP_MONGO: MongoSink(
+            config.mongodb_uri.get_secret_value(),
+            config.database,
+            spool=config.state_dir / "mongo-spool.jsonl",
+        ),
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }
     journal_source = None

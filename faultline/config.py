@@ -26,3 +26,6 @@ class AgentConfig(BaseModel):
     packs: tuple[Path, ...] = Field(default=(), description="extra pattern pack directories")
     journal_file: Path | None = Field(default=None, description="follow this journal file's kernel messages")
     journal_dir: Path | None = Field(default=None, description="follow the journal in this directory")
+    state_dir: Path = Field(
+        description="the agent's own files: the MongoDB spool (a hostPath in a DaemonSet)"
+    )

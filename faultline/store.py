@@ -16,17 +16,18 @@ update pipelines or `$lookup`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pymongo
 from pymongo.collection import Collection
 from pymongo.database import Database
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import BulkWriteError, ConnectionFailure, DuplicateKeyError, ServerSelectionTimeoutError
 
-from faultline.errors import LeaseLostError
+from faultline.errors import LeaseLostError, TransientError
 from faultline.models import Fault, HealthEvent
 
 STAGES = ("quarantine", "drain", "remediation")
@@ -56,10 +57,23 @@ class Claim:
     n: int  # this claim's number in `leases`
 
 
-def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow) -> Store:
-    """A Store on a new client (create it where it is used: Bytewax may fork)."""
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000)
+def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0) -> Store:
+    """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
+    call waits for an unreachable server before it fails with TransientError."""
+    ms = int(timeout * 1000)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(
+        uri, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms, socketTimeoutMS=ms
+    )
     return Store(client[database], clock=clock)
+
+
+@contextlib.contextmanager
+def unreachable_is_transient(what: str) -> Iterator[None]:
+    """Connection failures as TransientError, so callers retry or spool without importing pymongo."""
+    try:
+        yield
+    except (ConnectionFailure, ServerSelectionTimeoutError) as exc:
+        raise TransientError(f"{what}: MongoDB unreachable: {exc}", delay=1.0) from exc
 
 
 class Store:

@@ -1,32 +1,96 @@
-"""Bytewax sink writing node updates to the MongoDB store (idempotent: faults carry a revision)."""
+"""Bytewax sink writing node updates to the MongoDB store, with a bounded on-disk spool.
+
+Fault writes carry a revision, so writing one twice is harmless. While MongoDB is unreachable, writes
+are appended to a spool file (JSON lines, bounded: the oldest are dropped, and counted, when it is full);
+once MongoDB answers again the spool is drained in order before new writes. A spooled write that is
+later superseded is simply ignored by the store (its revision is older).
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from faultline import store
+from faultline.errors import TransientError
+from faultline.models import Fault
+
+SPOOL_MAX_ITEMS = 100_000
+
+
+class Spool:
+    """An append-only JSON-lines file of (fault, revision) writes waiting for MongoDB."""
+
+    def __init__(self, path: Path, max_items: int = SPOOL_MAX_ITEMS) -> None:
+        self.path = path
+        self.max_items = max_items
+        self.dropped = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        if not self.path.exists():
+            return 0
+        with self.path.open("rb") as fh:
+            return sum(1 for _ in fh)
+
+    def append(self, writes: list[tuple[Fault, int]]) -> None:
+        lines = [json.dumps({"revision": rev, "fault": f.model_dump(mode="json")}) for f, rev in writes]
+        pending = self.read_lines() + lines
+        if len(pending) > self.max_items:
+            self.dropped += len(pending) - self.max_items
+            pending = pending[-self.max_items :]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in pending))
+        tmp.replace(self.path)  # atomic: a crash leaves the old or the new spool, never half of one
+
+    def read_lines(self) -> list[str]:
+        return self.path.read_text().splitlines() if self.path.exists() else []
+
+    def items(self) -> list[tuple[Fault, int]]:
+        out = []
+        for line in self.read_lines():
+            rec = json.loads(line)
+            out.append((Fault.model_validate(rec["fault"]), int(rec["revision"])))
+        return out
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 class _Partition(StatelessSinkPartition[Any]):
-    def __init__(self, uri: str, database: str) -> None:
-        self.store = store.connect(uri, database)
-        self.store.ensure_indexes()
+    def __init__(self, uri: str, database: str, spool: Spool, timeout: float) -> None:
+        self.store = store.connect(uri, database, timeout=timeout)
+        self.spool = spool
+        self.indexed = False
 
     def write_batch(self, items: list[Any]) -> None:
-        for update in items:
-            for fault, revision in update.changed:
-                self.store.write_fault(fault, revision)
+        writes = [(fault, revision) for update in items for fault, revision in update.changed]
+        try:
+            with store.unreachable_is_transient("writing faults"):
+                if not self.indexed:
+                    self.store.ensure_indexes()
+                    self.indexed = True
+                for fault, revision in self.spool.items():  # what waited, in order, first
+                    self.store.write_fault(fault, revision)
+                self.spool.clear()
+                for fault, revision in writes:
+                    self.store.write_fault(fault, revision)
+        except TransientError:
+            self.spool.append(writes)  # nothing is lost; the next batch tries again
 
     def close(self) -> None:
         self.store.db.client.close()
 
 
 class MongoSink(DynamicSink[Any]):
-    def __init__(self, uri: str, database: str = "faultline") -> None:
+    def __init__(self, uri: str, database: str = "faultline", *, spool: Path, timeout: float = 2.0) -> None:
         self.uri = uri
         self.database = database
+        self.spool_path = spool
+        self.timeout = timeout
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
-        return _Partition(self.uri, self.database)
+        return _Partition(self.uri, self.database, Spool(self.spool_path), self.timeout)

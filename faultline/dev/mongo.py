@@ -18,11 +18,12 @@ from faultline.dev import procs, tools
 
 
 class LocalMongo:
-    def __init__(self, *, workdir: Path | None = None) -> None:
+    def __init__(self, *, workdir: Path | None = None, port: int = 0) -> None:
+        """`workdir` and `port` given: a restart serves the same data at the same address."""
         self._own_dir = workdir is None
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="faultline-mongo-"))
         self.proc: procs.Proc | None = None
-        self.port = 0
+        self.port = port
         self.ready_seconds = 0.0
 
     @property
@@ -35,7 +36,7 @@ class LocalMongo:
         tools.ensure("ferretdb")
         data = self.dir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        self.port = procs.free_port()
+        self.port = self.port or procs.free_port()
         self.proc = procs.Proc(
             "ferretdb",
             [

@@ -1,0 +1,69 @@
+"""The agent's MongoDB sink while MongoDB is away: writes go to the on-disk spool, nothing is lost, and
+once the server is back they are applied in order with nothing duplicated."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+
+from dataflows.node import NodeUpdate
+from faultline.dev.mongo import LocalMongo
+from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from sinks.mongo import MongoSink, Spool
+
+pytestmark = pytest.mark.integration
+T0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+
+
+def fault(code: str, count: int) -> Fault:
+    return Fault(
+        id=fault_id("n1", "GPU", "0000:3b:00", code), node="n1", entity=Entity(type="GPU", id="0000:3b:00"),
+        code=code, component=Component.GPU, count=count, first_seen=T0, last_seen=T0 + dt.timedelta(seconds=count),
+        fatal=True, action=Action.COMPONENT_RESET, state=FaultState.OPEN,
+    )  # fmt: skip
+
+
+def update(*writes: tuple[Fault, int]) -> NodeUpdate:
+    return NodeUpdate("n1", [f for f, _ in writes], list(writes))
+
+
+def test_outage_spools_then_drains_in_order(tmp_path: Path) -> None:
+    server = LocalMongo(workdir=tmp_path / "ferretdb")
+    server.start()
+    spool_path = tmp_path / "state" / "mongo-spool.jsonl"
+    sink = MongoSink(server.uri, "agent", spool=spool_path, timeout=1.0).build("mongo_out", 0, 1)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(server.uri)
+    try:
+        sink.write_batch([update((fault("XID-48", 1), 1))])
+        port = server.port
+        server.stop()  # MongoDB goes away
+
+        sink.write_batch([update((fault("XID-48", 2), 2), (fault("XID-79", 1), 1))])
+        sink.write_batch([update((fault("XID-48", 3), 3))])
+        spool = Spool(spool_path)
+        assert [(f.code, rev) for f, rev in spool.items()] == [("XID-48", 2), ("XID-79", 1), ("XID-48", 3)]
+
+        server = LocalMongo(workdir=tmp_path / "ferretdb", port=port)  # back, with its data
+        server.start()
+        sink.write_batch([update((fault("XID-13", 1), 1))])
+        assert not spool_path.exists()
+        faults = client["agent"]["faults"]
+        assert faults.count_documents({}) == 3
+        assert faults.find_one({"code": "XID-48"})["count"] == 3  # the latest revision won, applied once
+        assert {d["code"] for d in faults.find()} == {"XID-48", "XID-79", "XID-13"}
+    finally:
+        sink.close()
+        client.close()
+        server.stop()
+
+
+def test_spool_is_bounded_and_counts_what_it_drops(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s.jsonl", max_items=3)
+    spool.append([(fault(f"XID-{i}", 1), 1) for i in range(2)])
+    spool.append([(fault(f"XID-{i}", 1), 1) for i in range(2, 5)])
+    assert [f.code for f, _ in spool.items()] == ["XID-2", "XID-3", "XID-4"]
+    assert (len(spool), spool.dropped) == (3, 2)
