@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink
 
+from faultline import metrics
 from faultline.models import Fault
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
@@ -59,10 +61,13 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, None]):
 
     def _wait(self) -> None:  # the backend blocks; Bytewax's next_batch must not
         while not self.stop.is_set():
-            for event in self.backend.wait_events(WAIT_S):
+            with metrics.BACKEND_WAIT.time():
+                events = self.backend.wait_events(WAIT_S)
+            for event in events:
                 self.queue.put(event)
 
     def next_batch(self) -> list[gpu.GpuEvent]:
+        metrics.beat()  # woken at least every IDLE_AWAKE_S: a stalled dataflow stops beating
         out: list[gpu.GpuEvent] = []
         while len(out) < 1000:
             try:
@@ -104,7 +109,14 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, None]):
     def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
         for t in sorted(value, key=lambda t: (t.ts, t.order)):
             self.detector.observe(t.ts, t.hit, t.message, t.boot)
+            metrics.EVENTS.labels(code=t.hit.code).inc()
         faults = self.detector.snapshot_faults()
+        open_by_component: dict[str, int] = {}
+        for f in faults:
+            if f.resolved_at is None:
+                open_by_component[f.component.value] = open_by_component.get(f.component.value, 0) + 1
+        for component in ("GPU", "NVSWITCH", "NIC", "NODE"):
+            metrics.FAULTS_OPEN.labels(component=component).set(open_by_component.get(component, 0))
         changed = []
         for f in faults:
             signature = (f.count, f.last_seen, f.first_seen, f.resolved_at, f.fatal, f.action)
@@ -137,6 +149,7 @@ def build(
         text = gpu.message(event, device) if device else None
         if text is None:
             return []
+        metrics.SOURCE_LAG.labels(source="gpu").set(max(0.0, time.time() - event.ts))
         return [scan.Timed(event.ts, (0, 0), hit, text, None) for hit in compiled.match("nvml", text)]
 
     hits = op.map(STEP_MATCH, events, match)
@@ -145,6 +158,7 @@ def build(
 
         def match_entry(entry: Entry) -> list[scan.Timed]:
             rec = entry.record
+            metrics.SOURCE_LAG.labels(source="journal").set(max(0.0, time.time() - rec.ts))
             return [
                 scan.Timed(rec.ts, (1, 0), hit, rec.message, rec.boot)
                 for hit in compiled.match("journal", rec.message)

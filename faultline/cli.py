@@ -259,6 +259,7 @@ def agent(
     state_dir: Annotated[
         Path | None, typer.Option(help="The agent's files (MongoDB spool); default: a directory in /tmp.")
     ] = None,
+    metrics_port: Annotated[int, typer.Option(help="Serve /metrics and /healthz on this port (0: off).")] = 0,
 ) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
@@ -273,6 +274,7 @@ def agent(
             "journal_file": journal_file,
             "journal_dir": journal_dir,
             "state_dir": state_dir or Path(tempfile.gettempdir()) / f"faultline-agent-{node}",
+            "metrics_port": metrics_port,
         }
     )
     _run_agent(config)
@@ -314,6 +316,10 @@ def _run_agent(config: AgentConfig) -> None:
 
         journal_source = JournalSource(file=config.journal_file, directory=config.journal_dir)
     flow = node_flow.build(config.node, backend, compiled, sinks, journal_source=journal_source)
+    if config.metrics_port:
+        from faultline import metrics  # noqa: PLC0415
+
+        metrics.serve(config.metrics_port)
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     run_main(flow)  # type: ignore[no-untyped-call]
 

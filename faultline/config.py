@@ -29,3 +29,4 @@ class AgentConfig(BaseModel):
     state_dir: Path = Field(
         description="the agent's own files: the MongoDB spool (a hostPath in a DaemonSet)"
     )
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics and /healthz; 0: off")

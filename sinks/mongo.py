@@ -14,7 +14,7 @@ from typing import Any
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
-from faultline import store
+from faultline import metrics, store
 from faultline.errors import TransientError
 from faultline.models import Fault
 
@@ -80,6 +80,7 @@ class _Partition(StatelessSinkPartition[Any]):
                     self.store.write_fault(fault, revision)
         except TransientError:
             self.spool.append(writes)  # nothing is lost; the next batch tries again
+        metrics.SPOOL_DEPTH.set(len(self.spool))
 
     def close(self) -> None:
         self.store.db.client.close()

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pymongo
 import pytest
 
 from faultline import kube
+from faultline.dev import procs
 from faultline.dev.cluster import LocalCluster
 from faultline.dev.mongo import LocalMongo
 from faultline.models import fault_id
@@ -29,6 +32,17 @@ def sim(tmp: Path, node: str, *args: str) -> None:
         [sys.executable, "-m", "faultline", "sim", "inject", "--node", node, "--sim-dir", str(tmp), *args],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code, ""
+    except OSError:
+        return 0, ""
 
 
 def poll(what: str, check: Any, timeout: float) -> float:
@@ -96,7 +110,9 @@ def test_xid_to_fault_document_and_condition_then_clear(
 ) -> None:
     node = cluster.node_names[2]
     database = f"agent_{os.getpid()}"
-    agent = start_agent(cluster, mongo, node, database, tmp_path)
+    port = procs.free_port()
+    agent = start_agent(cluster, mongo, node, database, tmp_path, "--metrics-port", str(port),
+                        "--state-dir", str(tmp_path / "state"))  # fmt: skip
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
     faults = client[database]["faults"]
     fid = fault_id(node, "GPU", "0000:5d:00", "XID-79")  # GPU 3 of a simulated node
@@ -125,6 +141,13 @@ def test_xid_to_fault_document_and_condition_then_clear(
         assert "GPU 3 GPU-" in condition["message"] and "(0000:5d:00)" in condition["message"]
         print(f"XID -> MongoDB {to_mongo * 1000:.0f} ms, -> node condition {to_condition * 1000:.0f} ms")
         assert to_mongo < 1.0 and to_condition < 1.0, (to_mongo, to_condition)
+
+        poll("healthz", lambda: http_get(port, "/healthz") == (200, "ok\n"), 10)
+        exposition = http_get(port, "/metrics")[1]
+        assert 'faultline_events_total{code="XID-79"} 1.0' in exposition
+        assert 'faultline_faults_open{component="GPU"} 1.0' in exposition
+        assert "faultline_spool_depth 0.0" in exposition
+        assert 'faultline_source_lag_seconds{source="gpu"}' in exposition
 
         sim(tmp_path, node, "--gpu", "3", "--clear")
         poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)

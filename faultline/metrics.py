@@ -1,0 +1,65 @@
+"""The agent's Prometheus metrics and its HTTP endpoint (`/metrics`, `/healthz`).
+
+Labels stay bounded: codes and components, never nodes lines or ids (one agent is one node).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry()
+EVENTS = Counter("faultline_events", "Matches by fault code", ["code"], registry=REGISTRY)
+FAULTS_OPEN = Gauge("faultline_faults_open", "Open faults by component", ["component"], registry=REGISTRY)
+SOURCE_LAG = Gauge("faultline_source_lag_seconds", "Processing time minus event time, last item", ["source"],
+                   registry=REGISTRY)  # fmt: skip
+SPOOL_DEPTH = Gauge("faultline_spool_depth", "Writes waiting in the MongoDB spool", registry=REGISTRY)
+BACKEND_WAIT = Histogram("faultline_gpu_backend_call_seconds", "Duration of GPU backend waits and calls",
+                         registry=REGISTRY, buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30))  # fmt: skip
+HEARTBEAT = Gauge("faultline_dataflow_heartbeat_timestamp_seconds", "Last time the dataflow made progress",
+                  registry=REGISTRY)  # fmt: skip
+
+
+def beat() -> None:
+    HEARTBEAT.set(time.time())
+
+
+def healthy(max_silence: float) -> bool:
+    """The dataflow made progress within `max_silence` seconds (sources wake it even when idle)."""
+    last = float(HEARTBEAT._value.get())  # prometheus_client has no public reader for a gauge
+    return last > 0 and time.time() - last <= max_silence
+
+
+def serve(
+    port: int, *, host: str = "127.0.0.1", health: Callable[[], bool] | None = None
+) -> ThreadingHTTPServer:
+    """Serve `/metrics` and `/healthz` on a daemon thread; returns the server (call `shutdown()`)."""
+    check = health or (lambda: healthy(30.0))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._send(200, generate_latest(REGISTRY), "text/plain; version=0.0.4")
+            elif self.path == "/healthz":
+                ok = check()
+                self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n", "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
