@@ -15,6 +15,7 @@ import datetime as dt
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +29,32 @@ from faultline.models import Fault
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
 from sources import gpu, scan
-from sources.journal import Entry, JournalSource
+from sources.journal import Entry
 
 FLOW_ID = "node"
 STEP_INPUT = "gpu"
-STEP_JOURNAL = "journal"
-STEP_JOURNAL_MATCH = "journal_match"
+
+
+@dataclass(frozen=True)
+class LogInput:
+    """A kernel-log input of the node flow: its step id (a recovery contract), the pack source its
+    lines are (journal, syslog or kmsg) and the Bytewax source emitting `Entry` items."""
+
+    step_id: str
+    kind: str
+    source: FixedPartitionedSource[Entry, Any]
+
+
+def _entry_matcher(compiled: CompiledPacks, kind: str, position: int) -> Callable[[Entry], list[scan.Timed]]:
+    def match_entry(entry: Entry) -> list[scan.Timed]:
+        rec = entry.record
+        metrics.SOURCE_LAG.labels(source=kind).set(max(0.0, time.time() - rec.ts))
+        hits = compiled.match(kind, rec.message)
+        return [scan.Timed(rec.ts, (position, 0), hit, rec.message, rec.boot) for hit in hits]
+
+    return match_entry
+
+
 STEP_MATCH = "match"
 STEP_DETECT = "detect"
 STEP_MONGO = "mongo_out"
@@ -136,10 +157,10 @@ def build(
     compiled: CompiledPacks,
     sinks: dict[str, DynamicSink[NodeUpdate]],
     *,
-    journal_source: JournalSource | None = None,
+    logs: list[LogInput] | None = None,
 ) -> Dataflow:
-    """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate. With `journal_source`,
-    the kernel messages of the journal are matched too."""
+    """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate. `logs` are kernel-log
+    inputs (journal, syslog file, kmsg) whose entries are matched as their pack source."""
     devices = {d.index: d for d in backend.devices()}
     flow = Dataflow(FLOW_ID)
     events = op.input(STEP_INPUT, flow, GpuEventSource(backend))
@@ -153,18 +174,10 @@ def build(
         return [scan.Timed(event.ts, (0, 0), hit, text, None) for hit in compiled.match("nvml", text)]
 
     hits = op.map(STEP_MATCH, events, match)
-    if journal_source is not None:
-        entries = op.input(STEP_JOURNAL, flow, journal_source)
-
-        def match_entry(entry: Entry) -> list[scan.Timed]:
-            rec = entry.record
-            metrics.SOURCE_LAG.labels(source="journal").set(max(0.0, time.time() - rec.ts))
-            return [
-                scan.Timed(rec.ts, (1, 0), hit, rec.message, rec.boot)
-                for hit in compiled.match("journal", rec.message)
-            ]
-
-        hits = op.merge("sources", hits, op.map(STEP_JOURNAL_MATCH, entries, match_entry))
+    for position, log in enumerate(logs or [], start=1):
+        entries = op.input(log.step_id, flow, log.source)
+        matched = op.map(f"{log.step_id}_match", entries, _entry_matcher(compiled, log.kind, position))
+        hits = op.merge(f"{log.step_id}_merge", hits, matched)
     keyed = op.map("key", op.filter("nonempty", hits, bool), lambda batch: (node, batch))
     updates = op.stateful(STEP_DETECT, keyed, lambda _resume: DetectLogic(node, compiled))
     plain = op.key_rm("unkey", updates)

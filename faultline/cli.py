@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from faultline.errors import FaultlineError, PackError
 
 if TYPE_CHECKING:
+    from dataflows.node import LogInput
     from faultline.config import AgentConfig
     from patterns.compiler import CompiledPacks
     from sources.files import FileInfo
@@ -260,6 +261,10 @@ def agent(
         Path | None, typer.Option(help="The agent's files (MongoDB spool); default: a directory in /tmp.")
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Serve /metrics and /healthz on this port (0: off).")] = 0,
+    syslog_file: Annotated[
+        Path | None, typer.Option(help="Follow this syslog file (across rotations).")
+    ] = None,
+    kmsg: Annotated[Path | None, typer.Option(help="Read kernel messages from this kmsg device.")] = None,
 ) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
@@ -275,6 +280,8 @@ def agent(
             "journal_dir": journal_dir,
             "state_dir": state_dir or Path(tempfile.gettempdir()) / f"faultline-agent-{node}",
             "metrics_port": metrics_port,
+            "syslog_file": syslog_file,
+            "kmsg": kmsg,
         }
     )
     _run_agent(config)
@@ -310,18 +317,29 @@ def _run_agent(config: AgentConfig) -> None:
         ),
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }
-    journal_source = None
-    if config.journal_file or config.journal_dir:
-        from sources.journal import JournalSource  # noqa: PLC0415
-
-        journal_source = JournalSource(file=config.journal_file, directory=config.journal_dir)
-    flow = node_flow.build(config.node, backend, compiled, sinks, journal_source=journal_source)
+    flow = node_flow.build(config.node, backend, compiled, sinks, logs=_log_inputs(config))
     if config.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 
         metrics.serve(config.metrics_port)
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     run_main(flow)  # type: ignore[no-untyped-call]
+
+
+def _log_inputs(config: AgentConfig) -> list[LogInput]:
+    from dataflows.node import LogInput  # noqa: PLC0415
+    from sources.follow import LogFollowSource  # noqa: PLC0415
+    from sources.journal import JournalSource  # noqa: PLC0415
+
+    logs = []
+    if config.journal_file or config.journal_dir:
+        journal = JournalSource(file=config.journal_file, directory=config.journal_dir)
+        logs.append(LogInput("journal", "journal", journal))
+    if config.syslog_file:
+        logs.append(LogInput("syslog", "syslog", LogFollowSource("syslog", config.syslog_file)))
+    if config.kmsg:
+        logs.append(LogInput("kmsg", "kmsg", LogFollowSource("kmsg", config.kmsg)))
+    return logs
 
 
 @sim_app.command("inject")

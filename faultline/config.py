@@ -30,3 +30,5 @@ class AgentConfig(BaseModel):
         description="the agent's own files: the MongoDB spool (a hostPath in a DaemonSet)"
     )
     metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics and /healthz; 0: off")
+    syslog_file: Path | None = Field(default=None, description="follow this syslog file across rotations")
+    kmsg: Path | None = Field(default=None, description="read kernel messages from this kmsg device")

@@ -12,11 +12,18 @@ sequence number it has already returned for this boot, so a restart resumes with
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import errno
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+from sources import formats
+from sources.journal import Entry
 
 MAX_READ = 1 << 20
 HEAD_BYTES = 256
@@ -144,3 +151,69 @@ def current_boot_id(proc: Path = Path("/proc")) -> str:
         return (proc / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+class _FollowPartition(StatefulSourcePartition[Entry, tuple[Any, ...]]):
+    def __init__(self, source: LogFollowSource, resume: tuple[Any, ...] | None) -> None:
+        self.source = source
+        self.next_poll = dt.datetime.now(dt.UTC)
+        if source.kind == "kmsg":
+            boot_id = current_boot_id()
+            last = resume[1] if resume and resume[0] == boot_id else -1  # a new boot starts over
+            self.reader: SyslogFollower | KmsgReader = KmsgReader(source.path, boot_id=boot_id, last_seq=last)
+        else:
+            inode, offset = resume if resume else (0, 0)
+            self.reader = SyslogFollower(source.path, inode=inode, offset=offset)
+
+    def next_batch(self) -> list[Entry]:
+        now = dt.datetime.now(dt.UTC)
+        if now < self.next_poll:
+            return []
+        self.next_poll = now + dt.timedelta(seconds=self.source.interval)
+        year = now.year
+        ctx = formats.Context(formats.YearGuess(year, now.month), boot_base=_boot_epoch())
+        out = []
+        for line in self.reader.poll():
+            parsed = formats.parse_line("kmsg" if self.source.kind == "kmsg" else "rfc3164", line, ctx)
+            if parsed is not None:
+                out.append(Entry(f"{self.source.kind}:{self.snapshot()}", parsed[1]))
+        return out
+
+    def next_awake(self) -> dt.datetime | None:
+        return self.next_poll
+
+    def snapshot(self) -> tuple[Any, ...]:
+        if isinstance(self.reader, KmsgReader):
+            return (self.reader.boot_id, self.reader.last_seq)
+        return self.reader.position()
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class LogFollowSource(FixedPartitionedSource[Entry, tuple[Any, ...]]):
+    """Polls a syslog file (`kind="syslog"`) or a kmsg device (`kind="kmsg"`) every `interval` seconds."""
+
+    def __init__(self, kind: str, path: Path, *, interval: float = 0.2) -> None:
+        if kind not in ("syslog", "kmsg"):
+            raise ValueError(f"unknown log kind {kind!r} (syslog or kmsg)")
+        self.kind = kind
+        self.path = path
+        self.interval = interval
+
+    def list_parts(self) -> list[str]:
+        return [self.kind]
+
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: tuple[Any, ...] | None
+    ) -> _FollowPartition:
+        return _FollowPartition(self, resume_state)
+
+
+def _boot_epoch(proc: Path = Path("/proc")) -> float | None:
+    """When this machine booted (epoch seconds), for kmsg times counted from boot."""
+    try:
+        uptime = float((proc / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime

@@ -105,6 +105,40 @@ def test_journal_xids_before_and_after_start_become_faults(
         client.close()
 
 
+def test_syslog_file_and_kmsg_lines_become_faults(
+    cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path
+) -> None:
+    node = cluster.node_names[3]
+    database = f"agent_logs_{os.getpid()}"
+    syslog, kmsg = tmp_path / "syslog", tmp_path / "kmsg"
+    syslog.write_text("Dec  1 10:00:00 gpu-node-04 systemd[1]: Started x.\n")
+    kmsg.write_text("")
+    agent = start_agent(
+        cluster, mongo, node, database, tmp_path, "--syslog-file", str(syslog), "--kmsg", str(kmsg)
+    )
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    faults = client[database]["faults"]
+    try:
+        time.sleep(1.0)  # the followers open their files on the dataflow's first poll
+        with syslog.open("a") as fh:
+            fh.write(
+                "Dec  1 10:00:01 gpu-node-04 kernel: nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 x\n"
+            )
+        syslog.rename(tmp_path / "syslog.1")  # rotated: the follower moves to the new file
+        syslog.write_text(
+            "Dec  1 10:00:02 gpu-node-04 kernel: NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=x, DBE\n"
+        )
+        with kmsg.open("a") as fh:
+            fh.write("6,500,3000000,-;NVRM: GPU 0000:db:00.0: RmInitAdapter failed! (0x26:0x56:1474)\n")
+        want = {"SXID-24007", "XID-48", "GPU-INIT-FAILED"}
+        poll("faults from syslog and kmsg", lambda: {d["code"] for d in faults.find()} >= want, 20)
+        assert {(d["code"], d["fatal"]) for d in faults.find()} == {(c, True) for c in want}
+    finally:
+        stop_agent(agent)
+        client.drop_database(database)
+        client.close()
+
+
 def test_xid_to_fault_document_and_condition_then_clear(
     cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
 ) -> None:
