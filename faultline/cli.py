@@ -265,6 +265,9 @@ def agent(
         Path | None, typer.Option(help="Follow this syslog file (across rotations).")
     ] = None,
     kmsg: Annotated[Path | None, typer.Option(help="Read kernel messages from this kmsg device.")] = None,
+    sysfs_root: Annotated[
+        Path | None, typer.Option(help="Poll NIC ports under this sysfs root (/sys).")
+    ] = None,
 ) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
@@ -282,6 +285,7 @@ def agent(
             "metrics_port": metrics_port,
             "syslog_file": syslog_file,
             "kmsg": kmsg,
+            "sysfs_root": sysfs_root,
         }
     )
     _run_agent(config)
@@ -339,6 +343,10 @@ def _log_inputs(config: AgentConfig) -> list[LogInput]:
         logs.append(LogInput("syslog", "syslog", LogFollowSource("syslog", config.syslog_file)))
     if config.kmsg:
         logs.append(LogInput("kmsg", "kmsg", LogFollowSource("kmsg", config.kmsg)))
+    if config.sysfs_root:
+        from sources.nic import NicSource  # noqa: PLC0415
+
+        logs.append(LogInput("nic", "nic", NicSource(config.sysfs_root, interval=config.nic_interval)))
     return logs
 
 

@@ -32,3 +32,7 @@ class AgentConfig(BaseModel):
     metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics and /healthz; 0: off")
     syslog_file: Path | None = Field(default=None, description="follow this syslog file across rotations")
     kmsg: Path | None = Field(default=None, description="read kernel messages from this kmsg device")
+    sysfs_root: Path | None = Field(
+        default=None, description="poll NIC ports under this sysfs root (e.g. /sys)"
+    )
+    nic_interval: float = Field(default=1.0, gt=0, description="seconds between NIC polls")

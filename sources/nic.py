@@ -9,8 +9,14 @@ The sysfs root is configurable, so tests use a real directory tree.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+from sources import formats
+from sources.journal import Entry
 
 IB_COUNTERS = ("link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors")
 
@@ -73,3 +79,40 @@ class NicWatcher:
         self.previous = now
         self.primed = True
         return messages
+
+
+class _NicPartition(StatefulSourcePartition[Entry, None]):
+    def __init__(self, source: NicSource) -> None:
+        self.watcher = NicWatcher(source.root)
+        self.interval = source.interval
+        self.next_poll = dt.datetime.now(dt.UTC)
+
+    def next_batch(self) -> list[Entry]:
+        now = dt.datetime.now(dt.UTC)
+        if now < self.next_poll:
+            return []
+        self.next_poll = now + dt.timedelta(seconds=self.interval)
+        ts = now.timestamp()
+        return [
+            Entry(f"nic:{ts}", formats.Parsed(ts, None, message, None)) for message in self.watcher.poll()
+        ]
+
+    def next_awake(self) -> dt.datetime | None:
+        return self.next_poll
+
+    def snapshot(self) -> None:
+        return None  # the next poll after a restart takes a fresh baseline
+
+
+class NicSource(FixedPartitionedSource[Entry, None]):
+    """Polls the NIC ports under a sysfs root every `interval` seconds; emits change messages."""
+
+    def __init__(self, root: Path, *, interval: float = 1.0) -> None:
+        self.root = root
+        self.interval = interval
+
+    def list_parts(self) -> list[str]:
+        return ["nic"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _NicPartition:
+        return _NicPartition(self)

@@ -23,6 +23,7 @@ from faultline.dev.mongo import LocalMongo
 from faultline.models import fault_id
 from sources import simulator
 from tests.integration.test_journal import append
+from tests.unit.test_nic import ib_port
 
 pytestmark = pytest.mark.integration
 
@@ -133,6 +134,36 @@ def test_syslog_file_and_kmsg_lines_become_faults(
         want = {"SXID-24007", "XID-48", "GPU-INIT-FAILED"}
         poll("faults from syslog and kmsg", lambda: {d["code"] for d in faults.find()} >= want, 20)
         assert {(d["code"], d["fatal"]) for d in faults.find()} == {(c, True) for c in want}
+    finally:
+        stop_agent(agent)
+        client.drop_database(database)
+        client.close()
+
+
+def test_nic_flapping_in_sysfs_is_one_fault_and_a_condition(
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
+) -> None:
+    node = cluster.node_names[1]
+    database = f"agent_nic_{os.getpid()}"
+    sysfs = tmp_path / "sys"
+    ib_port(sysfs, "mlx5_0", 1)
+    agent = start_agent(cluster, mongo, node, database, tmp_path, "--sysfs-root", str(sysfs))
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    faults = client[database]["faults"]
+    try:
+        time.sleep(1.5)  # the baseline poll
+        for i in range(6):  # three down/up cycles, each state held across a 1 s poll
+            ib_port(sysfs, "mlx5_0", 1, active=i % 2 == 1)
+            time.sleep(1.3)
+        poll("the flapping fault", lambda: faults.find_one({"code": "NIC-LINK-FLAPPING"}), 10)
+        flapping = [d for d in faults.find() if d["code"] == "NIC-LINK-FLAPPING"]
+        assert len(flapping) == 1 and flapping[0]["entity"] == {"type": "NIC", "id": "mlx5_0/1"}
+        assert faults.find_one({"code": "NIC-LINK-DOWN"})["count"] == 3
+        poll(
+            "NicHealthy False",
+            lambda: kube.node_conditions(api, node).get("NicHealthy", {}).get("status") == "False",
+            10,
+        )
     finally:
         stop_agent(agent)
         client.drop_database(database)
