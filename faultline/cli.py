@@ -268,6 +268,7 @@ def agent(
     sysfs_root: Annotated[
         Path | None, typer.Option(help="Poll NIC ports under this sysfs root (/sys).")
     ] = None,
+    nic_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between NIC polls.")] = 1.0,
 ) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
@@ -286,6 +287,7 @@ def agent(
             "syslog_file": syslog_file,
             "kmsg": kmsg,
             "sysfs_root": sysfs_root,
+            "nic_interval": nic_interval,
         }
     )
     _run_agent(config)
