@@ -3,6 +3,7 @@ MongoDB and a False GpuHealthy condition on the node within a second; a reset re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,18 +81,30 @@ def stop_agent(agent: subprocess.Popen[str]) -> None:
         agent.stderr.close()
 
 
+@contextlib.contextmanager
+def running_agent(
+    cluster: LocalCluster, mongo: LocalMongo, node: str, sim_dir: Path, *extra: str
+) -> Iterator[Any]:
+    """An agent process for `node` writing to its own database; yields that database's `faults`."""
+    database = f"agent_{node.replace('-', '_')}_{os.getpid()}"
+    agent = start_agent(cluster, mongo, node, database, sim_dir, *extra)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    try:
+        yield client[database]["faults"]
+    finally:
+        stop_agent(agent)
+        client.drop_database(database)
+        client.close()
+
+
 def test_journal_xids_before_and_after_start_become_faults(
     cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path
 ) -> None:
     node = cluster.node_names[0]
-    database = f"agent_journal_{os.getpid()}"
     journal_file = tmp_path / "node.journal"
     append(journal_file, 0, 2, tmp_path)  # XID 13 twice on 0000:3b:00, before the agent starts
-    agent = start_agent(cluster, mongo, node, database, tmp_path, "--journal-file", str(journal_file))
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
-    faults = client[database]["faults"]
     fid = fault_id(node, "GPU", "0000:3b:00", "XID-13")
-    try:
+    with running_agent(cluster, mongo, node, tmp_path, "--journal-file", str(journal_file)) as faults:
         poll(
             "the XIDs logged before the start",
             lambda: (faults.find_one({"_id": fid}) or {}).get("count") == 2,
@@ -100,26 +114,18 @@ def test_journal_xids_before_and_after_start_become_faults(
         poll("the XIDs logged while following", lambda: faults.find_one({"_id": fid})["count"] == 5, 20)
         doc = faults.find_one({"_id": fid})
         assert (doc["fatal"], doc["action"]) == (True, "COMPONENT_RESET")  # the 5th within an hour escalates
-    finally:
-        stop_agent(agent)
-        client.drop_database(database)
-        client.close()
 
 
 def test_syslog_file_and_kmsg_lines_become_faults(
     cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path
 ) -> None:
     node = cluster.node_names[3]
-    database = f"agent_logs_{os.getpid()}"
     syslog, kmsg = tmp_path / "syslog", tmp_path / "kmsg"
     syslog.write_text("Dec  1 10:00:00 gpu-node-04 systemd[1]: Started x.\n")
     kmsg.write_text("")
-    agent = start_agent(
-        cluster, mongo, node, database, tmp_path, "--syslog-file", str(syslog), "--kmsg", str(kmsg)
-    )
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
-    faults = client[database]["faults"]
-    try:
+    with running_agent(
+        cluster, mongo, node, tmp_path, "--syslog-file", str(syslog), "--kmsg", str(kmsg)
+    ) as faults:
         time.sleep(1.0)  # the followers open their files on the dataflow's first poll
         with syslog.open("a") as fh:
             fh.write(
@@ -134,25 +140,17 @@ def test_syslog_file_and_kmsg_lines_become_faults(
         want = {"SXID-24007", "XID-48", "GPU-INIT-FAILED"}
         poll("faults from syslog and kmsg", lambda: {d["code"] for d in faults.find()} >= want, 20)
         assert {(d["code"], d["fatal"]) for d in faults.find()} == {(c, True) for c in want}
-    finally:
-        stop_agent(agent)
-        client.drop_database(database)
-        client.close()
 
 
 def test_nic_flapping_in_sysfs_is_one_fault_and_a_condition(
     cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
 ) -> None:
     node = cluster.node_names[1]
-    database = f"agent_nic_{os.getpid()}"
     sysfs = tmp_path / "sys"
     ib_port(sysfs, "mlx5_0", 1)
-    agent = start_agent(
-        cluster, mongo, node, database, tmp_path, "--sysfs-root", str(sysfs), "--nic-interval", "0.2"
-    )
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
-    faults = client[database]["faults"]
-    try:
+    with running_agent(
+        cluster, mongo, node, tmp_path, "--sysfs-root", str(sysfs), "--nic-interval", "0.2"
+    ) as faults:
         time.sleep(1.5)  # the baseline poll
         for i in range(6):  # three down/up cycles, each state held across several 0.2 s polls
             ib_port(sysfs, "mlx5_0", 1, active=i % 2 == 1)
@@ -166,24 +164,16 @@ def test_nic_flapping_in_sysfs_is_one_fault_and_a_condition(
             lambda: kube.node_conditions(api, node).get("NicHealthy", {}).get("status") == "False",
             10,
         )
-    finally:
-        stop_agent(agent)
-        client.drop_database(database)
-        client.close()
 
 
 def test_xid_to_fault_document_and_condition_then_clear(
     cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
 ) -> None:
     node = cluster.node_names[2]
-    database = f"agent_{os.getpid()}"
     port = procs.free_port()
-    agent = start_agent(cluster, mongo, node, database, tmp_path, "--metrics-port", str(port),
-                        "--state-dir", str(tmp_path / "state"))  # fmt: skip
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
-    faults = client[database]["faults"]
     fid = fault_id(node, "GPU", "0000:5d:00", "XID-79")  # GPU 3 of a simulated node
-    try:
+    extra = ("--metrics-port", str(port), "--state-dir", str(tmp_path / "state"))
+    with running_agent(cluster, mongo, node, tmp_path, *extra) as faults:
         time.sleep(1.0)  # the flow is running once its sinks are built
 
         started = time.monotonic()
@@ -220,7 +210,3 @@ def test_xid_to_fault_document_and_condition_then_clear(
         sim(tmp_path, node, "--gpu", "3", "--clear")
         poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)
         poll("GpuHealthy True", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True", 10)
-    finally:
-        stop_agent(agent)
-        client.drop_database(database)
-        client.close()
