@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import bytewax.operators as op
@@ -25,7 +25,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink
 
 from faultline import metrics
-from faultline.models import Fault
+from faultline.models import Action, Component, Entity, Fault, HealthEvent, event_id, utc_from_epoch
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
 from sources import gpu, scan
@@ -50,7 +50,7 @@ def _entry_matcher(compiled: CompiledPacks, kind: str, position: int) -> Callabl
         rec = entry.record
         metrics.SOURCE_LAG.labels(source=kind).set(max(0.0, time.time() - rec.ts))
         hits = compiled.match(kind, rec.message)
-        return [scan.Timed(rec.ts, (position, 0), hit, rec.message, rec.boot) for hit in hits]
+        return [scan.Timed(rec.ts, (position, 0), hit, rec.message, rec.boot, kind) for hit in hits]
 
     return match_entry
 
@@ -70,6 +70,7 @@ class NodeUpdate:
     node: str
     faults: list[Fault]
     changed: list[tuple[Fault, int]]
+    events: list[HealthEvent] = field(default_factory=list)
 
 
 class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, None]):
@@ -121,6 +122,28 @@ class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, None]):
         return _GpuPartition(self.backend)
 
 
+def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
+    """The stored record of one match (its id is deterministic, so a replay stores it once)."""
+    hit = t.hit
+    observed = utc_from_epoch(t.ts)
+    entities = (Entity(type=hit.entity_type, id=hit.entity_id),) if hit.entity_id else ()
+    return HealthEvent(
+        id=event_id(detector.node, t.source, hit.entity_type, hit.entity_id, hit.code, observed),
+        node=detector.node,
+        component=Component(hit.component),
+        check=detector.compiled.patterns[hit.pattern].id,
+        code=hit.code,
+        entities=entities,
+        healthy=hit.kind != "fault",
+        fatal=hit.fatal,
+        action=Action(hit.action),
+        message=t.message[:1024],
+        metadata={"source": t.source},
+        generated_at=dt.datetime.now(dt.UTC),
+        observed_at=observed,
+    )
+
+
 class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, None]):
     def __init__(self, node: str, compiled: CompiledPacks) -> None:
         self.detector = NodeDetector(node, compiled)
@@ -128,9 +151,11 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, None]):
         self.revisions: dict[str, int] = {}
 
     def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
+        events = []
         for t in sorted(value, key=lambda t: (t.ts, t.order)):
             self.detector.observe(t.ts, t.hit, t.message, t.boot)
             metrics.EVENTS.labels(code=t.hit.code).inc()
+            events.append(health_event(self.detector, t))
         faults = self.detector.snapshot_faults()
         open_by_component: dict[str, int] = {}
         for f in faults:
@@ -145,7 +170,7 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, None]):
                 self.seen[f.id] = signature
                 self.revisions[f.id] = self.revisions.get(f.id, 0) + 1
                 changed.append((f, self.revisions[f.id]))
-        return [NodeUpdate(self.detector.node, faults, changed)], op.StatefulLogic.RETAIN
+        return [NodeUpdate(self.detector.node, faults, changed, events)], op.StatefulLogic.RETAIN
 
     def snapshot(self) -> None:
         return None
@@ -171,7 +196,7 @@ def build(
         if text is None:
             return []
         metrics.SOURCE_LAG.labels(source="gpu").set(max(0.0, time.time() - event.ts))
-        return [scan.Timed(event.ts, (0, 0), hit, text, None) for hit in compiled.match("nvml", text)]
+        return [scan.Timed(event.ts, (0, 0), hit, text, None, "nvml") for hit in compiled.match("nvml", text)]
 
     hits = op.map(STEP_MATCH, events, match)
     for position, log in enumerate(logs or [], start=1):

@@ -16,7 +16,7 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from faultline import metrics, store
 from faultline.errors import TransientError
-from faultline.models import Fault
+from faultline.models import Fault, HealthEvent
 
 SPOOL_MAX_ITEMS = 100_000
 
@@ -36,8 +36,9 @@ class Spool:
         with self.path.open("rb") as fh:
             return sum(1 for _ in fh)
 
-    def append(self, writes: list[tuple[Fault, int]]) -> None:
-        lines = [json.dumps({"revision": rev, "fault": f.model_dump(mode="json")}) for f, rev in writes]
+    def append(self, writes: list[tuple[Fault, int]], events: list[HealthEvent] | None = None) -> None:
+        lines = [json.dumps({"event": e.model_dump(mode="json")}) for e in events or []]
+        lines += [json.dumps({"revision": rev, "fault": f.model_dump(mode="json")}) for f, rev in writes]
         pending = self.read_lines() + lines
         if len(pending) > self.max_items:
             self.dropped += len(pending) - self.max_items
@@ -50,11 +51,15 @@ class Spool:
         return self.path.read_text().splitlines() if self.path.exists() else []
 
     def items(self) -> list[tuple[Fault, int]]:
-        out = []
-        for line in self.read_lines():
-            rec = json.loads(line)
-            out.append((Fault.model_validate(rec["fault"]), int(rec["revision"])))
-        return out
+        return [
+            (Fault.model_validate(r["fault"]), int(r["revision"])) for r in self._records() if "fault" in r
+        ]
+
+    def events(self) -> list[HealthEvent]:
+        return [HealthEvent.model_validate(r["event"]) for r in self._records() if "event" in r]
+
+    def _records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.read_lines()]
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -68,18 +73,22 @@ class _Partition(StatelessSinkPartition[Any]):
 
     def write_batch(self, items: list[Any]) -> None:
         writes = [(fault, revision) for update in items for fault, revision in update.changed]
+        events = [event for update in items for event in update.events]
         try:
             with store.unreachable_is_transient("writing faults"):
                 if not self.indexed:
                     self.store.ensure_indexes()
                     self.indexed = True
-                for fault, revision in self.spool.items():  # what waited, in order, first
-                    self.store.write_fault(fault, revision)
-                self.spool.clear()
+                if len(self.spool):  # what waited, in order, first
+                    self.store.record_events(self.spool.events())
+                    for fault, revision in self.spool.items():
+                        self.store.write_fault(fault, revision)
+                    self.spool.clear()
+                self.store.record_events(events)
                 for fault, revision in writes:
                     self.store.write_fault(fault, revision)
         except TransientError:
-            self.spool.append(writes)  # nothing is lost; the next batch tries again
+            self.spool.append(writes, events)  # nothing is lost; the next batch tries again
         metrics.SPOOL_DEPTH.set(len(self.spool))
 
     def close(self) -> None:

@@ -36,6 +36,7 @@ class Timed(NamedTuple):
     hit: Any
     message: str
     boot: float | None
+    source: str = ""  # the pack source it came from (live inputs set it; replay does not need it)
 
 
 @dataclass

@@ -187,6 +187,10 @@ def test_xid_to_fault_document_and_condition_then_clear(
             "open",
         )
         assert doc["quarantine"]["state"] == "pending"
+        (event,) = list(faults.database["health_events"].find({"code": "XID-79"}))
+        assert (event["node"], event["healthy"], event["check"], event["metadata"]) == (
+            node, False, "xid", {"source": "nvml"}
+        )  # fmt: skip
         poll(
             "GpuHealthy False",
             lambda: kube.node_conditions(api, node).get("GpuHealthy", {}).get("status") == "False",

@@ -12,7 +12,7 @@ import pytest
 
 from dataflows.node import NodeUpdate
 from faultline.dev.mongo import LocalMongo
-from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id, fault_id
 from sinks.mongo import MongoSink, Spool
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,23 @@ def fault(code: str, count: int) -> Fault:
 
 
 def update(*writes: tuple[Fault, int]) -> NodeUpdate:
-    return NodeUpdate("n1", [f for f, _ in writes], list(writes))
+    events = [
+        HealthEvent(
+            id=event_id("n1", "nvml", "GPU", "0000:3b:00", f.code, f.last_seen),
+            node="n1",
+            component=Component.GPU,
+            check="xid",
+            code=f.code,
+            entities=(f.entity,),
+            healthy=False,
+            fatal=True,
+            action=f.action,
+            generated_at=T0,
+            observed_at=f.last_seen,
+        )
+        for f, _ in writes
+    ]
+    return NodeUpdate("n1", [f for f, _ in writes], list(writes), events)
 
 
 def test_outage_spools_then_drains_in_order(tmp_path: Path) -> None:
@@ -43,9 +59,12 @@ def test_outage_spools_then_drains_in_order(tmp_path: Path) -> None:
         server.stop()  # MongoDB goes away
 
         sink.write_batch([update((fault("XID-48", 2), 2), (fault("XID-79", 1), 1))])
+        sink.write_batch([update((fault("XID-48", 2), 2))])  # a replayed write is harmless
         sink.write_batch([update((fault("XID-48", 3), 3))])
         spool = Spool(spool_path)
-        assert [(f.code, rev) for f, rev in spool.items()] == [("XID-48", 2), ("XID-79", 1), ("XID-48", 3)]
+        assert [(f.code, rev) for f, rev in spool.items()] == [
+            ("XID-48", 2), ("XID-79", 1), ("XID-48", 2), ("XID-48", 3)
+        ]  # fmt: skip
 
         server = LocalMongo(workdir=tmp_path / "ferretdb", port=port)  # back, with its data
         server.start()
@@ -55,6 +74,8 @@ def test_outage_spools_then_drains_in_order(tmp_path: Path) -> None:
         assert faults.count_documents({}) == 3
         assert faults.find_one({"code": "XID-48"})["count"] == 3  # the latest revision won, applied once
         assert {d["code"] for d in faults.find()} == {"XID-48", "XID-79", "XID-13"}
+        # every event, the replayed one once: XID-48 at counts 1, 2, 3; XID-79; XID-13
+        assert client["agent"]["health_events"].count_documents({}) == 5
     finally:
         sink.close()
         client.close()
