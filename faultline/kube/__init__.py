@@ -75,7 +75,7 @@ def post_node_event(
         metadata=client.V1ObjectMeta(
             name=f"{node}.{uuid.uuid4().hex[:16]}"
         ),  # generateName may not end in "."
-        event_time=_micro_now(),
+        event_time=micro_now(),
         reporting_controller=controller,
         reporting_instance=instance,
         action=action,
@@ -87,7 +87,7 @@ def post_node_event(
     events_api(api).create_namespaced_event("default", body)
 
 
-def _micro_now() -> datetime.datetime:
+def micro_now() -> datetime.datetime:
     """Now, with a non-zero fraction: the client drops a zero one and MicroTime fields need it."""
     now = datetime.datetime.now(datetime.UTC)
     return now.replace(microsecond=max(1, now.microsecond))

@@ -44,12 +44,6 @@ def _ts(t: dt.datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _micro(t: dt.datetime) -> str:
-    # The client re-serialises time strings through datetime.isoformat(), which drops a zero fraction,
-    # and the API server's MicroTime needs one: keep it non-zero.
-    return t.replace(microsecond=max(1, t.microsecond)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 @dataclass
 class SimNode:
     name: str
@@ -225,7 +219,11 @@ class Fakelet:
             self._renew_lease(node, now)
 
     def _renew_lease(self, node: SimNode, now: dt.datetime) -> None:
-        spec = {"holderIdentity": node.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": _micro(now)}
+        spec = {
+            "holderIdentity": node.name,
+            "leaseDurationSeconds": LEASE_SECONDS,
+            "renewTime": kube.micro_now(),
+        }
         try:
             self.leases.patch_namespaced_lease(node.name, "kube-node-lease", {"spec": spec})
         except ApiException as exc:

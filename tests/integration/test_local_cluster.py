@@ -263,8 +263,12 @@ def test_killed_node_stops_heartbeating_and_goes_unknown(cluster: LocalCluster, 
     try:
         # the node lifecycle controller notices the lease is no longer renewed (grace 12 s)
         procs.wait_for("Ready Unknown", lambda: node_state(api, name)[0] == "Unknown", 40)
-        node = kube.core(api).read_node(name)
-        assert any(t.key == "node.kubernetes.io/unreachable" for t in node.spec.taints or [])
+
+        def unreachable_taint() -> bool:  # applied by the controller just after the condition changes
+            taints = kube.core(api).read_node(name).spec.taints or []
+            return any(t.key == "node.kubernetes.io/unreachable" for t in taints)
+
+        procs.wait_for("the unreachable taint", unreachable_taint, 20)
     finally:
         cluster.fakelet.revive(name)
     procs.wait_for("Ready again after revival", lambda: node_state(api, name)[0] == "True", 40)
