@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,7 @@ class _Partition(StatelessSinkPartition[Any]):
     def write_batch(self, items: list[Any]) -> None:
         for update in items:
             wanted = conditions.desired(update.faults, self.gpu_names, self.types)
-            current = kube.node_conditions(self.api, update.node)
-            changed, stale = conditions.diff(current, wanted)
-            now = dt.datetime.now(dt.UTC)
-            patches = [c.as_patch(now, current.get(c.type, {}).get("status") != c.status) for c in changed]
-            kube.write_node_conditions(self.api, update.node, patches, stale)
+            kube.apply_node_conditions(self.api, update.node, wanted)
             for fault, _revision in update.changed:
                 resolved = fault.resolved_at is not None
                 reason = f"{fault.code}Resolved" if resolved else fault.code

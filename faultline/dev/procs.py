@@ -113,6 +113,22 @@ def wait_for(
     raise TransientError(f"timed out after {timeout:.0f} s waiting for {what} (last error: {last}){tail}")
 
 
+def alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie is dead already)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def pids_named(names: Sequence[str]) -> list[tuple[int, str]]:
     """(pid, name) of running processes whose executable name is one of `names` (reads /proc)."""
     found = []

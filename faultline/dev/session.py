@@ -21,7 +21,7 @@ STATE = Path(tempfile.gettempdir()) / f"faultline-dev-cluster-{os.getuid()}.json
 
 def up(nodes: int, emit: Callable[[str], None], *, state: Path = STATE) -> None:
     """Run until SIGINT/SIGTERM; emit `KUBECONFIG=...` and `MONGODB_URI=...` once everything is ready."""
-    if state.exists() and _alive(json.loads(state.read_text()).get("pid", 0)):
+    if state.exists() and procs.alive(json.loads(state.read_text()).get("pid", 0)):
         raise SystemExit(
             f"a dev cluster is already running (see {state}); stop it with `faultline dev cluster down`"
         )
@@ -69,10 +69,10 @@ def down(*, state: Path = STATE, timeout: float = 30.0) -> str:
         return "no dev cluster is running"
     info = json.loads(state.read_text())
     pid = int(info.get("pid", 0))
-    if _alive(pid):
+    if procs.alive(pid):
         os.kill(pid, signal.SIGTERM)
-        procs.wait_for("the dev cluster to stop", lambda: not _alive(pid), timeout)
-    leftovers = [c for c in info.get("children", []) if _alive(c)]
+        procs.wait_for("the dev cluster to stop", lambda: not procs.alive(pid), timeout)
+    leftovers = [c for c in info.get("children", []) if procs.alive(c)]
     for child in leftovers:  # `up` was killed hard: stop its process groups ourselves
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
@@ -81,18 +81,3 @@ def down(*, state: Path = STATE, timeout: float = 30.0) -> str:
     return f"stopped the dev cluster (pid {pid})" + (
         f" and {len(leftovers)} orphaned processes" if leftovers else ""
     )
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from faultline import conditions
 from faultline.errors import PermanentError
 
 ApiClient = client.ApiClient
@@ -55,6 +56,16 @@ def node_conditions(api: client.ApiClient, node: str) -> dict[str, dict[str, str
         c.type: {"status": c.status, "reason": c.reason or "", "message": c.message or ""}
         for c in (status.conditions if status and status.conditions else [])
     }
+
+
+def apply_node_conditions(api: client.ApiClient, node: str, wanted: dict[str, conditions.Condition]) -> None:
+    """Bring the node's conditions to `wanted`: write what changed (transition times only on a status
+    change) and delete owned condition types that are no longer wanted."""
+    current = node_conditions(api, node)
+    changed, stale = conditions.diff(current, wanted)
+    now = datetime.datetime.now(datetime.UTC)
+    patches = [c.as_patch(now, current.get(c.type, {}).get("status") != c.status) for c in changed]
+    write_node_conditions(api, node, patches, stale)
 
 
 def write_node_conditions(

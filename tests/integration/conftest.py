@@ -7,7 +7,6 @@ started may be left: the outermost fixture asserts it.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,22 +23,10 @@ INFRA = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", 
 STARTED: list[int] = []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead already
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session", autouse=True)
 def no_process_left_behind() -> Iterator[None]:
     yield
-    left = [pid for pid in STARTED if _alive(pid)]
+    left = [pid for pid in STARTED if procs.alive(pid)]
     named = [f"{pid} {name}" for pid, name in procs.pids_named(INFRA) if pid in STARTED]
     assert not left, f"processes left after the session: {named or left}"
 

@@ -12,7 +12,6 @@ import pymongo
 import pytest
 
 from faultline.dev import procs, tools
-from faultline.dev.session import _alive
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +54,7 @@ def test_dev_cluster_up_then_down(tmp_path: Path) -> None:
         )  # fmt: skip
         assert down.stdout.startswith(f"stopped the dev cluster (pid {up.pid})")
         assert up.wait(30) == 0
-        assert not [pid for pid in children if _alive(pid)]
+        assert not [pid for pid in children if procs.alive(pid)]
     finally:
         if up.poll() is None:
             up.terminate()

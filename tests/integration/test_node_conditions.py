@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import pytest
@@ -15,19 +14,9 @@ from tests.unit.test_conditions import fault
 pytestmark = pytest.mark.integration
 
 
-def apply(api: Any, node: str, wanted: dict[str, conditions.Condition]) -> None:
-    current = kube.node_conditions(api, node)
-    changed, stale = conditions.diff(current, wanted)
-    now = dt.datetime.now(dt.UTC)
-    patches = [
-        c.as_patch(now, transitioned=current.get(c.type, {}).get("status") != c.status) for c in changed
-    ]
-    kube.write_node_conditions(api, node, patches, stale)
-
-
 def test_conditions_follow_faults_and_survive_kubelet_heartbeats(cluster: LocalCluster, api: Any) -> None:
     node = cluster.node_names[1]
-    apply(api, node, conditions.desired([fault("XID-79")]))
+    kube.apply_node_conditions(api, node, conditions.desired([fault("XID-79")]))
     got = kube.node_conditions(api, node)
     assert (got["GpuHealthy"]["status"], got["GpuHealthy"]["reason"]) == ("False", "XID-79")
     assert got["Ready"]["status"] == "True"  # the kubelet's condition is untouched
@@ -41,10 +30,12 @@ def test_conditions_follow_faults_and_survive_kubelet_heartbeats(cluster: LocalC
     procs.wait_for("a kubelet heartbeat after ours", kubelet_beat_since, 10)
     assert kube.node_conditions(api, node)["GpuHealthy"]["reason"] == "XID-79"
 
-    apply(api, node, conditions.desired([fault("XID-79", resolved=True)]))
+    kube.apply_node_conditions(api, node, conditions.desired([fault("XID-79", resolved=True)]))
     assert kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True"
 
-    apply(api, node, conditions.desired([], types=["GpuHealthy"]))  # the other checks were switched off
+    kube.apply_node_conditions(
+        api, node, conditions.desired([], types=["GpuHealthy"])
+    )  # the other checks were switched off
     got = kube.node_conditions(api, node)
     assert "GpuHealthy" in got and "NicHealthy" not in got and "NvSwitchHealthy" not in got
     assert got["Ready"]["status"] == "True"
