@@ -73,9 +73,12 @@ class NodeUpdate:
     events: list[HealthEvent] = field(default_factory=list)
 
 
-class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, None]):
-    def __init__(self, backend: gpu.GpuBackend) -> None:
+class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, int | None]):
+    def __init__(self, backend: gpu.GpuBackend, resume: int | None) -> None:
         self.backend = backend
+        self.position = resume
+        if resume is not None:
+            backend.resume(resume)  # before the waiting thread starts
         self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._wait, name="gpu-events", daemon=True)
@@ -93,9 +96,12 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, None]):
         out: list[gpu.GpuEvent] = []
         while len(out) < 1000:
             try:
-                out.append(self.queue.get_nowait())
+                event = self.queue.get_nowait()
             except queue.Empty:
                 break
+            out.append(event)
+            if event.position is not None:
+                self.position = event.position
         return out
 
     def next_awake(self) -> dt.datetime | None:
@@ -103,23 +109,23 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, None]):
             None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=IDLE_AWAKE_S)
         )
 
-    def snapshot(self) -> None:
-        return None
+    def snapshot(self) -> int | None:
+        return self.position  # replayable backends (the simulator) resume after the last event emitted
 
     def close(self) -> None:
         self.stop.set()
         self.backend.close()
 
 
-class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, None]):
+class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, int | None]):
     def __init__(self, backend: gpu.GpuBackend) -> None:
         self.backend = backend
 
     def list_parts(self) -> list[str]:
         return ["gpu"]
 
-    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _GpuPartition:
-        return _GpuPartition(self.backend)
+    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _GpuPartition:
+        return _GpuPartition(self.backend, resume_state)
 
 
 def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
@@ -144,11 +150,19 @@ def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
     )
 
 
-class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, None]):
-    def __init__(self, node: str, compiled: CompiledPacks) -> None:
-        self.detector = NodeDetector(node, compiled)
-        self.seen: dict[str, tuple[Any, ...]] = {}
-        self.revisions: dict[str, int] = {}
+class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]):
+    """The node's detector, its faults' last written signatures and their revisions; all of it is the
+    recovery snapshot, so a restarted agent continues the same revisions and counts."""
+
+    def __init__(self, node: str, compiled: CompiledPacks, resume: dict[str, Any] | None = None) -> None:
+        if resume is None:
+            self.detector = NodeDetector(node, compiled)
+            self.seen: dict[str, tuple[Any, ...]] = {}
+            self.revisions: dict[str, int] = {}
+        else:
+            self.detector = NodeDetector.restore(node, compiled, resume["detector"])
+            self.seen = {k: tuple(v) for k, v in resume["seen"].items()}
+            self.revisions = dict(resume["revisions"])
 
     def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
         events = []
@@ -172,8 +186,12 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, None]):
                 changed.append((f, self.revisions[f.id]))
         return [NodeUpdate(self.detector.node, faults, changed, events)], op.StatefulLogic.RETAIN
 
-    def snapshot(self) -> None:
-        return None
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "detector": self.detector.state(),
+            "seen": dict(self.seen),
+            "revisions": dict(self.revisions),
+        }
 
 
 def build(
@@ -204,7 +222,7 @@ def build(
         matched = op.map(f"{log.step_id}_match", entries, _entry_matcher(compiled, log.kind, position))
         hits = op.merge(f"{log.step_id}_merge", hits, matched)
     keyed = op.map("key", op.filter("nonempty", hits, bool), lambda batch: (node, batch))
-    updates = op.stateful(STEP_DETECT, keyed, lambda _resume: DetectLogic(node, compiled))
+    updates = op.stateful(STEP_DETECT, keyed, lambda resume: DetectLogic(node, compiled, resume))
     plain = op.key_rm("unkey", updates)
     for step_id, sink in sinks.items():
         op.output(step_id, plain, sink)

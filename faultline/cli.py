@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -18,6 +19,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from faultline.errors import FaultlineError, PackError
 
 if TYPE_CHECKING:
+    from bytewax.recovery import RecoveryConfig
+
     from dataflows.node import LogInput
     from faultline.config import AgentConfig
     from patterns.compiler import CompiledPacks
@@ -328,8 +331,22 @@ def _run_agent(config: AgentConfig) -> None:
         from faultline import metrics  # noqa: PLC0415
 
         metrics.serve(config.metrics_port)
+    recovery = _recovery(config.state_dir / "recovery")
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
-    run_main(flow)  # type: ignore[no-untyped-call]
+    run_main(  # type: ignore[no-untyped-call]
+        flow, epoch_interval=dt.timedelta(seconds=config.snapshot_interval), recovery_config=recovery
+    )
+
+
+def _recovery(directory: Path) -> RecoveryConfig:
+    """The agent's Bytewax recovery store (one partition: the agent runs one worker), created on first
+    start. A restarted agent resumes every source after its last snapshot with the detector's state."""
+    from bytewax.recovery import RecoveryConfig, init_db_dir  # noqa: PLC0415
+
+    if not any(directory.glob("part-*.sqlite3")):
+        directory.mkdir(parents=True, exist_ok=True)
+        init_db_dir(directory, 1)  # type: ignore[no-untyped-call]
+    return RecoveryConfig(str(directory))  # type: ignore[no-untyped-call]
 
 
 def _log_inputs(config: AgentConfig) -> list[LogInput]:

@@ -36,3 +36,6 @@ class AgentConfig(BaseModel):
         default=None, description="poll NIC ports under this sysfs root (e.g. /sys)"
     )
     nic_interval: float = Field(default=1.0, gt=0, description="seconds between NIC polls")
+    snapshot_interval: float = Field(
+        default=1.0, gt=0, le=60, description="seconds between recovery snapshots (what a restart replays)"
+    )

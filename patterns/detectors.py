@@ -12,8 +12,10 @@ long a flood lasts, and a moderately out-of-order event still lands in the right
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
+from typing import Any
 
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id, utc_from_epoch
 from patterns.compiler import CompiledPacks, Hit
@@ -309,6 +311,37 @@ class NodeDetector:
             del self.faults[(fault.entity_type, fault.entity_id, fault.code)]
             del self.by_entity[(fault.entity_type, fault.entity_id)][fault.code]
             self.counters.suppressed += fault.count
+
+    # -- persistence -------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Plain data (patterns named by id, not by index) from which `restore` rebuilds this detector,
+        for the dataflow's recovery snapshots."""
+        faults = []
+        for f in self.faults.values():
+            record = dataclasses.asdict(f)
+            record["pattern"] = self.compiled.patterns[f.pattern].id
+            faults.append(record)
+        pending = [[*key, list(times)] for key, times in self.pending.items()]
+        return {"faults": faults, "pending": pending, "boots": list(self.boots)}
+
+    @classmethod
+    def restore(cls, node: str, compiled: CompiledPacks, state: dict[str, Any]) -> NodeDetector:
+        """A detector continuing from `state`; faults of patterns no longer loaded are dropped (their
+        rule was removed, so nothing should keep them open)."""
+        detector = cls(node, compiled)
+        index = {p.id: i for i, p in enumerate(compiled.patterns)}
+        for record in state.get("faults", []):
+            pattern = index.get(record["pattern"])
+            if pattern is None:
+                continue
+            fault = OpenFault(**{**record, "pattern": pattern})
+            key = (fault.entity_type, fault.entity_id, fault.code)
+            detector.faults[key] = fault
+            detector.by_entity.setdefault((key[0], key[1]), {})[key[2]] = fault
+        for entity_type, entity_id, code, times in state.get("pending", []):
+            detector.pending[(entity_type, entity_id, code)] = list(times)
+        detector.boots = sorted(state.get("boots", []))
+        return detector
 
     # -- output ------------------------------------------------------------------------------------
     def snapshot_faults(self) -> list[Fault]:

@@ -27,6 +27,7 @@ class GpuEvent:
     gpu: int
     kind: str
     value: int = 0
+    position: int | None = None  # where a replayable backend resumes after this event
 
 
 class GpuBackend(Protocol):
@@ -34,6 +35,10 @@ class GpuBackend(Protocol):
 
     def wait_events(self, timeout: float) -> list[GpuEvent]:
         """Block up to `timeout` seconds for events (call from a thread of its own)."""
+        ...
+
+    def resume(self, position: int) -> None:
+        """Continue after the event that carried `position` (a no-op for live hardware)."""
         ...
 
     def close(self) -> None: ...

@@ -87,6 +87,9 @@ class NvmlBackend:
             self._lost.discard(i)
         return events
 
+    def resume(self, position: int) -> None:
+        """Live hardware: events that happened while the agent was down are in the kernel log."""
+
     def close(self) -> None:
         n = self.nvml
         try:

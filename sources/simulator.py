@@ -77,6 +77,9 @@ class SimulatorBackend:
                 return events
             time.sleep(POLL_S)
 
+    def resume(self, position: int) -> None:
+        self._offset = position
+
     def close(self) -> None:
         self._closed.set()
 
@@ -94,14 +97,17 @@ class SimulatorBackend:
         except FileNotFoundError:
             return []
         end = data.rfind(b"\n") + 1  # only whole records
+        start = self._offset
         self._offset += end
         events = []
-        for line in data[:end].splitlines():
+        for line in data[:end].splitlines(keepends=True):
+            start += len(line)
             try:
                 rec = json.loads(line)
                 events.append(
-                    GpuEvent(float(rec["ts"]), int(rec["gpu"]), str(rec["kind"]), int(rec.get("value", 0)))
-                )
+                    GpuEvent(float(rec["ts"]), int(rec["gpu"]), str(rec["kind"]), int(rec.get("value", 0)),
+                             position=start)
+                )  # fmt: skip
             except (ValueError, KeyError, TypeError):
                 continue  # a torn or foreign line: ignore it, as a driver would ignore garbage
         return events

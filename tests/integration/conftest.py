@@ -33,7 +33,7 @@ def no_process_left_behind() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(nodes=4) as c:
+    with LocalCluster(nodes=5) as c:
         STARTED.extend(p.pid for p in c.procs)
         yield c
 

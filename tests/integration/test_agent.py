@@ -60,6 +60,8 @@ def poll(what: str, check: Any, timeout: float) -> float:
 
 def start_agent(cluster: LocalCluster, mongo: LocalMongo, node: str, database: str, sim_dir: Path,
                 *extra: str) -> subprocess.Popen[str]:  # fmt: skip
+    if "--state-dir" not in extra:  # the agent's recovery snapshots belong to this test only
+        extra = (*extra, "--state-dir", str(sim_dir / f"state-{node}"))
     agent = subprocess.Popen(
         [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
          "--database", database, "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(sim_dir), *extra],
@@ -214,3 +216,56 @@ def test_xid_to_fault_document_and_condition_then_clear(
         sim(tmp_path, node, "--gpu", "3", "--clear")
         poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)
         poll("GpuHealthy True", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True", 10)
+
+
+def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
+    cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path
+) -> None:
+    """SIGKILL while a syslog stream is being written, more lines while it is down, then a restart on
+    the same state directory: every line is one health event, and the fault counts every line once
+    (the detector's state and the file position come back from the recovery snapshot)."""
+    node = cluster.node_names[4]
+    syslog = tmp_path / "syslog"
+    syslog.write_text("")
+    database = f"agent_kill_{os.getpid()}"
+    total, killed_at = 240, 120
+
+    def write(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            with syslog.open("a") as fh:  # one line at a time, as a logger writes
+                fh.write(
+                    f"Dec  1 10:{i // 60:02d}:{i % 60:02d} {node} kernel: "
+                    f"NVRM: Xid (PCI:0000:18:00): 13, pid={i}, name=train, Graphics Exception\n"
+                )
+            time.sleep(0.01)
+
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    db = client[database]
+    fid = fault_id(node, "GPU", "0000:18:00", "XID-13")
+    args = ("--syslog-file", str(syslog), "--state-dir", str(tmp_path / "state"))
+    agent = start_agent(cluster, mongo, node, database, tmp_path, *args)
+    try:
+        time.sleep(1.0)
+        write(0, killed_at)
+        poll("some events stored", lambda: db["health_events"].count_documents({}) > 0, 20)
+        agent.kill()  # no goodbye: whatever was not snapshotted is replayed after the restart
+        agent.wait(10)
+        stopped_with = db["health_events"].count_documents({})
+        write(killed_at, total)  # written while the agent is down
+        agent = start_agent(cluster, mongo, node, database, tmp_path, *args)
+        poll(
+            "every line once",
+            lambda: db["health_events"].count_documents({}) == total
+            and (db["faults"].find_one({"_id": fid}) or {}).get("count") == total,
+            30,
+        )
+        time.sleep(1.5)  # and nothing more arrives later
+        assert db["health_events"].count_documents({}) == total
+        assert db["faults"].find_one({"_id": fid})["count"] == total
+        assert stopped_with < total
+        pids = sorted(int(e["message"].split("pid=")[1].split(",")[0]) for e in db["health_events"].find())
+        assert pids == list(range(total))
+    finally:
+        stop_agent(agent)
+        client.drop_database(database)
+        client.close()

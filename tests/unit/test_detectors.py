@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
@@ -281,3 +282,54 @@ def test_suppressed_by_respects_its_window(detector: NodeDetector, feed: Feed) -
     feed(100.0, "ERR a 9")
     feed(200.0, "LOST a")
     assert ("a", "LOST") in faults(detector)
+
+
+STREAM = [
+    (10.0, "BOOTED"),
+    (100.0, "ERR a 3"),
+    (101.0, "THR a"),
+    (102.0, "THR a"),
+    (110.0, "ERR a 3"),
+    (120.0, "PORT p1 DOWN"),
+    (130.0, "PORT p1 UP"),
+    (140.0, "PORT p1 DOWN"),
+    (150.0, "ERR a 3"),
+    (103.5, "THR a"),
+    (160.0, "PORT p1 UP"),
+    (170.0, "PORT p1 DOWN"),
+    (175.0, "PORT p1 UP"),
+    (178.0, "PORT p1 DOWN"),
+    (180.0, "ERR a 1"),
+    (200.0, "ERR a 2"),
+]
+
+
+@pytest.mark.parametrize("cut", [1, 4, 7, 10, 13])
+def test_restored_state_continues_exactly_where_it_stopped(detector: NodeDetector, cut: int) -> None:
+    """A detector rebuilt (through pickle, as a recovery snapshot is) from the state after `cut` items
+    ends with the same faults as one that saw the whole stream: counts, escalation, thresholds pending
+    below their count, flapping cycles and sequences all continue."""
+
+    def run(det: NodeDetector, items: list[tuple[float, str]]) -> None:
+        for ts, line in items:
+            for hit in det.compiled.match("syslog", line):
+                det.observe(ts, hit, line)
+
+    run(detector, STREAM)
+    partial = NodeDetector("node-a", detector.compiled)
+    run(partial, STREAM[:cut])
+    restored = NodeDetector.restore("node-a", detector.compiled, pickle.loads(pickle.dumps(partial.state())))
+    run(restored, STREAM[cut:])
+    assert faults(restored) == faults(detector)
+    assert {f.code for f in detector.snapshot_faults()} >= {"E-3", "THR", "PORT-FLAP", "E-1-2"}
+
+
+def test_restore_drops_faults_of_patterns_no_longer_loaded(
+    detector: NodeDetector, feed: Feed, write_pack: Callable[[str, str], Path]
+) -> None:
+    feed(100.0, "ERR a 1")
+    feed(101.0, "LOST b")
+    without_lost = PACK.replace("  - id: lost\n", "  - id: lost2\n")
+    compiled = compiler.compile_packs(loader.load([write_pack("test.yaml", without_lost)], builtin=False))
+    restored = NodeDetector.restore("node-a", compiled, detector.state())
+    assert {f.code: f.pattern for f in restored.snapshot_faults()} == {"E-1": "err"}
