@@ -73,16 +73,41 @@ class NodeUpdate:
     events: list[HealthEvent] = field(default_factory=list)
 
 
-class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, int | None]):
-    def __init__(self, backend: gpu.GpuBackend, resume: int | None) -> None:
+@dataclass(frozen=True)
+class GpuPolling:
+    """How the GPU source polls health fields and judges its own health (AgentConfig holds the values)."""
+
+    interval: float = 1.0
+    hung_after: float = 10.0
+    unresponsive_after: float = 300.0
+
+
+GpuResume = tuple[int | None, dict[int, dict[str, int]]]
+
+
+class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
+    """Two threads block in the backend (events, field polls); `next_batch` hands over what they found
+    and checks the poll thread is not stuck. Resume state: the replay position of the backend (the
+    simulator's) and the last fields read, so a restart reports only what changed meanwhile."""
+
+    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling, resume: GpuResume | None) -> None:
         self.backend = backend
-        self.position = resume
-        if resume is not None:
-            backend.resume(resume)  # before the waiting thread starts
+        self.polling = polling
+        self.position, self.fields = resume if resume is not None else (None, {})
+        if self.position is not None:
+            backend.resume(self.position)  # before the waiting thread starts
         self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._wait, name="gpu-events", daemon=True)
-        self.thread.start()
+        self.watch = gpu.MonitorWatch(polling.hung_after, polling.unresponsive_after)
+        self.call_started: float | None = None
+        self.failure: str | None = None
+        self.latest = self.fields
+        self.threads = [
+            threading.Thread(target=self._wait, name="gpu-events", daemon=True),
+            threading.Thread(target=self._poll, name="gpu-fields", daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
 
     def _wait(self) -> None:  # the backend blocks; Bytewax's next_batch must not
         while not self.stop.is_set():
@@ -90,6 +115,26 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, int | None]):
                 events = self.backend.wait_events(WAIT_S)
             for event in events:
                 self.queue.put(event)
+
+    def _poll(self) -> None:
+        previous = self.fields
+        while not self.stop.is_set():
+            self.call_started = time.monotonic()
+            try:
+                with metrics.FIELD_READ.time():
+                    current = self.backend.read_fields()
+            except Exception as exc:  # noqa: BLE001 - any backend failure is the monitor's health, reported
+                self.failure = f"{type(exc).__name__}: {exc}"[:200]
+            else:
+                self.failure = None
+                for event in gpu.field_changes(previous, current, time.time()):
+                    self.queue.put(event)
+                previous = current
+                self.queue.put(gpu.GpuEvent(time.time(), -1, "fields", 0))  # a marker: the read is done
+                self.latest = current
+            finally:
+                self.call_started = None
+            self.stop.wait(self.polling.interval)
 
     def next_batch(self) -> list[gpu.GpuEvent]:
         metrics.beat()  # woken at least every IDLE_AWAKE_S: a stalled dataflow stops beating
@@ -99,9 +144,18 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, int | None]):
                 event = self.queue.get_nowait()
             except queue.Empty:
                 break
+            if event.kind == "fields":
+                self.fields = self.latest  # what the snapshot says was last read
+                continue
             out.append(event)
             if event.position is not None:
                 self.position = event.position
+        started = self.call_started
+        now = time.monotonic()
+        out += [
+            gpu.GpuEvent(time.time(), e.gpu, e.kind, e.value, name=e.name)
+            for e in self.watch.observe(now, started, self.failure)
+        ]
         return out
 
     def next_awake(self) -> dt.datetime | None:
@@ -109,23 +163,24 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, int | None]):
             None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=IDLE_AWAKE_S)
         )
 
-    def snapshot(self) -> int | None:
-        return self.position  # replayable backends (the simulator) resume after the last event emitted
+    def snapshot(self) -> GpuResume:
+        return self.position, self.fields
 
     def close(self) -> None:
         self.stop.set()
         self.backend.close()
 
 
-class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, int | None]):
-    def __init__(self, backend: gpu.GpuBackend) -> None:
+class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, GpuResume]):
+    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling | None = None) -> None:
         self.backend = backend
+        self.polling = polling or GpuPolling()
 
     def list_parts(self) -> list[str]:
         return ["gpu"]
 
-    def build_part(self, step_id: str, for_part: str, resume_state: int | None) -> _GpuPartition:
-        return _GpuPartition(self.backend, resume_state)
+    def build_part(self, step_id: str, for_part: str, resume_state: GpuResume | None) -> _GpuPartition:
+        return _GpuPartition(self.backend, self.polling, resume_state)
 
 
 def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
@@ -201,16 +256,16 @@ def build(
     sinks: dict[str, DynamicSink[NodeUpdate]],
     *,
     logs: list[LogInput] | None = None,
+    polling: GpuPolling | None = None,
 ) -> Dataflow:
     """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate. `logs` are kernel-log
     inputs (journal, syslog file, kmsg) whose entries are matched as their pack source."""
     devices = {d.index: d for d in backend.devices()}
     flow = Dataflow(FLOW_ID)
-    events = op.input(STEP_INPUT, flow, GpuEventSource(backend))
+    events = op.input(STEP_INPUT, flow, GpuEventSource(backend, polling))
 
     def match(event: gpu.GpuEvent) -> list[scan.Timed]:
-        device = devices.get(event.gpu)
-        text = gpu.message(event, device) if device else None
+        text = gpu.message(event, devices.get(event.gpu))
         if text is None:
             return []
         metrics.SOURCE_LAG.labels(source="gpu").set(max(0.0, time.time() - event.ts))

@@ -272,6 +272,13 @@ def agent(
         Path | None, typer.Option(help="Poll NIC ports under this sysfs root (/sys).")
     ] = None,
     nic_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between NIC polls.")] = 1.0,
+    gpu_poll_interval: Annotated[float, typer.Option(help="Seconds between GPU health reads.")] = 1.0,
+    gpu_hung_after: Annotated[
+        float, typer.Option(help="A GPU call running this long: the monitor is unhealthy.")
+    ] = 10.0,
+    gpu_unresponsive_after: Annotated[
+        float, typer.Option(help="Unhealthy this long: the GPU driver is unresponsive (a node fault).")
+    ] = 300.0,
 ) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
@@ -291,6 +298,9 @@ def agent(
             "kmsg": kmsg,
             "sysfs_root": sysfs_root,
             "nic_interval": nic_interval,
+            "gpu_poll_interval": gpu_poll_interval,
+            "gpu_hung_after": gpu_hung_after,
+            "gpu_unresponsive_after": gpu_unresponsive_after,
         }
     )
     _run_agent(config)
@@ -326,7 +336,10 @@ def _run_agent(config: AgentConfig) -> None:
         ),
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }
-    flow = node_flow.build(config.node, backend, compiled, sinks, logs=_log_inputs(config))
+    polling = node_flow.GpuPolling(
+        config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after
+    )
+    flow = node_flow.build(config.node, backend, compiled, sinks, logs=_log_inputs(config), polling=polling)
     if config.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 
@@ -374,21 +387,35 @@ def sim_inject(
     node: Annotated[str, typer.Option(help="Simulated node.")],
     gpu: Annotated[int, typer.Option(min=0, max=15, help="GPU index.")],
     xid: Annotated[int | None, typer.Option(help="Raise this XID.")] = None,
+    field: Annotated[
+        str | None, typer.Option(help="Set a health field, NAME=VALUE (e.g. ecc_dbe_volatile=1).")
+    ] = None,
     lost: Annotated[bool, typer.Option(help="The GPU falls off the bus.")] = False,
     clear: Annotated[bool, typer.Option(help="The GPU reports healthy again (resolves its faults).")] = False,
+    hang: Annotated[
+        float | None, typer.Option(min=0, help="The GPU backend's reads hang for this many seconds.")
+    ] = None,
     sim_dir: Annotated[Path | None, typer.Option(help="Simulator control directory.")] = None,
 ) -> None:
-    """Make a simulated GPU report an event (exactly one of --xid, --lost, --clear)."""
+    """Make a simulated GPU report an event (exactly one of --xid, --field, --lost, --clear, --hang)."""
     from sources import simulator  # noqa: PLC0415
 
-    chosen = [name for name, on in (("xid", xid is not None), ("lost", lost), ("healthy", clear)) if on]
+    given = (("xid", xid is not None), ("field", field is not None), ("lost", lost), ("healthy", clear),
+             ("hang", hang is not None))  # fmt: skip
+    chosen = [name for name, on in given if on]
     if len(chosen) != 1:
-        raise typer.BadParameter("give exactly one of --xid, --lost, --clear")
-    path = simulator.inject(node, gpu, kind=chosen[0], value=xid or 0, directory=sim_dir)
-    out.print(
-        f"injected {chosen[0]}{f' {xid}' if xid is not None else ''} on {node} GPU {gpu} ({path})",
-        markup=False,
-    )
+        raise typer.BadParameter("give exactly one of --xid, --field, --lost, --clear, --hang")
+    kind, name, value = chosen[0], "", xid or 0
+    if field is not None:
+        try:
+            name, value = simulator.parse_field(field)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--field") from exc
+    if hang is not None:
+        value = round(hang)
+    path = simulator.inject(node, gpu, kind=kind, value=value, name=name, directory=sim_dir)
+    what = {"xid": f"xid {xid}", "field": f"field {field}", "hang": f"hang {value} s"}.get(kind, kind)
+    out.print(f"injected {what} on {node} GPU {gpu} ({path})", markup=False)
 
 
 @cluster_app.command("up")

@@ -1,7 +1,8 @@
 """Node conditions and Events from a node's open faults (pure logic; `faultline.kube` applies them).
 
 One condition per component class (`GpuHealthy`, `NvSwitchHealthy`, `NicHealthy`, `NodeHealthy`):
-False while an open fault of that class is fatal, True otherwise. The reason is the code of the most
+False while an open fault of that class is fatal, True otherwise. `GpuMonitorHealthy` is False while
+the GPU monitor itself cannot read the GPUs (any open MONITOR fault). The reason is the code of the most
 severe open fault (or `NoFaults`), and the message names the faults, bounded in length. A condition
 faultline set is set back to True when its faults resolve; a condition type faultline owns but no
 longer produces (a check that was removed) is deleted.
@@ -20,6 +21,7 @@ CONDITION_TYPES = {
     Component.NVSWITCH: "NvSwitchHealthy",
     Component.NIC: "NicHealthy",
     Component.NODE: "NodeHealthy",
+    Component.MONITOR: "GpuMonitorHealthy",  # faultline's own view of the GPUs, not the GPUs' health
 }
 OWNED_TYPES = frozenset(CONDITION_TYPES.values())
 MESSAGE_LIMIT = 512
@@ -74,11 +76,13 @@ def desired(
             continue
         items.sort(key=lambda f: (not f.fatal, -_SEVERITY[f.action], f.code, f.entity.id))
         worst = items[0]
-        status = "False" if worst.fatal else "True"
+        bad = worst.fatal or ctype == CONDITION_TYPES[Component.MONITOR]  # any monitor problem is one
         message = "; ".join(_describe(f, names) for f in items)
         if len(message) > MESSAGE_LIMIT:
             message = message[: MESSAGE_LIMIT - 20].rsplit("; ", 1)[0] + f"; and {len(items)} in all"
-        out[ctype] = Condition(ctype, status, worst.code if worst.fatal else "NonFatalFaults", message)
+        out[ctype] = Condition(
+            ctype, "False" if bad else "True", worst.code if bad else "NonFatalFaults", message
+        )
     return out
 
 

@@ -39,3 +39,12 @@ class AgentConfig(BaseModel):
     snapshot_interval: float = Field(
         default=1.0, gt=0, le=60, description="seconds between recovery snapshots (what a restart replays)"
     )
+    gpu_poll_interval: float = Field(
+        default=1.0, gt=0, le=300, description="seconds between GPU health reads"
+    )
+    gpu_hung_after: float = Field(
+        default=10.0, gt=0, description="a GPU backend call running this long makes the monitor unhealthy"
+    )
+    gpu_unresponsive_after: float = Field(
+        default=300.0, gt=0, description="unhealthy this long: the driver is unresponsive (a node fault)"
+    )

@@ -20,6 +20,8 @@ SOURCE_LAG = Gauge("faultline_source_lag_seconds", "Processing time minus event 
 SPOOL_DEPTH = Gauge("faultline_spool_depth", "Writes waiting in the MongoDB spool", registry=REGISTRY)
 BACKEND_WAIT = Histogram("faultline_gpu_backend_call_seconds", "Duration of GPU backend waits and calls",
                          registry=REGISTRY, buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30))  # fmt: skip
+FIELD_READ = Histogram("faultline_gpu_field_read_seconds", "Duration of one read of all GPU health fields",
+                       registry=REGISTRY, buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))  # fmt: skip
 HEARTBEAT = Gauge("faultline_dataflow_heartbeat_timestamp_seconds", "Last time the dataflow made progress",
                   registry=REGISTRY)  # fmt: skip
 

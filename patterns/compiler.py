@@ -71,6 +71,7 @@ class CompiledClears:
     codes: tuple[str, ...]
     actions: frozenset[str] | None
     scope: str
+    same_code: bool = False
 
     def applies(self, code: str, action: str) -> bool:
         if self.actions is not None and action not in self.actions:
@@ -144,6 +145,7 @@ class CompiledPattern:
                 tuple(p.clears.codes),
                 frozenset(a.value for a in p.clears.actions) if p.clears.actions else None,
                 p.clears.scope,
+                p.clears.same_code,
             )
             if p.clears
             else None

@@ -15,7 +15,7 @@ from faultline.models import Action, Component
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-LogSource = Literal["syslog", "journal", "kmsg", "nvml", "dcgm", "nic"]
+LogSource = Literal["syslog", "journal", "kmsg", "nvml", "dcgm", "nic", "grpc"]
 LOG_SOURCES: tuple[LogSource, ...] = ("syslog", "journal", "kmsg")
 
 
@@ -119,6 +119,9 @@ class Clears(_Strict):
     codes: list[str] = Field(default_factory=lambda: ["*"])
     actions: list[Action] | None = None
     scope: Literal["entity", "node"] = "entity"
+    same_code: bool = Field(
+        default=False, description="only the fault whose code is this match's own rendered code"
+    )
 
 
 class SuppressedBy(_Strict):

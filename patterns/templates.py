@@ -46,6 +46,9 @@ FILTERS: dict[str, Callable[[str], str]] = {
     "lower": str.lower,
     "upper": str.upper,
     "strip": str.strip,
+    "code": lambda value: value.upper().replace(
+        "_", "-"
+    ),  # a field name as a code: nvlink_down -> NVLINK-DOWN
 }
 
 

@@ -1,5 +1,15 @@
-"""The NVML GPU backend (`nvidia-ml-py`, module `pynvml`): devices, and critical XID events waited on
-with a timeout. A GPU that answers "GPU is lost" is reported as fallen off the bus.
+"""The NVML GPU backend (`nvidia-ml-py`, module `pynvml`): devices, critical XID events waited on
+with a timeout, and health fields read on each poll. A GPU that answers "GPU is lost" is reported as
+fallen off the bus.
+
+Fields (see `sources.gpu`): `ecc_dbe_volatile`, `ecc_dbe_aggregate`, `ecc_sbe_volatile`,
+`remapped_rows_correctable`, `remapped_rows_uncorrectable`, `remapped_rows_pending`,
+`remapped_rows_failure`, `retired_pages_dbe`, `retired_pages_sbe`, `retired_pages_pending`,
+`thermal_slowdown` / `thermal_shutdown` (temperature at or above the GPU's own thresholds),
+`throttle_hw_slowdown`, `throttle_hw_thermal`, `throttle_sw_thermal`, `throttle_power_brake`,
+`nvlink_down` (links that were up and are not), the counters `nvlink_replay`, `nvlink_recovery`,
+`nvlink_crc` (summed over links) and `pcie_replay`. A query the GPU or driver does not support is
+left out, not reported as zero.
 
 `wait_events` blocks in NVML (ctypes releases the GIL): call it from a thread of its own, as the node
 dataflow's GPU source does.
@@ -7,6 +17,7 @@ dataflow's GPU source does.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 from types import ModuleType
@@ -15,6 +26,17 @@ from typing import Any
 from faultline.errors import ConfigError
 from patterns.templates import pci_bus
 from sources.gpu import GpuDevice, GpuEvent
+
+REMAPPED_ROWS = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+                 "remapped_rows_failure")  # fmt: skip
+RETIRED_PAGES = (
+    ("retired_pages_dbe", "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR"),
+    ("retired_pages_sbe", "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"),
+)
+THROTTLE_REASONS = (("throttle_hw_slowdown", "nvmlClocksEventReasonHwSlowdown"),
+                    ("throttle_hw_thermal", "nvmlClocksEventReasonHwThermalSlowdown"),
+                    ("throttle_sw_thermal", "nvmlClocksEventReasonSwThermalSlowdown"),
+                    ("throttle_power_brake", "nvmlClocksEventReasonHwPowerBrakeSlowdown"))  # fmt: skip
 
 
 def load_pynvml() -> ModuleType:
@@ -46,6 +68,8 @@ class NvmlBackend:
         ]
         self._index = {_address(h): i for i, h in enumerate(self.handles)}
         self._lost: set[int] = set()
+        self._links: dict[int, list[int]] = {}  # NVLinks that exist, by GPU, found on first read
+        self._thresholds: dict[int, tuple[int | None, int | None]] = {}
         self.event_set = n.nvmlEventSetCreate()
         for handle in self.handles:
             try:
@@ -69,6 +93,86 @@ class NvmlBackend:
             if index is not None:
                 return [GpuEvent(time.time(), index, "xid", int(data.eventData))]
         return []
+
+    def read_fields(self) -> dict[int, dict[str, int]]:
+        out = {}
+        for index, handle in enumerate(self.handles):
+            fields: dict[str, int] = {}
+            try:
+                self._read_gpu(index, handle, fields)
+            except self.nvml.NVMLError_GpuIsLost:
+                fields = {"lost": 1}
+            out[index] = fields
+        return out
+
+    def _query(self, fields: dict[str, int], name: str, call: Any, *args: Any) -> int | None:
+        """One NVML query into `fields[name]` (when `name`); None where this GPU or driver has no answer."""
+        n = self.nvml
+        try:
+            value = int(call(*args))
+        except (n.NVMLError_NotSupported, n.NVMLError_FunctionNotFound, n.NVMLError_InvalidArgument,
+                n.NVMLError_NoPermission):  # fmt: skip
+            return None
+        if name:
+            fields[name] = value
+        return value
+
+    def _read_gpu(self, index: int, h: Any, fields: dict[str, int]) -> None:
+        n, q = self.nvml, self._query
+        unc, cor = n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        q(fields, "ecc_dbe_volatile", n.nvmlDeviceGetTotalEccErrors, h, unc, n.NVML_VOLATILE_ECC)
+        q(fields, "ecc_dbe_aggregate", n.nvmlDeviceGetTotalEccErrors, h, unc, n.NVML_AGGREGATE_ECC)
+        q(fields, "ecc_sbe_volatile", n.nvmlDeviceGetTotalEccErrors, h, cor, n.NVML_VOLATILE_ECC)
+        try:
+            remapped = n.nvmlDeviceGetRemappedRows(h)
+            fields.update(zip(REMAPPED_ROWS, (int(v) for v in remapped), strict=True))
+        except (n.NVMLError_NotSupported, n.NVMLError_FunctionNotFound):
+            pass  # before Ampere: pages are retired instead
+        for name, cause in RETIRED_PAGES:
+            with contextlib.suppress(n.NVMLError_NotSupported, n.NVMLError_FunctionNotFound):
+                fields[name] = len(n.nvmlDeviceGetRetiredPages(h, getattr(n, cause)))
+        q(fields, "retired_pages_pending", n.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        self._thermal(index, h, fields)
+        reasons = q({}, "", n.nvmlDeviceGetCurrentClocksEventReasons, h)
+        if reasons is not None:
+            for name, bit in THROTTLE_REASONS:
+                fields[name] = int(bool(reasons & getattr(n, bit)))
+        self._nvlink(index, h, fields)
+        q(fields, "pcie_replay", n.nvmlDeviceGetPcieReplayCounter, h)
+
+    def _thermal(self, index: int, h: Any, fields: dict[str, int]) -> None:
+        n, q = self.nvml, self._query
+        if index not in self._thresholds:
+            self._thresholds[index] = (
+                q({}, "", n.nvmlDeviceGetTemperatureThreshold, h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                q({}, "", n.nvmlDeviceGetTemperatureThreshold, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            )
+        slowdown, shutdown = self._thresholds[index]
+        temperature = q({}, "", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+        if temperature is not None and slowdown:
+            fields["thermal_slowdown"] = int(temperature >= slowdown)
+        if temperature is not None and shutdown:
+            fields["thermal_shutdown"] = int(temperature >= shutdown)
+
+    def _nvlink(self, index: int, h: Any, fields: dict[str, int]) -> None:
+        n, q = self.nvml, self._query
+        if index not in self._links:  # links this GPU has: those that answer and were up at the start
+            self._links[index] = [
+                link for link in range(n.NVML_NVLINK_MAX_LINKS)
+                if q({}, "", n.nvmlDeviceGetNvLinkState, h, link) == n.NVML_FEATURE_ENABLED
+            ]  # fmt: skip
+        links = self._links[index]
+        if not links:
+            return  # a PCIe-only GPU: no NVLink evidence either way
+        down = sum(1 for link in links if q({}, "", n.nvmlDeviceGetNvLinkState, h, link) == 0)
+        fields["nvlink_down"] = down
+        for name, counter in (("nvlink_replay", n.NVML_NVLINK_ERROR_DL_REPLAY),
+                              ("nvlink_recovery", n.NVML_NVLINK_ERROR_DL_RECOVERY),
+                              ("nvlink_crc", n.NVML_NVLINK_ERROR_DL_CRC_FLIT)):  # fmt: skip
+            total = 0
+            for link in links:
+                total += q({}, "", n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) or 0
+            fields[name] = total
 
     def _probe_lost(self) -> list[GpuEvent]:
         """Which GPUs answer 'lost'; each is reported once until it answers again."""

@@ -4,13 +4,19 @@ Control records are JSON lines appended to `<dir>/<node>.jsonl` (by `inject`); t
 file from where it was when the backend started. A scenario is a YAML timeline run from that start:
 
     - {at: 5s, gpu: 3, xid: 79}
+    - {at: 20s, gpu: 1, field: ecc_dbe_volatile=1}
     - {at: 60s, gpu: 3, clear: true}
+
+Health fields are state: the simulated GPUs' fields are the fold of every field record in the control
+file (a restarted backend knows them), and `read_fields` returns them the way NVML would be read. A
+`hang` record makes the next reads block for that many seconds, as a stuck driver call does.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -23,6 +29,7 @@ from faultline.models import stable_id
 from sources.gpu import GpuDevice, GpuEvent
 
 POLL_S = 0.02
+FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def default_dir() -> Path:
@@ -44,11 +51,20 @@ def devices_for(node: str, count: int = 8) -> list[GpuDevice]:
     ]
 
 
-def inject(node: str, gpu: int, *, kind: str, value: int = 0, directory: Path | None = None) -> Path:
+def parse_field(text: str) -> tuple[str, int]:
+    """`NAME=VALUE` (an integer) as given to `sim inject --field`."""
+    name, sep, value = text.partition("=")
+    if not sep or not FIELD_NAME.fullmatch(name) or not value.strip().lstrip("-").isdigit():
+        raise ValueError(f"field {text!r}: expected NAME=INTEGER, e.g. ecc_dbe_volatile=1")
+    return name, int(value)
+
+
+def inject(node: str, gpu: int, *, kind: str, value: int = 0, name: str = "",
+           directory: Path | None = None) -> Path:  # fmt: skip
     """Append a control record for the node's simulator (the `faultline sim inject` command)."""
     target = (directory or default_dir()) / f"{node}.jsonl"
     target.parent.mkdir(parents=True, exist_ok=True)
-    record = {"ts": time.time(), "gpu": gpu, "kind": kind, "value": value}
+    record = {"ts": time.time(), "gpu": gpu, "kind": kind, "value": value, "name": name}
     with target.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(record) + "\n")
     return target
@@ -61,7 +77,11 @@ class SimulatorBackend:
         self.path = (directory or default_dir()) / f"{node}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._devices = devices_for(node, gpus)
-        self._offset = self.path.stat().st_size if self.path.exists() else 0
+        self._lock = threading.Lock()
+        self._fields: dict[int, dict[str, int]] = {d.index: {} for d in self._devices}
+        self._hang_until = 0.0
+        self._offset = 0
+        self._read_control()  # the fields the GPUs have now; events before the start are history
         self._started = time.time()
         self._timeline = sorted(_parse_scenario(scenario or []), key=lambda e: e.ts)
         self._closed = threading.Event()
@@ -77,8 +97,14 @@ class SimulatorBackend:
                 return events
             time.sleep(POLL_S)
 
+    def read_fields(self) -> dict[int, dict[str, int]]:
+        while not self._closed.is_set() and time.time() < self._hang_until:
+            time.sleep(POLL_S)  # a stuck driver call
+        with self._lock:
+            return {index: dict(fields) for index, fields in self._fields.items()}
+
     def resume(self, position: int) -> None:
-        self._offset = position
+        self._offset = min(position, self._offset)  # replay events after `position`; fields are state
 
     def close(self) -> None:
         self._closed.set()
@@ -87,7 +113,23 @@ class SimulatorBackend:
         now = time.time() - self._started
         due = [e for e in self._timeline if e.ts <= now]
         self._timeline = self._timeline[len(due) :]
-        return [GpuEvent(self._started + e.ts, e.gpu, e.kind, e.value) for e in due]
+        return self._apply([GpuEvent(self._started + e.ts, e.gpu, e.kind, e.value, name=e.name) for e in due])
+
+    def _apply(self, events: list[GpuEvent]) -> list[GpuEvent]:
+        """Field and hang records change the simulated state; the other records are events."""
+        out = []
+        with self._lock:
+            for e in events:
+                fields = self._fields.get(e.gpu)
+                if e.kind == "field" and fields is not None:
+                    fields[e.name] = e.value
+                elif e.kind == "hang":
+                    self._hang_until = e.ts + e.value
+                else:
+                    if e.kind == "healthy" and fields is not None:
+                        fields.update(dict.fromkeys(fields, 0))
+                    out.append(e)
+        return out
 
     def _read_control(self) -> list[GpuEvent]:
         try:
@@ -106,11 +148,11 @@ class SimulatorBackend:
                 rec = json.loads(line)
                 events.append(
                     GpuEvent(float(rec["ts"]), int(rec["gpu"]), str(rec["kind"]), int(rec.get("value", 0)),
-                             position=start)
+                             position=start, name=str(rec.get("name", "")))
                 )  # fmt: skip
             except (ValueError, KeyError, TypeError):
                 continue  # a torn or foreign line: ignore it, as a driver would ignore garbage
-        return events
+        return self._apply(events)
 
 
 def _parse_scenario(items: list[dict[str, Any]]) -> list[GpuEvent]:
@@ -128,8 +170,11 @@ def _parse_scenario(items: list[dict[str, Any]]) -> list[GpuEvent]:
             out.append(GpuEvent(at, gpu, "reset"))
         elif item.get("clear"):
             out.append(GpuEvent(at, gpu, "healthy"))
+        elif "field" in item:
+            name, value = parse_field(str(item["field"]))
+            out.append(GpuEvent(at, gpu, "field", value, name=name))
         else:
-            raise ValueError(f"scenario item needs xid, lost, reset or clear: {item}")
+            raise ValueError(f"scenario item needs xid, field, lost, reset or clear: {item}")
     return out
 
 

@@ -255,8 +255,10 @@ def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
         agent = start_agent(cluster, mongo, node, database, tmp_path, *args)
         poll(
             "every line once",
-            lambda: db["health_events"].count_documents({}) == total
-            and (db["faults"].find_one({"_id": fid}) or {}).get("count") == total,
+            lambda: (
+                db["health_events"].count_documents({}) == total
+                and (db["faults"].find_one({"_id": fid}) or {}).get("count") == total
+            ),
             30,
         )
         time.sleep(1.5)  # and nothing more arrives later

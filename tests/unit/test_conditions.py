@@ -24,8 +24,16 @@ def fault(code: str, component: Component = Component.GPU, *, fatal: bool = True
 
 def test_no_faults_means_every_check_healthy() -> None:
     got = conditions.desired([])
-    assert set(got) == {"GpuHealthy", "NvSwitchHealthy", "NicHealthy", "NodeHealthy"}
+    assert set(got) == {"GpuHealthy", "NvSwitchHealthy", "NicHealthy", "NodeHealthy", "GpuMonitorHealthy"}
     assert all((c.status, c.reason) == ("True", "NoFaults") for c in got.values())
+
+
+def test_a_monitor_problem_is_its_own_condition_even_when_not_fatal() -> None:
+    got = conditions.desired([fault("GPU-MONITOR-UNHEALTHY", Component.MONITOR, fatal=False, entity="")])
+    assert (got["GpuMonitorHealthy"].status, got["GpuMonitorHealthy"].reason) == (
+        "False", "GPU-MONITOR-UNHEALTHY"
+    )  # fmt: skip
+    assert got["GpuHealthy"].status == "True"  # the GPUs are not blamed for the monitor
 
 
 def test_the_most_severe_fatal_fault_names_the_condition() -> None:
