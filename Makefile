@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup tools replay check test bench sample cluster
+.PHONY: setup tools replay check test bench sample cluster proto proto-check
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -31,6 +31,22 @@ check: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(MAKE) --no-print-directory proto-check
+
+# The gRPC modules generated from faultline/api/health.proto are committed; `proto` rewrites them and
+# `proto-check` fails when they are out of date (pinned grpcio-tools and mypy-protobuf: deterministic).
+PROTOC := PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I.
+proto: setup
+	$(PROTOC) --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. faultline/api/health.proto
+
+proto-check: setup
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PROTOC) --python_out=$$tmp --grpc_python_out=$$tmp --mypy_out=$$tmp --mypy_grpc_out=$$tmp \
+	  faultline/api/health.proto && \
+	for f in health_pb2.py health_pb2.pyi health_pb2_grpc.py health_pb2_grpc.pyi; do \
+	  cmp -s $$tmp/faultline/api/$$f faultline/api/$$f || \
+	  { echo "error: faultline/api/$$f is out of date with health.proto: run make proto"; exit 1; }; \
+	done
 
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm and FerretDB, built from the
 # Go module proxy into .cache/bin (skipped when current; see tools/build.sh).

@@ -279,30 +279,28 @@ def agent(
     gpu_unresponsive_after: Annotated[
         float, typer.Option(help="Unhealthy this long: the GPU driver is unresponsive (a node fault).")
     ] = 300.0,
+    ingest_socket: Annotated[
+        Path | None, typer.Option(help="Serve gRPC HealthIngest on this Unix socket (mode 0600).")
+    ] = None,
+    ingest_tcp: Annotated[str | None, typer.Option(help="Also serve it on HOST:PORT (TLS only).")] = None,
+    ingest_tls_cert: Annotated[Path | None, typer.Option(help="TLS certificate for --ingest-tcp.")] = None,
+    ingest_tls_key: Annotated[Path | None, typer.Option(help="TLS key for --ingest-tcp.")] = None,
+    ingest_tls_client_ca: Annotated[
+        Path | None, typer.Option(help="Require client certificates from this CA on --ingest-tcp.")
+    ] = None,
 ) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
     from faultline.config import AgentConfig  # noqa: PLC0415
 
-    fields = {"node": node, "mongodb_uri": mongodb_uri, "kubeconfig": kubeconfig, "database": database,
-              "gpu_backend": gpu_backend, "sim_dir": sim_dir, "sim_scenario": sim_scenario}  # fmt: skip
-    config = AgentConfig.model_validate(
-        {
-            **fields,
-            "packs": tuple(pack or []),
-            "journal_file": journal_file,
-            "journal_dir": journal_dir,
-            "state_dir": state_dir or Path(tempfile.gettempdir()) / f"faultline-agent-{node}",
-            "metrics_port": metrics_port,
-            "syslog_file": syslog_file,
-            "kmsg": kmsg,
-            "sysfs_root": sysfs_root,
-            "nic_interval": nic_interval,
-            "gpu_poll_interval": gpu_poll_interval,
-            "gpu_hung_after": gpu_hung_after,
-            "gpu_unresponsive_after": gpu_unresponsive_after,
-        }
-    )
+    values = dict(locals())  # every option, by its AgentConfig name (pack -> packs)
+    values.pop("AgentConfig")
+    values["packs"] = tuple(values.pop("pack") or [])
+    values["state_dir"] = state_dir or Path(tempfile.gettempdir()) / f"faultline-agent-{node}"
+    try:
+        config = AgentConfig.model_validate(values)
+    except ValueError as exc:  # pydantic's ValidationError names each bad setting
+        raise typer.BadParameter(str(exc)) from exc
     _run_agent(config)
 
 
@@ -312,7 +310,7 @@ def _run_agent(config: AgentConfig) -> None:
     from dataflows import node as node_flow  # noqa: PLC0415
     from sinks.kube import KubeSink  # noqa: PLC0415
     from sinks.mongo import MongoSink  # noqa: PLC0415
-    from sources import simulator  # noqa: PLC0415
+    from sources import ingest, simulator  # noqa: PLC0415
 
     compiled = _compile(list(config.packs))
     backend: GpuBackend
@@ -326,8 +324,6 @@ def _run_agent(config: AgentConfig) -> None:
             config.node, directory=config.sim_dir, gpus=config.gpus, scenario=scenario
         )
     gpu_names = {d.pci: f"GPU {d.index} {d.uuid}" for d in backend.devices()}
-    if config.kubeconfig is None:
-        raise typer.BadParameter("in-cluster credentials are not supported yet: pass --kubeconfig")
     sinks = {
         node_flow.STEP_MONGO: MongoSink(
             config.mongodb_uri.get_secret_value(),
@@ -339,16 +335,29 @@ def _run_agent(config: AgentConfig) -> None:
     polling = node_flow.GpuPolling(
         config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after
     )
-    flow = node_flow.build(config.node, backend, compiled, sinks, logs=_log_inputs(config), polling=polling)
+    logs = _log_inputs(config)
+    spool = ingest.IngestSpool(config.state_dir / "ingest")
+    if config.ingest_socket or config.ingest_tcp:
+        logs.append(node_flow.LogInput("grpc", "grpc", ingest.IngestSource(spool)))
+    flow = node_flow.build(config.node, backend, compiled, sinks, logs=logs, polling=polling)
     if config.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 
         metrics.serve(config.metrics_port)
     recovery = _recovery(config.state_dir / "recovery")
+    server = None
+    if config.ingest_socket or config.ingest_tcp:
+        server = ingest.serve(config.node, spool, socket=config.ingest_socket, tcp=config.ingest_tcp, tls=(
+            ingest.TlsFiles(config.ingest_tls_cert, config.ingest_tls_key, config.ingest_tls_client_ca)
+            if config.ingest_tls_cert and config.ingest_tls_key else None))  # fmt: skip
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
-    run_main(  # type: ignore[no-untyped-call]
-        flow, epoch_interval=dt.timedelta(seconds=config.snapshot_interval), recovery_config=recovery
-    )
+    try:
+        run_main(  # type: ignore[no-untyped-call]
+            flow, epoch_interval=dt.timedelta(seconds=config.snapshot_interval), recovery_config=recovery
+        )
+    finally:
+        if server is not None:
+            server.stop(grace=2).wait()
 
 
 def _recovery(directory: Path) -> RecoveryConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class AgentConfig(BaseModel):
@@ -48,3 +48,18 @@ class AgentConfig(BaseModel):
     gpu_unresponsive_after: float = Field(
         default=300.0, gt=0, description="unhealthy this long: the driver is unresponsive (a node fault)"
     )
+    ingest_socket: Path | None = Field(
+        default=None, description="serve gRPC HealthIngest on this Unix socket (mode 0600); None: off"
+    )
+    ingest_tcp: str | None = Field(default=None, description="also serve it on HOST:PORT, with TLS only")
+    ingest_tls_cert: Path | None = Field(default=None, description="TLS certificate for ingest_tcp")
+    ingest_tls_key: Path | None = Field(default=None, description="TLS private key for ingest_tcp")
+    ingest_tls_client_ca: Path | None = Field(
+        default=None, description="require client certificates signed by this CA on ingest_tcp"
+    )
+
+    @model_validator(mode="after")
+    def _tls_for_tcp(self) -> AgentConfig:
+        if self.ingest_tcp and not (self.ingest_tls_cert and self.ingest_tls_key):
+            raise ValueError("ingest_tcp needs ingest_tls_cert and ingest_tls_key (plain TCP is not offered)")
+        return self

@@ -128,6 +128,11 @@ class CompiledPattern:
         groups = set(self.regex.groupindex)
         self.code = self._template(p.code or p.id, groups, loaded, "code")
         self.entity_type = p.entity.type if p.entity else "NODE"
+        self.entity_type_t = (
+            self._template(p.entity.type, groups, loaded, "entity.type")
+            if p.entity and "{" in p.entity.type
+            else None
+        )
         self.entity_id = self._template(p.entity.id, groups, loaded, "entity.id") if p.entity else None
         self.message = self._template(p.message, groups, loaded, "message") if p.message else None
         self.steps: list[_Step] = []
@@ -197,11 +202,14 @@ class CompiledPattern:
         if ignore:
             return None
         esc = (escalate.count, escalate.within, escalate.fatal, escalate.action.value) if escalate else None
+        entity_type = self.entity_type
+        if self.entity_type_t is not None:
+            entity_type = self.entity_type_t.render(groups) or "NODE"
         return Hit(
             self.index,
             self.kind,
             code,
-            self.entity_type,
+            entity_type,
             entity_id or "",
             fatal,
             action,

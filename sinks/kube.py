@@ -14,7 +14,7 @@ CONTROLLER = "faultline.io/agent"
 
 
 class _Partition(StatelessSinkPartition[Any]):
-    def __init__(self, kubeconfig: Path, gpu_names: dict[str, str], types: list[str]) -> None:
+    def __init__(self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str]) -> None:
         self.api = kube.api_client(kubeconfig)
         self.gpu_names = gpu_names
         self.types = types
@@ -41,7 +41,9 @@ class _Partition(StatelessSinkPartition[Any]):
 
 
 class KubeSink(DynamicSink[Any]):
-    def __init__(self, kubeconfig: Path, gpu_names: dict[str, str], types: list[str] | None = None) -> None:
+    def __init__(
+        self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str] | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.gpu_names = gpu_names
         self.types = types or sorted(conditions.OWNED_TYPES)

@@ -3,21 +3,43 @@
 from __future__ import annotations
 
 import datetime
+import os
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from kubernetes import client, config
+from kubernetes.config import incluster_config
 
 from faultline import conditions
-from faultline.errors import PermanentError
+from faultline.errors import ConfigError, PermanentError
 
 ApiClient = client.ApiClient
 
 
-def api_client(kubeconfig: str | Path) -> client.ApiClient:
-    """An API client from a kubeconfig file (its own Configuration: nothing global is changed)."""
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def api_client(
+    kubeconfig: str | Path | None, *, environ: Mapping[str, str] | None = None
+) -> client.ApiClient:
+    """An API client (its own Configuration: nothing global is changed) from a kubeconfig file, or, with
+    None, from the pod's service account: KUBERNETES_SERVICE_HOST/PORT and the token and CA in
+    FAULTLINE_SERVICE_ACCOUNT_DIR (default: the standard mount). The token file is re-read as the
+    kubelet rotates it."""
     configuration = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
+    if kubeconfig is not None:
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return client.ApiClient(configuration)
+    env = dict(os.environ if environ is None else environ)
+    directory = Path(env.get("FAULTLINE_SERVICE_ACCOUNT_DIR", str(SERVICE_ACCOUNT_DIR)))
+    try:
+        loader = incluster_config.InClusterConfigLoader(  # type: ignore[no-untyped-call]
+            token_filename=str(directory / "token"), cert_filename=str(directory / "ca.crt"), environ=env
+        )
+        loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException as exc:
+        raise ConfigError(f"no kubeconfig given and no in-cluster credentials: {exc}") from exc
     return client.ApiClient(configuration)
 
 

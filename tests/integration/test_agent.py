@@ -271,3 +271,41 @@ def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
         stop_agent(agent)
         client.drop_database(database)
         client.close()
+
+
+def test_health_field_and_hung_monitor_through_the_simulator(
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
+) -> None:
+    """`sim inject --field` drives the polled-field path; `--hang` a stuck driver call: the monitor is
+    unhealthy (its own condition), the GPUs are not blamed, and it recovers when the call returns."""
+    node = cluster.node_names[3]
+    fid = fault_id(node, "GPU", "0000:2a:00", "GPU-ECC-DBE-VOLATILE")  # GPU 1
+    extra = ("--gpu-poll-interval", "0.2", "--gpu-hung-after", "1")
+
+    def condition(ctype: str) -> str:
+        return str(kube.node_conditions(api, node).get(ctype, {}).get("status"))
+
+    with running_agent(cluster, mongo, node, tmp_path, *extra) as faults:
+        time.sleep(1.0)
+        sim(tmp_path, node, "--gpu", "1", "--field", "ecc_dbe_volatile=2")
+        poll("the DBE fault", lambda: faults.find_one({"_id": fid}), 10)
+        assert (faults.find_one({"_id": fid})["fatal"], faults.find_one({"_id": fid})["action"]) == (
+            True, "COMPONENT_RESET"
+        )  # fmt: skip
+        poll("GpuHealthy False", lambda: condition("GpuHealthy") == "False", 10)
+        sim(tmp_path, node, "--gpu", "1", "--field", "ecc_dbe_volatile=0")  # the reset cleared it
+        poll("the DBE fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)
+        poll("GpuHealthy True", lambda: condition("GpuHealthy") == "True", 10)
+
+        sim(tmp_path, node, "--gpu", "0", "--hang", "4")
+        poll("GpuMonitorHealthy False", lambda: condition("GpuMonitorHealthy") == "False", 10)
+        assert condition("GpuHealthy") == "True"
+        monitor = faults.find_one({"code": "GPU-MONITOR-UNHEALTHY"})
+        assert (monitor["component"], monitor["fatal"], monitor["entity"]["type"]) == (
+            "MONITOR",
+            False,
+            "NODE",
+        )
+        poll("GpuMonitorHealthy True", lambda: condition("GpuMonitorHealthy") == "True", 15)
+        assert faults.find_one({"code": "GPU-MONITOR-UNHEALTHY"})["state"] == "resolved"
+        assert faults.count_documents({"code": "GPU-DRIVER-UNRESPONSIVE"}) == 0  # not for 300 s

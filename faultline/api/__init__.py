@@ -1,0 +1,1 @@
+"""The gRPC API (`health.proto`) and its generated modules (regenerate with `make proto`)."""

@@ -1,0 +1,308 @@
+"""gRPC health ingest (`faultline.v1.HealthIngest`, ARCHITECTURE §8): monitors outside faultline report
+health events to the node agent.
+
+    Report(batch) ── validate every event ──> IngestSpool (fsync) ──> IngestSource (dataflow, source `grpc`)
+                    └─ INVALID_ARGUMENT naming the first bad field; nothing of the batch is kept
+
+A batch is all or nothing: it is appended to the spool and flushed to disk before the call returns, so
+an accepted event survives an agent crash. The dataflow follows the spool like a log, from the position
+in its recovery snapshot, and renders each event (once per entity) as a `faultline-ingest ...` line for
+the `ingest` pack. The spool is a series of generation files: once the reader has consumed a generation
+larger than `rollover_bytes`, writing moves to the next one, and generations two behind the reader are
+deleted. When unconsumed events exceed `max_bytes` the server answers RESOURCE_EXHAUSTED.
+
+Served on a Unix socket created with mode 0600 (only the socket's owner, root in the DaemonSet, may
+connect), and optionally on TCP with TLS.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+from faultline.api import health_pb2, health_pb2_grpc
+from faultline.models import Action
+from sources import formats
+from sources.journal import Entry
+
+MAX_EVENTS = 1000
+MAX_ENTITIES = 16
+MAX_MESSAGE = 4096
+MAX_METADATA = 32
+MAX_METADATA_VALUE = 1024
+MAX_FUTURE = dt.timedelta(minutes=5)
+MAX_AGE = dt.timedelta(days=7)
+COMPONENTS = ("GPU", "NVSWITCH", "NIC", "NODE")
+_CODE = re.compile(r"[A-Z0-9][A-Z0-9_.-]{0,63}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")  # agent, check: no spaces (they go in a line)
+_ENTITY_TYPE = re.compile(r"[A-Z][A-Z_]{0,31}")
+_ENTITY_ID = re.compile(r"[A-Za-z0-9_.:/-]{1,128}")
+_META_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")  # no dots or $: MongoDB field names
+
+
+class InvalidEventError(ValueError):
+    """An event broke a rule; `field` is its path in the request, e.g. `events[2].entities[0].id`."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+
+
+def _require(ok: bool, field: str, reason: str) -> None:
+    if not ok:
+        raise InvalidEventError(field, reason)
+
+
+def validate(batch: health_pb2.HealthEventBatch, node: str, now: dt.datetime) -> list[dict[str, Any]]:
+    """Every event of the batch as a plain record, or InvalidEventError for the first bad field."""
+    _require(0 < len(batch.events) <= MAX_EVENTS, "events", f"a batch holds 1 to {MAX_EVENTS} events")
+    records = []
+    for i, e in enumerate(batch.events):
+        at = f"events[{i}]"
+        _require(e.node == node, f"{at}.node", f"{e.node[:80]!r} is not this agent's node {node!r}")
+        _require(bool(_NAME.fullmatch(e.agent)), f"{at}.agent", "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")
+        _require(bool(_NAME.fullmatch(e.check)), f"{at}.check", "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")
+        _require(e.component in COMPONENTS, f"{at}.component", f"one of {', '.join(COMPONENTS)}")
+        _require(bool(_CODE.fullmatch(e.code)), f"{at}.code", "1-64 of A-Z 0-9 _ . - starting A-Z or 0-9")
+        action = e.action or "NONE"
+        _require(action in Action.__members__, f"{at}.action", f"one of {', '.join(Action.__members__)}")
+        _require(len(e.entities) <= MAX_ENTITIES, f"{at}.entities", f"at most {MAX_ENTITIES}")
+        entities = []
+        for j, entity in enumerate(e.entities):
+            _require(bool(_ENTITY_TYPE.fullmatch(entity.type)), f"{at}.entities[{j}].type", "1-32 of A-Z _")
+            _require(bool(_ENTITY_ID.fullmatch(entity.id)), f"{at}.entities[{j}].id",
+                     "1-128 of A-Z a-z 0-9 _ . : / -")  # fmt: skip
+            entities.append({"type": entity.type, "id": entity.id})
+        _require(len(e.message) <= MAX_MESSAGE, f"{at}.message", f"at most {MAX_MESSAGE} characters")
+        _require(len(e.metadata) <= MAX_METADATA, f"{at}.metadata", f"at most {MAX_METADATA} entries")
+        for key, value in e.metadata.items():
+            _require(bool(_META_KEY.fullmatch(key)), f"{at}.metadata[{key[:64]!r}]",
+                     "keys are 1-64 of A-Z a-z 0-9 _ - (no dots or $)")  # fmt: skip
+            _require(len(value) <= MAX_METADATA_VALUE, f"{at}.metadata[{key!r}]",
+                     f"values are at most {MAX_METADATA_VALUE} characters")  # fmt: skip
+        _require(e.HasField("generated_at"), f"{at}.generated_at", "required")
+        try:
+            when = e.generated_at.ToDatetime(tzinfo=dt.UTC)
+        except (ValueError, OverflowError) as exc:
+            raise InvalidEventError(f"{at}.generated_at", f"not a valid time ({exc})") from exc
+        _require(when <= now + MAX_FUTURE, f"{at}.generated_at", f"{when.isoformat()} is in the future")
+        _require(when >= now - MAX_AGE, f"{at}.generated_at", f"{when.isoformat()} is older than 7 days")
+        records.append(
+            {"node": e.node, "agent": e.agent, "check": e.check, "component": e.component, "code": e.code,
+             "entities": entities, "healthy": e.healthy, "fatal": e.fatal, "action": action,
+             "message": e.message, "metadata": dict(e.metadata), "ts": when.timestamp()}
+        )  # fmt: skip
+    return records
+
+
+def lines(record: dict[str, Any]) -> list[str]:
+    """The `ingest` pack's lines for one accepted event: one per entity (the node when it names none)."""
+    entities = record["entities"] or [{"type": "NODE", "id": ""}]
+    text = " ".join(record["message"].split())  # one line, whatever the monitor sent
+    return [
+        f"faultline-ingest agent={record['agent']} check={record['check']} component={record['component']} "
+        f"code={record['code']} entity={entity['type']}/{entity['id']} fatal={str(record['fatal']).lower()} "
+        f"action={record['action']} healthy={str(record['healthy']).lower()}" + (f": {text}" if text else "")
+        for entity in entities
+    ]
+
+
+class SpoolFullError(RuntimeError):
+    pass
+
+
+class IngestSpool:
+    """Generation files `<dir>/ingest-<n>.jsonl` of accepted events; shared (thread-safe) by the gRPC
+    server, which appends, and the dataflow source, which reads."""
+
+    def __init__(self, directory: Path, *, max_bytes: int = 64 << 20, rollover_bytes: int = 4 << 20) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.rollover_bytes = rollover_bytes
+        self.lock = threading.Lock()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.generation = max(self.generations(), default=0)
+        self.unread = 0  # bytes appended and not yet read (this process)
+
+    def path(self, generation: int) -> Path:
+        return self.directory / f"ingest-{generation}.jsonl"
+
+    def generations(self) -> list[int]:
+        return sorted(int(p.stem.split("-")[1]) for p in self.directory.glob("ingest-*.jsonl"))
+
+    def append(self, records: list[dict[str, Any]]) -> None:
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        with self.lock:
+            if self.unread + len(data) > self.max_bytes:
+                raise SpoolFullError(f"{self.unread} bytes of accepted events wait to be processed")
+            fd = os.open(self.path(self.generation), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)  # durable before the call returns
+            finally:
+                os.close(fd)
+            self.unread += len(data)
+
+    def read(self, generation: int, offset: int) -> tuple[int, int, list[tuple[int, dict[str, Any]]]]:
+        """Whole records after (generation, offset): the new position and (position, record) pairs. Moves
+        the writer to a new generation once a large one is fully read."""
+        with self.lock:
+            if generation < self.generation and not self.path(generation).exists():
+                generation, offset = self.generation, 0  # deleted: everything in it was consumed
+            try:
+                with self.path(generation).open("rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except FileNotFoundError:
+                data = b""
+            end = data.rfind(b"\n") + 1
+            out = []
+            position = offset
+            for raw in data[:end].splitlines(keepends=True):
+                position += len(raw)
+                try:
+                    out.append((position, json.loads(raw)))
+                except ValueError:
+                    continue  # cannot happen for what append wrote; a torn tail is not yet complete
+            offset += end
+            self.unread = max(0, self.unread - end)
+            if generation < self.generation and end == len(data):
+                return generation + 1, 0, out  # the next generation holds what came after
+            if generation == self.generation and offset >= self.rollover_bytes and end == len(data):
+                self.generation += 1
+                for old in self.generations():
+                    if old < generation - 1:
+                        self.path(old).unlink(missing_ok=True)
+            return generation, offset, out
+
+
+IngestResume = tuple[int, int]
+
+
+class _IngestPartition(StatefulSourcePartition[Entry, IngestResume]):
+    def __init__(self, spool: IngestSpool, resume: IngestResume | None, interval: float) -> None:
+        self.spool = spool
+        self.interval = interval
+        self.position: IngestResume = (
+            resume if resume is not None else (min(spool.generations(), default=0), 0)
+        )
+        for old in spool.generations():
+            if old < self.position[0] - 1:
+                spool.path(old).unlink(missing_ok=True)
+        self.next_poll = dt.datetime.now(dt.UTC)
+
+    def next_batch(self) -> list[Entry]:
+        now = dt.datetime.now(dt.UTC)
+        if now < self.next_poll:
+            return []
+        self.next_poll = now + dt.timedelta(seconds=self.interval)
+        generation, offset = self.position
+        out = []
+        while True:
+            new_generation, offset, records = self.spool.read(generation, offset)
+            for position, record in records:
+                for line in lines(record):
+                    parsed = formats.Parsed(float(record["ts"]), record["node"], line, None)
+                    out.append(Entry(f"grpc:{generation}:{position}", parsed))
+            if new_generation == generation:
+                break
+            generation = new_generation  # what came after is in the next generation
+        self.position = (generation, offset)
+        return out
+
+    def next_awake(self) -> dt.datetime | None:
+        return self.next_poll
+
+    def snapshot(self) -> IngestResume:
+        return self.position
+
+
+class IngestSource(FixedPartitionedSource[Entry, IngestResume]):
+    """The accepted events, in order, as `grpc` observations."""
+
+    def __init__(self, spool: IngestSpool, *, interval: float = 0.02) -> None:
+        self.spool = spool
+        self.interval = interval
+
+    def list_parts(self) -> list[str]:
+        return ["grpc"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: IngestResume | None) -> _IngestPartition:
+        return _IngestPartition(self.spool, resume_state, self.interval)
+
+
+class HealthIngestService(health_pb2_grpc.HealthIngestServicer):
+    def __init__(self, node: str, spool: IngestSpool) -> None:
+        self.node = node
+        self.spool = spool
+
+    def Report(  # noqa: N802 - the name is the RPC's
+        self, request: health_pb2.HealthEventBatch, context: grpc.ServicerContext
+    ) -> health_pb2.ReportResponse:
+        try:
+            records = validate(request, self.node, dt.datetime.now(dt.UTC))
+        except InvalidEventError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            self.spool.append(records)
+        except SpoolFullError as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"ingest spool full: {exc}; retry later")
+        except OSError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot persist the events: {exc}")
+        return health_pb2.ReportResponse(accepted=len(records))
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None  # set: clients must present a certificate it signed
+
+
+def serve(node: str, spool: IngestSpool, *, socket: Path | None = None, tcp: str | None = None,
+          tls: TlsFiles | None = None) -> grpc.Server:  # fmt: skip
+    """Start the HealthIngest server (Unix socket with mode 0600 and/or TCP with TLS); returns it running."""
+    if socket is None and tcp is None:
+        raise ValueError("the ingest server needs a socket path or a TCP address")
+    if tcp is not None and tls is None:
+        raise ValueError("TCP ingest requires TLS (--ingest-tls-cert and --ingest-tls-key)")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest"))
+    health_pb2_grpc.add_HealthIngestServicer_to_server(HealthIngestService(node, spool), server)
+    if socket is not None:
+        socket.parent.mkdir(parents=True, exist_ok=True)
+        socket.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix:{socket}")
+    if tcp is not None and tls is not None:
+        credentials = grpc.ssl_server_credentials(
+            [(tls.key.read_bytes(), tls.cert.read_bytes())],
+            root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
+            require_client_auth=tls.client_ca is not None,
+        )
+        server.add_secure_port(tcp, credentials)
+    with _umask(0o177):  # the socket file is created 0600: no window in which others may connect
+        server.start()
+    if socket is not None:
+        os.chmod(socket, 0o600)
+    return server
+
+
+class _umask:  # noqa: N801 - used as a context manager, like contextlib's lower-case helpers
+    def __init__(self, mask: int) -> None:
+        self.mask = mask
+        self.saved = 0
+
+    def __enter__(self) -> None:
+        self.saved = os.umask(self.mask)
+
+    def __exit__(self, *exc: object) -> None:
+        os.umask(self.saved)
