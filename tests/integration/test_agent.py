@@ -250,6 +250,8 @@ def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
         poll("some events stored", lambda: db["health_events"].count_documents({}) > 0, 20)
         agent.kill()  # no goodbye: whatever was not snapshotted is replayed after the restart
         agent.wait(10)
+        assert agent.stderr is not None
+        agent.stderr.close()
         stopped_with = db["health_events"].count_documents({})
         write(killed_at, total)  # written while the agent is down
         agent = start_agent(cluster, mongo, node, database, tmp_path, *args)

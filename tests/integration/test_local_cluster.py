@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from faultline import kube
 from faultline.dev import procs, tools
 from faultline.dev.cluster import LocalCluster
+from faultline.errors import ConfigError
 
 pytestmark = pytest.mark.integration
 
@@ -272,3 +275,30 @@ def test_killed_node_stops_heartbeating_and_goes_unknown(cluster: LocalCluster, 
     finally:
         cluster.fakelet.revive(name)
     procs.wait_for("Ready again after revival", lambda: node_state(api, name)[0] == "True", 40)
+
+
+def test_in_cluster_credentials_from_a_service_account_mount(
+    cluster: LocalCluster, api: Any, namespace: str, tmp_path: Path
+) -> None:
+    """With no kubeconfig the client uses what a pod has: the service host and port from the
+    environment and the token and CA from the mounted directory; the token is the account's, so RBAC
+    applies to it (and a missing mount is a clear error)."""
+    kube.core(api).create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
+    mount = tmp_path / "serviceaccount"
+    mount.mkdir()
+    (mount / "token").write_text(kube.mint_token(api, namespace, "agent"))
+    (mount / "ca.crt").write_bytes(cluster.pki.ca.read_bytes())
+    host, port = cluster.server.removeprefix("https://").split(":")
+    env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
+           "FAULTLINE_SERVICE_ACCOUNT_DIR": str(mount)}  # fmt: skip
+    sa_api = kube.api_client(None, environ=env)
+    try:
+        review = client.AuthenticationV1Api(sa_api).create_self_subject_review(client.V1SelfSubjectReview())
+        assert review.status.user_info.username == f"system:serviceaccount:{namespace}:agent"
+        with pytest.raises(ApiException) as denied:
+            kube.core(sa_api).list_node()
+        assert denied.value.status == 403
+    finally:
+        sa_api.close()
+    with pytest.raises(ConfigError, match="no in-cluster credentials"):
+        kube.api_client(None, environ={**env, "FAULTLINE_SERVICE_ACCOUNT_DIR": str(tmp_path / "none")})
