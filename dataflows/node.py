@@ -257,6 +257,7 @@ def build(
     *,
     logs: list[LogInput] | None = None,
     polling: GpuPolling | None = None,
+    gpu_source: str = "nvml",
 ) -> Dataflow:
     """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate. `logs` are kernel-log
     inputs (journal, syslog file, kmsg) whose entries are matched as their pack source."""
@@ -269,7 +270,8 @@ def build(
         if text is None:
             return []
         metrics.SOURCE_LAG.labels(source="gpu").set(max(0.0, time.time() - event.ts))
-        return [scan.Timed(event.ts, (0, 0), hit, text, None, "nvml") for hit in compiled.match("nvml", text)]
+        hits = compiled.match(gpu_source, text)  # the simulator stands in for NVML
+        return [scan.Timed(event.ts, (0, 0), hit, text, None, gpu_source) for hit in hits]
 
     hits = op.map(STEP_MATCH, events, match)
     for position, log in enumerate(logs or [], start=1):

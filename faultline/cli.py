@@ -250,7 +250,8 @@ def agent(
         Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
     ] = None,
     database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend: sim or nvml.")] = "sim",
+    gpu_backend: Annotated[str, typer.Option(help="GPU backend: sim, nvml or dcgm.")] = "sim",
+    dcgm_host: Annotated[str, typer.Option(help="DCGM host engine (dcgm backend).")] = "localhost:5555",
     sim_dir: Annotated[Path | None, typer.Option(help="Simulator control directory.")] = None,
     sim_scenario: Annotated[Path | None, typer.Option(help="Simulator scenario YAML.")] = None,
     pack: Annotated[
@@ -318,6 +319,10 @@ def _run_agent(config: AgentConfig) -> None:
         from sources.nvml import NvmlBackend  # noqa: PLC0415
 
         backend = NvmlBackend()
+    elif config.gpu_backend == "dcgm":
+        from sources.dcgm import DcgmBackend  # noqa: PLC0415
+
+        backend = DcgmBackend(config.dcgm_host)
     else:
         scenario = simulator.load_scenario(config.sim_scenario) if config.sim_scenario else None
         backend = simulator.SimulatorBackend(
@@ -339,7 +344,8 @@ def _run_agent(config: AgentConfig) -> None:
     spool = ingest.IngestSpool(config.state_dir / "ingest")
     if config.ingest_socket or config.ingest_tcp:
         logs.append(node_flow.LogInput("grpc", "grpc", ingest.IngestSource(spool)))
-    flow = node_flow.build(config.node, backend, compiled, sinks, logs=logs, polling=polling)
+    flow = node_flow.build(config.node, backend, compiled, sinks, logs=logs, polling=polling,
+                           gpu_source="dcgm" if config.gpu_backend == "dcgm" else "nvml")  # fmt: skip
     if config.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 

@@ -19,7 +19,10 @@ class AgentConfig(BaseModel):
     )
     database: str = Field(default="faultline", description="MongoDB database name")
     kubeconfig: Path | None = Field(default=None, description="kubeconfig file; None: in-cluster credentials")
-    gpu_backend: Literal["sim", "nvml"] = Field(default="sim", description="where GPU events come from")
+    gpu_backend: Literal["sim", "nvml", "dcgm"] = Field(
+        default="sim", description="where GPU events come from"
+    )
+    dcgm_host: str = Field(default="localhost:5555", description="DCGM host engine (dcgm backend)")
     sim_dir: Path | None = Field(default=None, description="simulator control directory (sim backend)")
     sim_scenario: Path | None = Field(default=None, description="simulator scenario YAML (sim backend)")
     gpus: int = Field(default=8, ge=1, le=16, description="simulated GPUs (sim backend)")

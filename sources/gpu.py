@@ -119,8 +119,8 @@ def message(event: GpuEvent, device: GpuDevice | None) -> str | None:
     if event.kind == "monitor":
         state = {MONITOR_OK: "healthy", MONITOR_UNHEALTHY: "unhealthy", MONITOR_UNRESPONSIVE: "unresponsive"}
         return f"faultline GPU monitor {state.get(event.value, 'unknown')}: {event.name or 'calls succeed'}"
-    if device is None:
-        return None
+    if device is None:  # node fields: entities that are not GPUs (a DCGM NVSwitch incident)
+        return f"node health {event.name}={event.value}" if event.kind == "field" and event.gpu < 0 else None
     if event.kind == "field" and event.name == "lost":  # a poll found the GPU gone
         return message(GpuEvent(event.ts, event.gpu, "lost"), device) if event.value else None
     if event.kind == "field":

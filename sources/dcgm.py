@@ -1,0 +1,125 @@
+"""The DCGM GPU backend: health watches of a standalone DCGM host engine (as the GPU Operator runs it with
+`dcgm.enabled=true`, service port 5555), through DCGM's own Python bindings (`pydcgm`, `dcgm_structs`,
+`dcgm_fields`, `dcgm_agent`), found on the node under `/usr/local/dcgm/bindings/python3` or the
+directory in FAULTLINE_DCGM_BINDINGS.
+
+Each poll runs one health check of a group holding every GPU (and every NVSwitch DCGM knows). An incident
+becomes a health field `dcgm_<system>_<error code>` on its GPU, valued 1 for a warning and 2 for a
+failure (NVSwitch incidents are node fields `dcgm_<system>_s<switch>_<error code>`); a field reported
+once and absent from a later check is reported 0, which resolves it. The `dcgm` pack maps systems and
+severities to codes and actions. XIDs reach the agent through the kernel log, so `wait_events` only
+waits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from faultline.errors import ConfigError
+from patterns.templates import pci_bus
+from sources.gpu import GpuDevice, GpuEvent
+
+BINDINGS = Path("/usr/local/dcgm/bindings/python3")
+# DCGM_HEALTH_WATCH_* bit -> the system's name in field names (ConnectX only where the bindings have it)
+SYSTEMS = {
+    "PCIE": "pcie", "NVLINK": "nvlink", "PMU": "pmu", "MCU": "mcu", "MEM": "mem", "SM": "sm",
+    "INFOROM": "inforom", "THERMAL": "thermal", "POWER": "power", "DRIVER": "driver",
+    "NVSWITCH_NONFATAL": "nvswitch_nonfatal", "NVSWITCH_FATAL": "nvswitch_fatal", "CONNECTX": "connectx",
+}  # fmt: skip
+NODE = -1  # fields of entities that are not GPUs (NVSwitches, ConnectX)
+
+
+def load_bindings(directory: Path | None = None) -> dict[str, ModuleType]:
+    where = directory or Path(os.environ.get("FAULTLINE_DCGM_BINDINGS", str(BINDINGS)))
+    if where.is_dir() and str(where) not in sys.path:
+        sys.path.append(str(where))
+    try:
+        return {name: importlib.import_module(name) for name in ("pydcgm", "dcgm_structs", "dcgm_fields",
+                                                                 "dcgm_agent")}  # fmt: skip
+    except ImportError as exc:
+        raise ConfigError(
+            f"the DCGM backend needs DCGM's Python bindings ({exc.name} not found in {where} or on the path)"
+        ) from exc
+
+
+class DcgmBackend:
+    def __init__(self, host: str = "localhost:5555", bindings: dict[str, ModuleType] | None = None) -> None:
+        b = bindings or load_bindings()
+        self.pydcgm, self.structs, self.fields, self.agent = (
+            b["pydcgm"], b["dcgm_structs"], b["dcgm_fields"], b["dcgm_agent"]
+        )  # fmt: skip
+        s = self.structs
+        self.handle = self.pydcgm.DcgmHandle(ipAddress=host, opMode=s.DCGM_OPERATION_MODE_AUTO)
+        self.group = self.pydcgm.DcgmGroup(self.handle, groupName="faultline", groupType=s.DCGM_GROUP_DEFAULT)
+        switches = self.agent.dcgmGetEntityGroupEntities(self.handle.handle, self.fields.DCGM_FE_SWITCH, 0)
+        for switch in switches:
+            self.group.AddEntity(self.fields.DCGM_FE_SWITCH, switch)
+        self.bits = {
+            getattr(s, f"DCGM_HEALTH_WATCH_{name}"): system
+            for name, system in SYSTEMS.items()
+            if hasattr(s, f"DCGM_HEALTH_WATCH_{name}")
+        }
+        mask = 0
+        for bit in self.bits:
+            mask |= bit
+        self.group.health.Set(mask)
+        self._devices = []
+        for gpu_id in self.group.GetGpuIds():
+            attrs = self.agent.dcgmGetDeviceAttributes(self.handle.handle, gpu_id)
+            ident = attrs.identifiers
+            self._devices.append(GpuDevice(int(gpu_id), _text(ident.uuid), pci_bus(_text(ident.pciBusId))))
+        self._index = {d.index: d.index for d in self._devices}
+        self._seen: dict[int, set[str]] = {}
+        self._closed = threading.Event()
+
+    def devices(self) -> list[GpuDevice]:
+        return list(self._devices)
+
+    def wait_events(self, timeout: float) -> list[GpuEvent]:
+        self._closed.wait(timeout)  # XIDs come from the kernel log; health comes from read_fields
+        return []
+
+    def read_fields(self) -> dict[int, dict[str, int]]:
+        s, f = self.structs, self.fields
+        response = self.group.health.Check()
+        out: dict[int, dict[str, int]] = {d.index: {} for d in self._devices}
+        out[NODE] = {}
+        for i in range(int(response.incidentCount)):
+            incident = response.incidents[i]
+            severity = {s.DCGM_HEALTH_RESULT_WARN: 1, s.DCGM_HEALTH_RESULT_FAIL: 2}.get(int(incident.health))
+            system = self.bits.get(int(incident.system))
+            if severity is None or system is None:
+                continue
+            group, entity = int(incident.entityInfo.entityGroupId), int(incident.entityInfo.entityId)
+            code = int(incident.error.code)
+            if group == f.DCGM_FE_GPU and entity in out:
+                name, index = f"dcgm_{system}_{code}", entity
+            else:
+                name, index = f"dcgm_{system}_s{entity}_{code}", NODE
+            out[index][name] = max(severity, out[index].get(name, 0))
+        for index, fields in out.items():  # what was reported and is gone passed again
+            seen = self._seen.setdefault(index, set())
+            seen.update(fields)
+            for name in seen - fields.keys():
+                fields[name] = 0
+        return out
+
+    def resume(self, position: int) -> None:
+        """Live hardware: nothing to replay."""
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            del self.group
+        finally:
+            self.handle.Shutdown()
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,25 @@
+"""A stand-in for DCGM's `dcgm_agent` binding: a host engine with GPUs, NVSwitches and incidents the test
+sets in STATE."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+STATE: dict[str, Any] = {
+    "gpus": [(b"GPU-d0", b"00000000:18:00.0"), (b"GPU-d1", b"00000000:2A:00.0")],
+    "switches": [0, 1],
+    "incidents": [],  # dcgm_structs.Incident items the next health check reports
+    "watches": 0,
+    "entities": [],
+    "connected": None,
+}
+
+
+def dcgmGetEntityGroupEntities(handle: Any, group: int, flags: int) -> list[int]:
+    return list(STATE["switches"]) if group == 3 else list(range(len(STATE["gpus"])))
+
+
+def dcgmGetDeviceAttributes(handle: Any, gpu: int) -> Any:
+    uuid, bus = STATE["gpus"][gpu]
+    return SimpleNamespace(identifiers=SimpleNamespace(uuid=uuid, pciBusId=bus))
