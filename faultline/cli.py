@@ -42,6 +42,8 @@ dev_app.add_typer(cluster_app, name="cluster")
 app.add_typer(dev_app, name="dev")
 sim_app = typer.Typer(help="Drive simulated GPUs (the `sim` GPU backend).", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
+store_app = typer.Typer(help="Maintain the MongoDB event store.", no_args_is_help=True)
+app.add_typer(store_app, name="store")
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -431,6 +433,34 @@ def sim_inject(
     path = simulator.inject(node, gpu, kind=kind, value=value, name=name, directory=sim_dir)
     what = {"xid": f"xid {xid}", "field": f"field {field}", "hang": f"hang {value} s"}.get(kind, kind)
     out.print(f"injected {what} on {node} GPU {gpu} ({path})", markup=False)
+
+
+@store_app.command("retention")
+def store_retention(
+    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
+    older_than: Annotated[
+        str, typer.Option(help="Delete health events older than this (e.g. 14d, 12h).")
+    ] = "14d",
+    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
+) -> None:
+    """Delete old health events (run periodically, e.g. by a CronJob: FerretDB and DocumentDB have no TTL
+    indexes). Faults are kept: they hold the state of open problems and their remediation."""
+    from faultline import store  # noqa: PLC0415
+    from patterns.schema import parse_duration  # noqa: PLC0415
+
+    try:
+        age = parse_duration(older_than)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
+    if age < 3600:
+        raise typer.BadParameter("keep at least one hour of events", param_hint="--older-than")
+    st = store.connect(mongodb_uri, database)
+    try:
+        with store.unreachable_is_transient("pruning health events"):
+            deleted = st.prune_events(dt.timedelta(seconds=age))
+    finally:
+        st.db.client.close()
+    out.print(f"deleted {deleted} health events older than {older_than}", markup=False)
 
 
 @cluster_app.command("up")

@@ -4,6 +4,8 @@ with leases and fencing, the reaper and retention."""
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -171,3 +173,28 @@ def test_retention_deletes_old_events(st: store.Store) -> None:
     clock.now = T0 + dt.timedelta(days=8, seconds=2)
     assert st.prune_events(dt.timedelta(days=8)) == 2  # events 0 and 1 are older than the cutoff
     assert st.events.count_documents({}) == 3
+
+
+def test_retention_command_prunes_by_age_and_refuses_nonsense(mongo_db: Any, mongo: Any) -> None:
+    """`faultline store retention`, as the periodic job runs it, against the real server."""
+    now = dt.datetime.now(dt.UTC)
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    old = [
+        event(i).model_copy(update={"generated_at": now - dt.timedelta(days=20, minutes=i)}) for i in range(3)
+    ]
+    new = [event(10 + i).model_copy(update={"generated_at": now - dt.timedelta(hours=i)}) for i in range(2)]
+    st.record_events(old + new)
+    base = [sys.executable, "-m", "faultline", "store", "retention", "--mongodb-uri", mongo.uri,
+            "--database", mongo_db.name]  # fmt: skip
+    done = subprocess.run(
+        [*base, "--older-than", "14d"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "deleted 3 health events older than 14d"
+    assert st.events.count_documents({}) == 2
+    bad = subprocess.run(
+        [*base, "--older-than", "soon"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "--older-than" in bad.stderr
+    assert st.events.count_documents({}) == 2
