@@ -1,0 +1,178 @@
+"""Node agent footprint and latency, against the local control plane and FerretDB.
+
+    python benchmarks/agent.py                 # 60 s measured after 10 s of warm-up
+    python benchmarks/agent.py --seconds 20    # a quicker look
+
+Load (issue 4): 8 simulated GPUs whose health fields are read every second, and a real journal file
+(written by systemd-journal-remote) receiving 1,000 kernel lines per second, followed by the agent's
+journalctl. During the measurement an XID is injected through the simulator every 0.5 s; its latency
+is the time from the injection to its health event document in MongoDB (the simulator's control file is
+polled every 20 ms: NVML's own event wait blocks instead, so this is an upper bound).
+
+Measured: the agent's RSS (sampled every second) and CPU (user + system of the agent and its journalctl
+child, from /proc, over the measured window), printed beside the goals and, for context, NVSentinel's
+published requests for its node DaemonSets (500m CPU, 896 Mi).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pymongo
+
+from faultline.dev.cluster import LocalCluster
+from faultline.dev.mongo import LocalMongo
+from faultline.models import event_id, utc_from_epoch
+from sources import simulator
+
+REMOTE = Path("/lib/systemd/systemd-journal-remote")
+BOOT = "6c1f0e2d3b4a59687766554433221100"
+TICK = os.sysconf("SC_CLK_TCK")
+NOISE = [
+    "mlx5_core 0000:0c:00.0: mlx5_fw_tracer_handle_traces:714: FWTracer: Event {}",
+    "IPv4: martian source 10.0.{}.7 from 10.0.0.1, on dev eth0",
+    "nfs: server storage-{} OK",
+    "EXT4-fs (nvme0n1p{}): re-mounted. Quota mode: none.",
+    'audit: type=1400 audit({}.123:45): apparmor="STATUS" operation="profile_replace"',
+]
+
+
+def journal_writer(path: Path, rate: int, stop: threading.Event, work: Path) -> None:
+    """`rate` kernel lines per second, in batches every 100 ms (one journal-remote run per batch)."""
+    n = 0
+    per_batch = max(1, rate // 10)
+    next_at = time.monotonic()
+    while not stop.is_set():
+        now = int(time.time() * 1e6)
+        records = []
+        for i in range(per_batch):
+            text = NOISE[(n + i) % len(NOISE)].format(n + i)
+            records.append(
+                f"__REALTIME_TIMESTAMP={now + i}\n__MONOTONIC_TIMESTAMP={now + i}\n_BOOT_ID={BOOT}\n"
+                f"_HOSTNAME=bench\n_TRANSPORT=kernel\nSYSLOG_IDENTIFIER=kernel\nMESSAGE={text}\n"
+            )
+        export = work / "batch.export"
+        export.write_text("\n".join(records) + "\n")
+        subprocess.run([str(REMOTE), f"--output={path}", str(export)], check=True, capture_output=True)
+        n += per_batch
+        next_at += 0.1
+        stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICK
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured window")
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--rate", type=int, default=1000, help="journal lines per second")
+    args = parser.parse_args()
+    if not REMOTE.exists():
+        sys.exit("systemd-journal-remote is needed (Debian package systemd-journal-remote)")
+
+    work = Path(tempfile.mkdtemp(prefix="faultline-bench-agent-"))
+    journal = work / "kernel.journal"
+    stop = threading.Event()
+    with LocalCluster(nodes=1) as cluster, LocalMongo() as mongo:
+        node = cluster.node_names[0]
+        writer = threading.Thread(target=journal_writer, args=(journal, args.rate, stop, work), daemon=True)
+        writer.start()
+        time.sleep(0.5)  # the journal file exists before journalctl opens it
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
+             "--database", "bench", "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(work),
+             "--state-dir", str(work / "state"), "--journal-file", str(journal), "--gpu-poll-interval", "1",
+             "--ingest-socket", str(work / "ingest.sock")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+        events = client["bench"]["health_events"]
+        try:
+            assert agent.stderr is not None
+            print(agent.stderr.readline().strip(), file=sys.stderr)
+            time.sleep(args.warmup)
+            pids = [agent.pid, *children(agent.pid)]
+            rss: list[float] = []
+            latencies: list[float] = []
+            cpu0, own0, t0 = cpu_seconds(pids), cpu_seconds([agent.pid]), time.monotonic()
+            devices = simulator.devices_for(node)
+            i = 0
+            while time.monotonic() - t0 < args.seconds:
+                gpu = i % 8
+                path = simulator.inject(node, gpu, kind="xid", value=13, directory=work)
+                injected = time.time()
+                ts = float(json.loads(path.read_text().splitlines()[-1])["ts"])
+                want = event_id(node, "nvml", "GPU", devices[gpu].pci, "XID-13", utc_from_epoch(ts))
+                while events.find_one({"_id": want}, {"_id": 1}) is None:
+                    if time.time() - injected > 10:
+                        raise SystemExit(f"XID {i} did not reach MongoDB within 10 s")
+                    time.sleep(0.002)
+                latencies.append(time.time() - injected)
+                rss.append(rss_mib(agent.pid))
+                i += 1
+                time.sleep(max(0.0, 0.5 - (time.time() - injected)))
+            window = time.monotonic() - t0
+            cpu = (cpu_seconds(pids) - cpu0) / window * 100
+            own = (cpu_seconds([agent.pid]) - own0) / window * 100
+        finally:
+            stop.set()
+            agent.terminate()
+            agent.wait(20)
+            if agent.stderr is not None:
+                agent.stderr.close()
+            client.close()
+    lat = sorted(latencies)
+    p50, p99 = statistics.median(lat) * 1000, lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000
+    print(f"\nagent on 8 simulated GPUs (fields every 1 s) + journal at {args.rate} lines/s, {window:.0f} s:")
+    print(f"  {'':34} {'measured':>12} {'goal':>10} {'NVSentinel requests':>20}")
+    print(f"  {'RSS, max (MiB)':34} {max(rss):>12.1f} {'<= 96':>10} {'896 Mi':>20}")
+    print(f"  {'RSS, mean (MiB)':34} {statistics.mean(rss):>12.1f} {'':>10} {'':>20}")
+    print(f"  {'CPU, % of one core (agent+journalctl)':34} {cpu:>12.2f} {'<= 5':>10} {'500m = 50 %':>20}")
+    print(f"  {'  of which the agent process':34} {own:>12.2f} {'':>10} {'':>20}")
+    print(f"  {'XID -> MongoDB p50 (ms)':34} {p50:>12.1f} {'':>10} {'':>20}")
+    print(f"  {'XID -> MongoDB p99 (ms), n=' + str(len(lat)):34} {p99:>12.1f} {'<= 100':>10} {'':>20}")
+
+
+if __name__ == "__main__":
+    main()
