@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup tools replay check test bench sample cluster proto proto-check
+.PHONY: setup tools replay check test bench bench-agent sample cluster proto proto-check
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -62,6 +62,10 @@ cluster: setup tools
 
 bench: setup
 	$(BIN)/python benchmarks/replay.py --memory
+
+# The node agent's RSS, CPU and XID -> MongoDB latency under load (needs the tools and systemd-journal-remote).
+bench-agent: setup tools
+	$(BIN)/python benchmarks/agent.py
 
 # Rewrite the committed sample corpus (deterministic).
 sample: setup
