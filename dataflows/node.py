@@ -244,23 +244,28 @@ def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
 
 
 class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]):
-    """The node's detector, its faults' last written signatures and their revisions; all of it is the
-    recovery snapshot, so a restarted agent continues the same revisions and counts."""
+    """The node's detector, its faults' last written signatures and the number of matches observed so
+    far; all of it is the recovery snapshot.
+
+    A changed fault is written with that number as its revision: it depends only on how far into the
+    input the detector is, not on how the input was cut into batches, so a restarted agent that replays
+    from its snapshot (in other batches) reaches the same revisions, and the store keeps the newest."""
 
     def __init__(self, node: str, compiled: CompiledPacks, resume: dict[str, Any] | None = None) -> None:
         if resume is None:
             self.detector = NodeDetector(node, compiled)
             self.seen: dict[str, tuple[Any, ...]] = {}
-            self.revisions: dict[str, int] = {}
+            self.sequence = 0
         else:
             self.detector = NodeDetector.restore(node, compiled, resume["detector"])
             self.seen = {k: tuple(v) for k, v in resume["seen"].items()}
-            self.revisions = dict(resume["revisions"])
+            self.sequence = int(resume["sequence"])
 
     def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
         events = []
         for t in sorted(value, key=lambda t: (t.ts, t.order)):
             self.detector.observe(t.ts, t.hit, t.message, t.boot)
+            self.sequence += 1
             metrics.EVENTS.labels(code=t.hit.code).inc()
             events.append(health_event(self.detector, t))
         faults = self.detector.snapshot_faults()
@@ -275,15 +280,14 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]
             signature = (f.count, f.last_seen, f.first_seen, f.resolved_at, f.fatal, f.action)
             if self.seen.get(f.id) != signature:
                 self.seen[f.id] = signature
-                self.revisions[f.id] = self.revisions.get(f.id, 0) + 1
-                changed.append((f, self.revisions[f.id]))
+                changed.append((f, self.sequence))
         return [NodeUpdate(self.detector.node, faults, changed, events)], op.StatefulLogic.RETAIN
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "detector": self.detector.state(),
             "seen": dict(self.seen),
-            "revisions": dict(self.revisions),
+            "sequence": self.sequence,
         }
 
 

@@ -255,14 +255,21 @@ def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
         stopped_with = db["health_events"].count_documents({})
         write(killed_at, total)  # written while the agent is down
         agent = start_agent(cluster, mongo, node, database, tmp_path, *args)
-        poll(
-            "every line once",
-            lambda: (
-                db["health_events"].count_documents({}) == total
-                and (db["faults"].find_one({"_id": fid}) or {}).get("count") == total
-            ),
-            30,
-        )
+        try:
+            poll(
+                "every line once",
+                lambda: (
+                    db["health_events"].count_documents({}) == total
+                    and (db["faults"].find_one({"_id": fid}) or {}).get("count") == total
+                ),
+                30,
+            )
+        except AssertionError as exc:
+            fault = db["faults"].find_one({"_id": fid}) or {}
+            raise AssertionError(
+                f"{exc}: {db['health_events'].count_documents({})} events, fault count {fault.get('count')}"
+                f" (revision {fault.get('revision')}), {stopped_with} events when killed"
+            ) from None
         time.sleep(1.5)  # and nothing more arrives later
         assert db["health_events"].count_documents({}) == total
         assert db["faults"].find_one({"_id": fid})["count"] == total
