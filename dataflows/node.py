@@ -167,9 +167,8 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
                 self.failure = None
                 for event in gpu.field_changes(previous, current, time.time()):
                     self.queue.put(event)
-                previous = current
+                previous = self.latest = current
                 self.queue.put(gpu.GpuEvent(time.time(), -1, "fields", 0))  # a marker: the read is done
-                self.latest = current
             finally:
                 self.call_started = None
             self.stop.wait(self.polling.interval)
