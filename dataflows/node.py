@@ -187,12 +187,7 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
             out.append(event)
             if event.position is not None:
                 self.position = event.position
-        started = self.call_started
-        now = time.monotonic()
-        out += [
-            gpu.GpuEvent(time.time(), e.gpu, e.kind, e.value, name=e.name)
-            for e in self.watch.observe(now, started, self.failure)
-        ]
+        out += self.watch.observe(time.monotonic(), self.call_started, self.failure, ts=time.time())
         return out
 
     def next_awake(self) -> dt.datetime | None:

@@ -343,8 +343,9 @@ def _run_agent(config: AgentConfig) -> None:
         config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after
     )
     logs = _log_inputs(config)
-    spool = ingest.IngestSpool(config.state_dir / "ingest")
+    spool = None
     if config.ingest_socket or config.ingest_tcp:
+        spool = ingest.IngestSpool(config.state_dir / "ingest")
         logs.append(node_flow.LogInput("grpc", "grpc", ingest.IngestSource(spool)))
     flow = node_flow.build(config.node, backend, compiled, sinks, logs=logs, polling=polling,
                            gpu_source="dcgm" if config.gpu_backend == "dcgm" else "nvml")  # fmt: skip
@@ -354,7 +355,7 @@ def _run_agent(config: AgentConfig) -> None:
         metrics.serve(config.metrics_port)
     recovery = _recovery(config.state_dir / "recovery")
     server = None
-    if config.ingest_socket or config.ingest_tcp:
+    if spool is not None:
         server = ingest.serve(config.node, spool, socket=config.ingest_socket, tcp=config.ingest_tcp, tls=(
             ingest.TlsFiles(config.ingest_tls_cert, config.ingest_tls_key, config.ingest_tls_client_ca)
             if config.ingest_tls_cert and config.ingest_tls_key else None))  # fmt: skip

@@ -73,8 +73,11 @@ class CompiledClears:
     scope: str
     same_code: bool = False
 
-    def applies(self, code: str, action: str) -> bool:
+    def applies(self, code: str, action: str, clearing_code: str = "") -> bool:
+        """Whether a clear whose own rendered code is `clearing_code` resolves a fault (code, action)."""
         if self.actions is not None and action not in self.actions:
+            return False
+        if self.same_code and code != clearing_code:
             return False
         return any(fnmatch.fnmatchcase(code, glob) for glob in self.codes)
 

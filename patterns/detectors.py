@@ -241,7 +241,7 @@ class NodeDetector:
         for fault in targets:
             if fault.resolved_at is not None or fault.last_seen > ts:
                 continue
-            if not clears.applies(fault.code, fault.action) or (clears.same_code and fault.code != hit.code):
+            if not clears.applies(fault.code, fault.action, hit.code):
                 continue
             fault.resolved_at = ts
             self.counters.cleared += 1

@@ -91,7 +91,11 @@ class MonitorWatch:
         self.state = MONITOR_OK
         self.since: float | None = None
 
-    def observe(self, now: float, running_since: float | None, failure: str | None) -> list[GpuEvent]:
+    def observe(
+        self, now: float, running_since: float | None, failure: str | None, *, ts: float | None = None
+    ) -> list[GpuEvent]:
+        """`now` and `running_since` on one (monotonic) clock; `ts` stamps the events (default `now`)."""
+        stamp = now if ts is None else ts
         if failure is None and (running_since is None or now - running_since < self.hung_after):
             bad, reason = False, ""
         elif failure is not None:
@@ -101,17 +105,17 @@ class MonitorWatch:
             bad, reason = True, f"a GPU backend call has not returned for {now - running_since:.0f} s"
         if not bad:
             self.since = None
-            return self._to(now, MONITOR_OK, "")
+            return self._to(stamp, MONITOR_OK, "")
         if self.since is None:
             self.since = running_since if failure is None and running_since is not None else now
         state = MONITOR_UNRESPONSIVE if now - self.since >= self.unresponsive_after else MONITOR_UNHEALTHY
-        return self._to(now, state, reason)
+        return self._to(stamp, state, reason)
 
-    def _to(self, now: float, state: int, reason: str) -> list[GpuEvent]:
+    def _to(self, ts: float, state: int, reason: str) -> list[GpuEvent]:
         if state == self.state:
             return []
         self.state = state
-        return [GpuEvent(now, -1, "monitor", state, name=reason[:200])]
+        return [GpuEvent(ts, -1, "monitor", state, name=reason[:200])]
 
 
 def message(event: GpuEvent, device: GpuDevice | None) -> str | None:

@@ -17,11 +17,13 @@ connect), and optionally on TCP with TLS.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import re
 import threading
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,13 +298,10 @@ def serve(node: str, spool: IngestSpool, *, socket: Path | None = None, tcp: str
     return server
 
 
-class _umask:  # noqa: N801 - used as a context manager, like contextlib's lower-case helpers
-    def __init__(self, mask: int) -> None:
-        self.mask = mask
-        self.saved = 0
-
-    def __enter__(self) -> None:
-        self.saved = os.umask(self.mask)
-
-    def __exit__(self, *exc: object) -> None:
-        os.umask(self.saved)
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    saved = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(saved)
