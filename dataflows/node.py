@@ -1,9 +1,12 @@
-"""The node agent's dataflow: GPU backend events and kernel journal -> packs -> per-node detection ->
-MongoDB and Kubernetes.
+"""The node agent's dataflow: GPU backend events, kernel log, NIC and gRPC ingest -> packs -> per-node
+detection -> MongoDB and Kubernetes.
 
-    gpu events ──── match ──┐
-    journal (kernel) ─ match ┴─ key ── detect (NodeDetector) ──┬── MongoDB sink (faults by revision)
-                                                                 └── Kubernetes sink (conditions, Events)
+    inputs (gpu, journal | syslog | kmsg, nic, grpc: one Bytewax input, batches tagged by input)
+      ── match (each batch as its pack source) ── key ── detect (NodeDetector) ──┬── MongoDB sink
+                                                                                 └── Kubernetes sink
+
+All sources sit behind one input partition that sleeps until a source's thread notifies it (see
+`Inputs`), so an idle agent costs little CPU and a queued fault is taken at once.
 
 The detector shell emits, after each batch, every fault of the node and the ones that changed with a
 revision number, so both sinks stay idempotent under replays. Step ids are constants.
@@ -11,7 +14,9 @@ revision number, so both sinks stay idempotent under replays. Step ids are const
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
+import itertools
 import queue
 import threading
 import time
@@ -28,11 +33,12 @@ from faultline import metrics
 from faultline.models import Action, Component, Entity, Fault, HealthEvent, event_id, utc_from_epoch
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
-from sources import gpu, scan
+from sources import gpu, scan, wake
 from sources.journal import Entry
 
 FLOW_ID = "node"
-STEP_INPUT = "gpu"
+STEP_INPUT = "inputs"  # one Bytewax input holding every source (see Inputs); recovery keys below
+STEP_GPU = "gpu"
 
 
 @dataclass(frozen=True)
@@ -45,49 +51,98 @@ class LogInput:
     source: FixedPartitionedSource[Entry, Any]
 
 
-class _BatchPartition(StatefulSourcePartition[list[Entry], Any]):
-    """Hands a partition's whole batch over as one item: a busy journal then costs the dataflow one
-    item per poll, not one per line."""
+class _InputsPartition(StatefulSourcePartition[tuple[int, list[Any]], dict[str, Any]]):
+    """Every input of the agent behind one partition: each call asks each input for its batch and hands
+    the non-empty ones over as (input position, batch) items.
 
-    def __init__(self, inner: StatefulSourcePartition[Entry, Any]) -> None:
-        self.inner = inner
+    While nothing is pending it blocks in `wake.wait` (the GIL released) until an input's thread
+    notifies, a timed input is due, or MAX_WAIT_S passes, instead of letting Bytewax poll the inputs:
+    an idle agent then wakes a few times a second, not a thousand. After handing a batch over it first
+    answers SPIN_CALLS empty calls without blocking, so the worker carries that batch through the
+    downstream steps before it looks again (and sleeps if nothing came). Inputs marked `notifies`
+    (their threads call `wake.notify()`) are not scheduled by time. The snapshot holds each input's
+    own snapshot under its step id."""
 
-    def next_batch(self) -> list[list[Entry]]:
-        batch = self.inner.next_batch()
-        return [list(batch)] if batch else []
+    def __init__(self, parts: list[tuple[str, StatefulSourcePartition[Any, Any]]]) -> None:
+        self.parts = parts
+        self.spin = 0  # empty answers left before the inputs are looked at again
+
+    def next_batch(self) -> list[tuple[int, list[Any]]]:
+        if self.spin > 0 and not wake.pending():
+            self.spin -= 1  # the worker is carrying the last batch downstream
+            return []
+        wake.clear()  # before looking: a notify after the look ends the wait below at once
+        out = []
+        for position, (_step_id, part) in enumerate(self.parts):
+            batch = part.next_batch()
+            if batch:
+                out.append((position, list(batch)))
+        if out:
+            self.spin = SPIN_CALLS
+            return out
+        now = dt.datetime.now(dt.UTC)
+        due = [
+            awake for _, part in self.parts
+            if not getattr(part, "notifies", False) and (awake := part.next_awake()) is not None
+        ]  # fmt: skip
+        timeout = min([MAX_WAIT_S, *((d - now).total_seconds() for d in due)])
+        if timeout > 0:
+            wake.wait(timeout)
+        return []
 
     def next_awake(self) -> dt.datetime | None:
-        return self.inner.next_awake()
+        return None  # next_batch paces itself
 
-    def snapshot(self) -> Any:
-        return self.inner.snapshot()
+    def snapshot(self) -> dict[str, Any]:
+        return {step_id: part.snapshot() for step_id, part in self.parts}
 
     def close(self) -> None:
-        self.inner.close()
+        for _, part in self.parts:
+            part.close()
 
 
-class Batched(FixedPartitionedSource[list[Entry], Any]):
-    def __init__(self, inner: FixedPartitionedSource[Entry, Any]) -> None:
-        self.inner = inner
+class Inputs(FixedPartitionedSource[tuple[int, list[Any]], dict[str, Any]]):
+    """Single-partition sources (by step id, in order) as one source; see `_InputsPartition`."""
+
+    def __init__(self, sources: list[tuple[str, FixedPartitionedSource[Any, Any]]]) -> None:
+        self.sources = sources
 
     def list_parts(self) -> list[str]:
-        return self.inner.list_parts()
+        return ["inputs"]
 
-    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> _BatchPartition:
-        return _BatchPartition(self.inner.build_part(step_id, for_part, resume_state))
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: dict[str, Any] | None
+    ) -> _InputsPartition:
+        resume = resume_state or {}
+        parts = []
+        for inner_id, source in self.sources:
+            names = source.list_parts()
+            if len(names) != 1:
+                raise ValueError(f"input {inner_id} has partitions {names}; the agent's inputs have one each")
+            parts.append((inner_id, source.build_part(inner_id, names[0], resume.get(inner_id))))
+        return _InputsPartition(parts)
 
 
 def _entry_matcher(
     compiled: CompiledPacks, kind: str, position: int
 ) -> Callable[[list[Entry]], list[scan.Timed]]:
+    lag = metrics.SOURCE_LAG.labels(source=kind)
+
     def match_entries(entries: list[Entry]) -> list[scan.Timed]:
+        """The packs' literal prefilter runs once over the whole batch (messages joined by newlines;
+        no literal holds one); only the messages it points at are matched one by one."""
+        encoded = [entry.record.message.encode("utf-8", "replace") for entry in entries]
+        starts = list(itertools.accumulate((len(m) + 1 for m in encoded[:-1]), initial=0))
+        chosen = sorted(
+            {bisect.bisect_right(starts, s) - 1 for s, _ in compiled.candidate_lines(b"\n".join(encoded))}
+        )
         out = []
-        for entry in entries:
-            rec = entry.record
+        for index in chosen:
+            rec = entries[index].record
             for hit in compiled.match(kind, rec.message):
                 out.append(scan.Timed(rec.ts, (position, 0), hit, rec.message, rec.boot, kind))
         if entries:
-            metrics.SOURCE_LAG.labels(source=kind).set(max(0.0, time.time() - entries[-1].record.ts))
+            lag.set(max(0.0, time.time() - entries[-1].record.ts))
         return out
 
     return match_entries
@@ -98,7 +153,8 @@ STEP_DETECT = "detect"
 STEP_MONGO = "mongo_out"
 STEP_KUBE = "kube_out"
 WAIT_S = 0.5
-IDLE_AWAKE_S = 0.02
+MAX_WAIT_S = 0.25  # the longest an idle agent sleeps (metrics heartbeat, monitor watchdog)
+SPIN_CALLS = 8  # empty calls answered without blocking after a batch (see _InputsPartition)
 
 
 @dataclass(frozen=True)
@@ -131,6 +187,7 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
     def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling, resume: GpuResume | None) -> None:
         self.backend = backend
         self.polling = polling
+        self.notifies = True  # its threads call wake.notify() after queueing
         self.position, self.fields = resume if resume is not None else (None, {})
         if self.position is not None:
             backend.resume(self.position)  # before the waiting thread starts
@@ -153,6 +210,8 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
                 events = self.backend.wait_events(WAIT_S)
             for event in events:
                 self.queue.put(event)
+            if events:
+                wake.notify()
 
     def _poll(self) -> None:
         previous = self.fields
@@ -169,12 +228,13 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
                     self.queue.put(event)
                 previous = self.latest = current
                 self.queue.put(gpu.GpuEvent(time.time(), -1, "fields", 0))  # a marker: the read is done
+                wake.notify()
             finally:
                 self.call_started = None
             self.stop.wait(self.polling.interval)
 
     def next_batch(self) -> list[gpu.GpuEvent]:
-        metrics.beat()  # woken at least every IDLE_AWAKE_S: a stalled dataflow stops beating
+        metrics.beat()  # asked at least every MAX_WAIT_S: a stalled dataflow stops beating
         out: list[gpu.GpuEvent] = []
         while len(out) < 1000:
             try:
@@ -191,9 +251,7 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
         return out
 
     def next_awake(self) -> dt.datetime | None:
-        return (
-            None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=IDLE_AWAKE_S)
-        )
+        return None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=MAX_WAIT_S)
 
     def snapshot(self) -> GpuResume:
         return self.position, self.fields
@@ -299,21 +357,27 @@ def build(
     inputs (journal, syslog file, kmsg) whose entries are matched as their pack source."""
     devices = {d.index: d for d in backend.devices()}
     flow = Dataflow(FLOW_ID)
-    events = op.input(STEP_INPUT, flow, GpuEventSource(backend, polling))
+    inputs: list[tuple[str, FixedPartitionedSource[Any, Any]]] = [
+        (STEP_GPU, GpuEventSource(backend, polling))
+    ]
+    inputs += [(log.step_id, log.source) for log in logs or []]
+    batches = op.input(STEP_INPUT, flow, Inputs(inputs))
 
-    def match(event: gpu.GpuEvent) -> list[scan.Timed]:
-        text = gpu.message(event, devices.get(event.gpu))
-        if text is None:
-            return []
-        metrics.SOURCE_LAG.labels(source="gpu").set(max(0.0, time.time() - event.ts))
-        hits = compiled.match(gpu_source, text)  # the simulator stands in for NVML
-        return [scan.Timed(event.ts, (0, 0), hit, text, None, gpu_source) for hit in hits]
+    def match_gpu(events: list[gpu.GpuEvent]) -> list[scan.Timed]:
+        out = []
+        for event in events:
+            text = gpu.message(event, devices.get(event.gpu))
+            if text is None:
+                continue
+            metrics.SOURCE_LAG.labels(source="gpu").set(max(0.0, time.time() - event.ts))
+            for hit in compiled.match(gpu_source, text):  # the simulator stands in for NVML
+                out.append(scan.Timed(event.ts, (0, 0), hit, text, None, gpu_source))
+        return out
 
-    hits = op.map(STEP_MATCH, events, match)
-    for position, log in enumerate(logs or [], start=1):
-        entries = op.input(log.step_id, flow, Batched(log.source))
-        matched = op.map(f"{log.step_id}_match", entries, _entry_matcher(compiled, log.kind, position))
-        hits = op.merge(f"{log.step_id}_merge", hits, matched)
+    matchers = [match_gpu] + [
+        _entry_matcher(compiled, log.kind, position) for position, log in enumerate(logs or [], start=1)
+    ]
+    hits = op.map(STEP_MATCH, batches, lambda item: matchers[item[0]](item[1]))
     keyed = op.map("key", op.filter("nonempty", hits, bool), lambda batch: (node, batch))
     updates = op.stateful(STEP_DETECT, keyed, lambda resume: DetectLogic(node, compiled, resume))
     plain = op.key_rm("unkey", updates)

@@ -342,7 +342,7 @@ def _run_agent(config: AgentConfig) -> None:
     polling = node_flow.GpuPolling(
         config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after
     )
-    logs = _log_inputs(config)
+    logs = _log_inputs(config, compiled)
     spool = None
     if config.ingest_socket or config.ingest_tcp:
         spool = ingest.IngestSpool(config.state_dir / "ingest")
@@ -356,9 +356,16 @@ def _run_agent(config: AgentConfig) -> None:
     recovery = _recovery(config.state_dir / "recovery")
     server = None
     if spool is not None:
-        server = ingest.serve(config.node, spool, socket=config.ingest_socket, tcp=config.ingest_tcp, tls=(
-            ingest.TlsFiles(config.ingest_tls_cert, config.ingest_tls_key, config.ingest_tls_client_ca)
-            if config.ingest_tls_cert and config.ingest_tls_key else None))  # fmt: skip
+        from sources import ingest_server  # noqa: PLC0415 - grpc only when ingest is on
+
+        tls = None
+        if config.ingest_tls_cert and config.ingest_tls_key:
+            tls = ingest_server.TlsFiles(
+                config.ingest_tls_cert, config.ingest_tls_key, config.ingest_tls_client_ca
+            )
+        server = ingest_server.serve(
+            config.node, spool, socket=config.ingest_socket, tcp=config.ingest_tcp, tls=tls
+        )
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     try:
         run_main(  # type: ignore[no-untyped-call]
@@ -380,14 +387,14 @@ def _recovery(directory: Path) -> RecoveryConfig:
     return RecoveryConfig(str(directory))  # type: ignore[no-untyped-call]
 
 
-def _log_inputs(config: AgentConfig) -> list[LogInput]:
+def _log_inputs(config: AgentConfig, compiled: CompiledPacks) -> list[LogInput]:
     from dataflows.node import LogInput  # noqa: PLC0415
     from sources.follow import LogFollowSource  # noqa: PLC0415
     from sources.journal import JournalSource  # noqa: PLC0415
 
     logs = []
     if config.journal_file or config.journal_dir:
-        journal = JournalSource(file=config.journal_file, directory=config.journal_dir)
+        journal = JournalSource(file=config.journal_file, directory=config.journal_dir, prefilter=compiled)
         logs.append(LogInput("journal", "journal", journal))
     if config.syslog_file:
         logs.append(LogInput("syslog", "syslog", LogFollowSource("syslog", config.syslog_file)))

@@ -107,6 +107,10 @@ class EventLimiter:
         self.interval = interval
         self._last: dict[tuple[str, str], float] = {}
 
+    def would_allow(self, node: str, reason: str, now: float) -> bool:
+        last = self._last.get((node, reason))
+        return last is None or now - last >= self.interval
+
     def allow(self, node: str, reason: str, now: float) -> bool:
         last = self._last.get((node, reason))
         if last is not None and now - last < self.interval:

@@ -40,7 +40,7 @@ class AgentConfig(BaseModel):
     )
     nic_interval: float = Field(default=1.0, gt=0, description="seconds between NIC polls")
     snapshot_interval: float = Field(
-        default=1.0, gt=0, le=60, description="seconds between recovery snapshots (what a restart replays)"
+        default=5.0, gt=0, le=60, description="seconds between recovery snapshots (what a restart replays)"
     )
     gpu_poll_interval: float = Field(
         default=1.0, gt=0, le=300, description="seconds between GPU health reads"

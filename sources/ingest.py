@@ -11,31 +11,27 @@ the `ingest` pack. The spool is a series of generation files: once the reader ha
 larger than `rollover_bytes`, writing moves to the next one, and generations two behind the reader are
 deleted. When unconsumed events exceed `max_bytes` the server answers RESOURCE_EXHAUSTED.
 
-Served on a Unix socket created with mode 0600 (only the socket's owner, root in the DaemonSet, may
-connect), and optionally on TCP with TLS.
+The server itself lives in `sources.ingest_server` (it alone imports grpc).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
 import re
 import threading
-from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from faultline.api import health_pb2, health_pb2_grpc
 from faultline.models import Action
-from sources import formats
+from sources import formats, wake
 from sources.journal import Entry
+
+if TYPE_CHECKING:  # the messages' module is imported by the server (sources.ingest_server) only
+    from faultline.api import health_pb2
 
 MAX_EVENTS = 1000
 MAX_ENTITIES = 16
@@ -135,6 +131,7 @@ class IngestSpool:
         directory.mkdir(parents=True, exist_ok=True)
         self.generation = max(self.generations(), default=0)
         self.unread = 0  # bytes appended and not yet read (this process)
+        self.appends = 0  # batches appended by this process: a reader that saw them all need not look
 
     def path(self, generation: int) -> Path:
         return self.directory / f"ingest-{generation}.jsonl"
@@ -154,6 +151,8 @@ class IngestSpool:
             finally:
                 os.close(fd)
             self.unread += len(data)
+            self.appends += 1
+        wake.notify()
 
     def read(self, generation: int, offset: int) -> tuple[int, int, list[tuple[int, dict[str, Any]]]]:
         """Whole records after (generation, offset): the new position and (position, record) pairs. Moves
@@ -192,6 +191,8 @@ IngestResume = tuple[int, int]
 
 
 class _IngestPartition(StatefulSourcePartition[Entry, IngestResume]):
+    notifies = True  # IngestSpool.append calls wake.notify(): no need to poll it
+
     def __init__(self, spool: IngestSpool, resume: IngestResume | None, interval: float) -> None:
         self.spool = spool
         self.interval = interval
@@ -202,12 +203,15 @@ class _IngestPartition(StatefulSourcePartition[Entry, IngestResume]):
             if old < self.position[0] - 1:
                 spool.path(old).unlink(missing_ok=True)
         self.next_poll = dt.datetime.now(dt.UTC)
+        self.seen_appends = -1  # the first read looks: a restart finds what was spooled before it
 
     def next_batch(self) -> list[Entry]:
         now = dt.datetime.now(dt.UTC)
-        if now < self.next_poll:
-            return []
+        appends = self.spool.appends  # read before the files: an append racing this read is seen next time
+        if appends == self.seen_appends and now < self.next_poll:
+            return []  # nothing appended since the last read (the spool's writer is in this process)
         self.next_poll = now + dt.timedelta(seconds=self.interval)
+        self.seen_appends = appends
         generation, offset = self.position
         out = []
         while True:
@@ -232,7 +236,7 @@ class _IngestPartition(StatefulSourcePartition[Entry, IngestResume]):
 class IngestSource(FixedPartitionedSource[Entry, IngestResume]):
     """The accepted events, in order, as `grpc` observations."""
 
-    def __init__(self, spool: IngestSpool, *, interval: float = 0.02) -> None:
+    def __init__(self, spool: IngestSpool, *, interval: float = 1.0) -> None:
         self.spool = spool
         self.interval = interval
 
@@ -241,67 +245,3 @@ class IngestSource(FixedPartitionedSource[Entry, IngestResume]):
 
     def build_part(self, step_id: str, for_part: str, resume_state: IngestResume | None) -> _IngestPartition:
         return _IngestPartition(self.spool, resume_state, self.interval)
-
-
-class HealthIngestService(health_pb2_grpc.HealthIngestServicer):
-    def __init__(self, node: str, spool: IngestSpool) -> None:
-        self.node = node
-        self.spool = spool
-
-    def Report(  # noqa: N802 - the name is the RPC's
-        self, request: health_pb2.HealthEventBatch, context: grpc.ServicerContext
-    ) -> health_pb2.ReportResponse:
-        try:
-            records = validate(request, self.node, dt.datetime.now(dt.UTC))
-        except InvalidEventError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        try:
-            self.spool.append(records)
-        except SpoolFullError as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"ingest spool full: {exc}; retry later")
-        except OSError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot persist the events: {exc}")
-        return health_pb2.ReportResponse(accepted=len(records))
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    cert: Path
-    key: Path
-    client_ca: Path | None = None  # set: clients must present a certificate it signed
-
-
-def serve(node: str, spool: IngestSpool, *, socket: Path | None = None, tcp: str | None = None,
-          tls: TlsFiles | None = None) -> grpc.Server:  # fmt: skip
-    """Start the HealthIngest server (Unix socket with mode 0600 and/or TCP with TLS); returns it running."""
-    if socket is None and tcp is None:
-        raise ValueError("the ingest server needs a socket path or a TCP address")
-    if tcp is not None and tls is None:
-        raise ValueError("TCP ingest requires TLS (--ingest-tls-cert and --ingest-tls-key)")
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest"))
-    health_pb2_grpc.add_HealthIngestServicer_to_server(HealthIngestService(node, spool), server)
-    if socket is not None:
-        socket.parent.mkdir(parents=True, exist_ok=True)
-        socket.unlink(missing_ok=True)
-        server.add_insecure_port(f"unix:{socket}")
-    if tcp is not None and tls is not None:
-        credentials = grpc.ssl_server_credentials(
-            [(tls.key.read_bytes(), tls.cert.read_bytes())],
-            root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
-            require_client_auth=tls.client_ca is not None,
-        )
-        server.add_secure_port(tcp, credentials)
-    with _umask(0o177):  # the socket file is created 0600: no window in which others may connect
-        server.start()
-    if socket is not None:
-        os.chmod(socket, 0o600)
-    return server
-
-
-@contextlib.contextmanager
-def _umask(mask: int) -> Iterator[None]:
-    saved = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(saved)

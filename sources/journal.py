@@ -9,17 +9,37 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import queue
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from sources import formats
+from sources import formats, wake
 
 IDLE_AWAKE_S = 0.05
+CHUNK_BYTES = 256 * 1024
+COALESCE_S = 0.02  # at most 50 hand-overs a second; adds at most this to a kernel line's latency
+
+
+class Prefilter(Protocol):
+    """What the journal reader needs from the compiled packs."""
+
+    literals: list[str]
+
+    def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]: ...
+
+
+def json_safe(literals: list[str]) -> bool:
+    """True when every literal appears unchanged inside journalctl's JSON strings: printable ASCII
+    other than the quote and the backslash, which JSON escapes."""
+    return all(0x20 <= ord(c) < 0x7F and c not in '"\\' for lit in literals for c in lit)
 
 
 @dataclass(frozen=True)
@@ -41,7 +61,7 @@ def command(*, file: Path | None = None, directory: Path | None = None, after: s
     return [*argv, "_TRANSPORT=kernel"]
 
 
-def parse(line: str) -> Entry | None:
+def parse(line: str | bytes) -> Entry | None:
     """One `journalctl -o json` line as (cursor, record); None for lines that are not entries."""
     try:
         fields = json.loads(line)
@@ -54,30 +74,59 @@ def parse(line: str) -> Entry | None:
 
 
 class JournalFollower:
-    """Runs journalctl and queues its entries; `stop()` ends it."""
+    """Runs journalctl and queues its entries, in chunks (one lock round per chunk, not per line);
+    `stop()` ends it."""
 
-    def __init__(self, argv: list[str], *, maxsize: int = 10_000) -> None:
-        self.queue: queue.Queue[Entry] = queue.Queue(maxsize=maxsize)
+    def __init__(self, argv: list[str], *, maxsize: int = 1000, prefilter: Prefilter | None = None) -> None:
+        self.prefilter = prefilter
+        self.queue: queue.Queue[list[Entry]] = queue.Queue(maxsize=maxsize)  # chunks
+        self._held: list[Entry] = []  # taken from the queue, not yet handed out
         self.proc = subprocess.Popen(  # noqa: S603 - our own argv
-            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True
+            argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
         )
         self.thread = threading.Thread(target=self._read, name="journal", daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            entry = parse(line)
-            if entry is not None:
-                self.queue.put(entry)  # blocks when full: back-pressure onto journalctl
+        fd = self.proc.stdout.fileno()
+        tail = b""
+        while True:
+            try:
+                data = os.read(fd, CHUNK_BYTES)  # what is there now, up to a chunk: no per-line wake-ups
+            except OSError:  # closed by stop()
+                return
+            if not data:
+                return
+            data = tail + data
+            cut = data.rfind(b"\n") + 1
+            tail = data[cut:]
+            entries = [e for line in self._lines(data[:cut]) if (e := parse(line)) is not None]
+            if entries:
+                self.queue.put(entries)  # blocks when full: back-pressure onto journalctl
+                wake.notify()
+            time.sleep(COALESCE_S)  # let a busy journal gather in the pipe: one hand-over per chunk
+
+    def _lines(self, data: bytes) -> list[bytes]:
+        """The lines worth parsing: all of them, or with a prefilter, those it points at, the last
+        (its cursor is the position to snapshot) and any chunk holding a binary MESSAGE (an array)."""
+        if self.prefilter is None or b'"MESSAGE":[' in data:
+            return data.splitlines()
+        last = data.rfind(b"\n", 0, len(data) - 1) + 1
+        spans = [(start, end) for start, end in self.prefilter.candidate_lines(data) if start < last]
+        return [data[start:end] for start, end in spans] + [data[last:-1]] if data else []
+
+    def empty(self) -> bool:
+        return not self._held and self.queue.empty()
 
     def drain(self, limit: int = 1000) -> list[Entry]:
-        out: list[Entry] = []
+        out, self._held = self._held, []
         while len(out) < limit:
             try:
-                out.append(self.queue.get_nowait())
+                out += self.queue.get_nowait()
             except queue.Empty:
                 break
+        out, self._held = out[:limit], out[limit:]
         return out
 
     def stop(self) -> None:
@@ -87,14 +136,17 @@ class JournalFollower:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+        self.thread.join(1.0)  # it ends at the pipe's end (unless blocked on a full queue)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
 
 class _Partition(StatefulSourcePartition[Entry, str | None]):
+    notifies = True  # its reader thread calls wake.notify(): no need to poll it
+
     def __init__(self, argv_for: JournalSource, resume: str | None) -> None:
         self.cursor = resume
-        self.follower = JournalFollower(argv_for.argv(resume))
+        self.follower = JournalFollower(argv_for.argv(resume), prefilter=argv_for.prefilter)
 
     def next_batch(self) -> list[Entry]:
         batch = self.follower.drain()
@@ -103,7 +155,7 @@ class _Partition(StatefulSourcePartition[Entry, str | None]):
         return batch
 
     def next_awake(self) -> dt.datetime | None:
-        empty = self.follower.queue.empty()
+        empty = self.follower.empty()
         return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=IDLE_AWAKE_S) if empty else None
 
     def snapshot(self) -> str | None:
@@ -114,12 +166,18 @@ class _Partition(StatefulSourcePartition[Entry, str | None]):
 
 
 class JournalSource(FixedPartitionedSource[Entry, str | None]):
+    """`prefilter` (the compiled packs): only lines holding one of its literals are parsed and handed
+    on (and the last of each chunk, for its cursor); none: every entry is. It is used only when no
+    literal holds a character JSON escapes, so that the literals appear verbatim in journalctl's lines."""
+
     def __init__(
-        self, *, file: Path | None = None, directory: Path | None = None, journalctl: str = "journalctl"
-    ):
+        self, *, file: Path | None = None, directory: Path | None = None, journalctl: str = "journalctl",
+        prefilter: Prefilter | None = None,
+    ):  # fmt: skip
         self.file = file
         self.directory = directory
         self.journalctl = journalctl
+        self.prefilter = prefilter if prefilter is not None and json_safe(prefilter.literals) else None
 
     def argv(self, after: str | None) -> list[str]:
         return command(file=self.file, directory=self.directory, after=after, journalctl=self.journalctl)

@@ -14,9 +14,13 @@ file (a restarted backend knows them), and `read_fields` returns them the way NV
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import re
+import select
+import struct
 import tempfile
 import threading
 import time
@@ -29,6 +33,9 @@ from faultline.models import stable_id
 from sources.gpu import GpuDevice, GpuEvent
 
 POLL_S = 0.02
+WATCH_MAX_S = 0.25  # inotify waits are cut this short too, so that close() is noticed
+_IN_MODIFY, _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x2, 0x8, 0x80, 0x100
+_IN_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, padded)
 FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
@@ -85,17 +92,27 @@ class SimulatorBackend:
         self._started = time.time()
         self._timeline = sorted(_parse_scenario(scenario or []), key=lambda e: e.ts)
         self._closed = threading.Event()
+        self._watch = _FileWatch.create(self.path)
 
     def devices(self) -> list[GpuDevice]:
         return list(self._devices)
 
     def wait_events(self, timeout: float) -> list[GpuEvent]:
+        """Blocks like NVML's event wait: on inotify for the control file (where the kernel has it),
+        else polling every POLL_S; the scenario's next record bounds the wait."""
         deadline = time.monotonic() + timeout
         while True:
             events = self._due() + self._read_control()
-            if events or self._closed.is_set() or time.monotonic() >= deadline:
+            now = time.monotonic()
+            if events or self._closed.is_set() or now >= deadline:
                 return events
-            time.sleep(POLL_S)
+            wait = deadline - now
+            if self._timeline:
+                wait = min(wait, max(0.0, self._started + self._timeline[0].ts - time.time()))
+            if self._watch is None:
+                time.sleep(min(wait, POLL_S))
+            else:
+                self._watch.wait(min(wait, WATCH_MAX_S))
 
     def read_fields(self) -> dict[int, dict[str, int]]:
         while not self._closed.is_set() and time.time() < self._hang_until:
@@ -108,6 +125,8 @@ class SimulatorBackend:
 
     def close(self) -> None:
         self._closed.set()
+        if self._watch is not None:
+            self._watch.close()
 
     def _due(self) -> list[GpuEvent]:
         now = time.time() - self._started
@@ -133,6 +152,8 @@ class SimulatorBackend:
 
     def _read_control(self) -> list[GpuEvent]:
         try:
+            if self.path.stat().st_size <= self._offset:
+                return []  # nothing appended: a stat instead of an open and a read on every poll
             with self.path.open("rb") as fh:
                 fh.seek(self._offset)
                 data = fh.read()
@@ -153,6 +174,56 @@ class SimulatorBackend:
             except (ValueError, KeyError, TypeError):
                 continue  # a torn or foreign line: ignore it, as a driver would ignore garbage
         return self._apply(events)
+
+
+class _FileWatch:
+    """inotify on the file's directory, reporting writes to that one file (ctypes on libc: no
+    dependency). `create` returns None where inotify is not available."""
+
+    def __init__(self, fd: int, name: bytes) -> None:
+        self.fd = fd
+        self.name = name
+
+    @classmethod
+    def create(cls, path: Path) -> _FileWatch | None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                return None
+            mask = _IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
+            if libc.inotify_add_watch(fd, os.fsencode(path.parent), mask) < 0:
+                os.close(fd)
+                return None
+        except (OSError, AttributeError):
+            return None
+        return cls(fd, os.fsencode(path.name))
+
+    def wait(self, timeout: float) -> bool:
+        """True when the file changed within `timeout` (other files in the directory are ignored)."""
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            try:
+                ready, _, _ = select.select([self.fd], [], [], left)
+                if not ready:
+                    return False
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):  # closed under us: the backend is closing
+                return False
+            offset = 0
+            while offset + _IN_EVENT.size <= len(data):
+                _wd, _mask, _cookie, length = _IN_EVENT.unpack_from(data, offset)
+                name = data[offset + _IN_EVENT.size : offset + _IN_EVENT.size + length].rstrip(b"\0")
+                offset += _IN_EVENT.size + length
+                if name == self.name:
+                    return True
+        return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def _parse_scenario(items: list[dict[str, Any]]) -> list[GpuEvent]:

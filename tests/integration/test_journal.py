@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from faultline.dev import procs
+from patterns import compiler, loader
 from sources import journal
 
 pytestmark = pytest.mark.integration
@@ -88,3 +89,65 @@ def test_parse_skips_non_entries() -> None:
     assert journal.parse('{"MESSAGE": "no cursor"}') is None
     entry = journal.parse('{"__CURSOR": "s=1", "__REALTIME_TIMESTAMP": "2000000", "MESSAGE": "hi"}')
     assert entry is not None and (entry.cursor, entry.record.ts, entry.record.message) == ("s=1", 2.0, "hi")
+
+
+def test_prefilter_hands_on_pattern_lines_and_each_chunks_last(journal_file: Path, tmp_path: Path) -> None:
+    compiled = compiler.compile_packs(loader.load([], builtin=True), check_examples=False)
+    now = int(time.time() * 1e6)
+    records = [
+        f"__REALTIME_TIMESTAMP={now + i}\n__MONOTONIC_TIMESTAMP={5_000_000 + i}\n_BOOT_ID={BOOT}\n"
+        f"_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\nSYSLOG_IDENTIFIER=kernel\n"
+        + (
+            f"MESSAGE=NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, entry #{i}\n"
+            if i % 3 == 0
+            else f'MESSAGE=nfs: server "storage" OK \\ entry #{i}\n'
+        )
+        for i in range(31)
+    ]
+    records[-1] = records[-1].replace("MESSAGE=NVRM: Xid", "MESSAGE=noise, not NVRM: Xd")
+    (tmp_path / "batch.export").write_text("\n".join(records) + "\n")
+    subprocess.run([str(REMOTE), f"--output={journal_file}", str(tmp_path / "batch.export")], check=True,
+                   capture_output=True)  # fmt: skip
+    source = journal.JournalSource(file=journal_file, prefilter=compiled)
+    assert source.prefilter is compiled  # the builtin literals are JSON-safe
+    follower = journal.JournalFollower(source.argv(None), prefilter=source.prefilter)
+    got: list[journal.Entry] = []
+    try:
+        procs.wait_for(
+            "entry #30",
+            lambda: bool(got.extend(follower.drain()) or (got and "#30" in got[-1].record.message)),
+            20,
+        )
+    finally:
+        follower.stop()
+    xids = [n for n in numbers(got) if n % 3 == 0 and n != 30]
+    assert xids == list(range(0, 30, 3))  # every line a pattern may match, in order
+    assert numbers(got)[-1] == 30  # the last line of the chunk comes for its cursor
+    assert len(got) < 20  # most noise was never parsed
+    assert got[-1].cursor  # the snapshot position is the real last entry
+
+
+def test_prefilter_is_off_for_unsafe_literals_and_binary_messages() -> None:
+    class Packs:
+        literals = ["NVRM: Xid"]
+
+        def candidate_lines(self, data: bytes):  # type: ignore[no-untyped-def]
+            start = 0
+            for line in data.split(b"\n"):
+                if b"NVRM: Xid" in line:
+                    yield start, start + len(line)
+                start += len(line) + 1
+
+    unsafe = Packs()
+    unsafe.literals = ['say "hi"']
+    assert journal.JournalSource(prefilter=unsafe).prefilter is None
+    assert journal.JournalSource(prefilter=Packs()).prefilter is not None
+    follower = journal.JournalFollower(["true"], prefilter=Packs())
+    try:
+        chunk = b'{"MESSAGE":"a"}\n{"MESSAGE":"NVRM: Xid 79"}\n{"MESSAGE":"b"}\n{"MESSAGE":"c"}\n'
+        assert follower._lines(chunk) == [b'{"MESSAGE":"NVRM: Xid 79"}', b'{"MESSAGE":"c"}']
+        binary = chunk + b'{"MESSAGE":[78,86,255]}\n'
+        assert follower._lines(binary) == binary.splitlines()  # cannot see into an array: all of it
+        assert follower._lines(b"") == []
+    finally:
+        follower.stop()

@@ -1,0 +1,113 @@
+"""The agent's Kubernetes sink: conditions from a cache, an outage kept in a backlog, Events posted once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dataflows.node import NodeUpdate
+from faultline import kubelite
+from faultline.models import Component
+from sinks import kube as kube_sink
+from tests.unit.test_conditions import fault
+
+
+class FakeApi:
+    """Stands in for kubelite's calls (the real ones are tested against the API server)."""
+
+    def __init__(self) -> None:
+        self.conditions: dict[str, dict[str, str]] = {
+            "Ready": {"status": "True", "reason": "", "message": ""}
+        }
+        self.down = False
+        self.reads = 0
+        self.patches: list[list[dict[str, str]]] = []
+        self.events: list[str] = []
+
+    def check(self) -> None:
+        if self.down:
+            raise kubelite.ApiUnavailableError("GET /api/v1/nodes/n/status: connection refused")
+
+    def read_node_status(self, _client: Any, _node: str) -> dict[str, Any]:
+        self.check()
+        self.reads += 1
+        return {"status": {"conditions": [{"type": t, **c} for t, c in self.conditions.items()]}}
+
+    def patch_node_conditions(
+        self, _client: Any, node: str, items: list[dict[str, str]], delete: list[str]
+    ) -> Any:
+        if not items and not delete:
+            return None
+        self.check()
+        self.patches.append(items)
+        for item in items:
+            self.conditions[item["type"]] = {k: item[k] for k in ("status", "reason", "message")}
+        for t in delete:
+            self.conditions.pop(t, None)
+        return self.read_node_status(None, node)
+
+    def post_node_event(self, _client: Any, _node: str, *, reason: str, **_: Any) -> None:
+        self.check()
+        self.events.append(reason)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    api = FakeApi()
+    monkeypatch.setattr(kubelite.Client, "connect", classmethod(lambda cls, *a, **k: object()))
+    for name in ("read_node_status", "patch_node_conditions", "post_node_event"):
+        monkeypatch.setattr(kubelite, name, getattr(api, name))
+    return api
+
+
+def update(*faults: Any) -> NodeUpdate:
+    return NodeUpdate("n", list(faults), [(f, 1) for f in faults])
+
+
+def test_unchanged_conditions_cost_no_call_and_a_resync_reads_again(
+    fake: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    part = kube_sink.KubeSink(None, {}).build("kube_out", 0, 1)
+    part.write_batch([update(fault("XID-79"))])
+    assert fake.conditions["GpuHealthy"]["reason"] == "XID-79"
+    assert (fake.reads, len(fake.patches), fake.events) == (2, 1, ["XID-79"])  # a read, a patch (it answers)
+    part.write_batch([NodeUpdate("n", [fault("XID-79")], [])])
+    assert (fake.reads, len(fake.patches)) == (2, 1)  # the cache says nothing changed
+    fake.conditions["GpuHealthy"]["status"] = "True"  # someone edits faultline's condition
+    monkeypatch.setattr(kube_sink, "RESYNC_S", 0.0)
+    part.write_batch([NodeUpdate("n", [fault("XID-79")], [])])
+    assert fake.conditions["GpuHealthy"]["status"] == "False"  # put back after the re-read
+
+
+def test_an_outage_waits_in_the_backlog_and_nothing_is_posted_twice(fake: FakeApi) -> None:
+    part = kube_sink.KubeSink(None, {}).build("kube_out", 0, 1)
+    part.write_batch([update(fault("XID-79"))])
+    fake.down = True
+    nic = fault("NIC-LINK-DOWN", Component.NIC, entity="mlx5_0")
+    part.write_batch([update(fault("XID-79"), nic)])  # no exception: kept for later
+    part.write_batch(
+        [NodeUpdate("n", [fault("XID-79", resolved=True), nic], [(fault("XID-79", resolved=True), 3)])]
+    )
+    assert len(part.backlog) == 2
+    assert fake.conditions["NicHealthy"]["status"] == "True"  # not written during the outage
+    fake.down = False
+    part.write_batch([])
+    assert part.backlog == []
+    assert fake.conditions["NicHealthy"]["status"] == "False"
+    assert fake.conditions["GpuHealthy"]["status"] == "True"  # the latest state, not the one in between
+    assert fake.events == [
+        "XID-79",
+        "NIC-LINK-DOWN",
+        "XID-79Resolved",
+    ]  # the first XID-79 event was rate-limited
+
+
+def test_permanent_api_errors_stop_the_agent(fake: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*_: Any) -> Any:
+        raise kubelite.ApiError(403, "GET", "/api/v1/nodes/n/status", "forbidden")
+
+    monkeypatch.setattr(kubelite, "read_node_status", forbidden)
+    part = kube_sink.KubeSink(None, {}).build("kube_out", 0, 1)
+    with pytest.raises(kubelite.ApiError, match="HTTP 403"):
+        part.write_batch([update(fault("XID-79"))])
