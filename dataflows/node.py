@@ -154,6 +154,8 @@ STEP_MONGO = "mongo_out"
 STEP_KUBE = "kube_out"
 WAIT_S = 0.5
 MAX_WAIT_S = 0.25  # the longest an idle agent sleeps (metrics heartbeat, monitor watchdog)
+RESEND_S = 60.0  # the detector re-sends the node's state this often (see DetectLogic.on_notify)
+RESTART_GAP = 1 << 32  # added to the match sequence on restore (see DetectLogic)
 SPIN_CALLS = 8  # empty calls answered without blocking after a batch (see _InputsPartition)
 
 
@@ -304,14 +306,20 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]
     from its snapshot (in other batches) reaches the same revisions, and the store keeps the newest."""
 
     def __init__(self, node: str, compiled: CompiledPacks, resume: dict[str, Any] | None = None) -> None:
+        now = dt.datetime.now(dt.UTC)
         if resume is None:
             self.detector = NodeDetector(node, compiled)
             self.seen: dict[str, tuple[Any, ...]] = {}
             self.sequence = 0
+            self.resend_at = now + dt.timedelta(seconds=RESEND_S)
         else:
             self.detector = NodeDetector.restore(node, compiled, resume["detector"])
             self.seen = {k: tuple(v) for k, v in resume["seen"].items()}
-            self.sequence = int(resume["sequence"])
+            # Past anything written before the restart: matches processed after the snapshot were
+            # written with higher numbers, and those of sources that cannot replay (NVML events) never
+            # come back, so counting on from the snapshot would leave later writes below the stored ones.
+            self.sequence = int(resume["sequence"]) + RESTART_GAP
+            self.resend_at = now  # the sinks get the whole state again at once
 
     def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
         events = []
@@ -333,7 +341,17 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]
             if self.seen.get(f.id) != signature:
                 self.seen[f.id] = signature
                 changed.append((f, self.sequence))
+        self.resend_at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=RESEND_S)
         return [NodeUpdate(self.detector.node, faults, changed, events)], op.StatefulLogic.RETAIN
+
+    def notify_at(self) -> dt.datetime | None:
+        return self.resend_at
+
+    def on_notify(self) -> tuple[list[NodeUpdate], bool]:
+        """The whole state again (nothing changed): a sink that missed an update (API server away, a
+        restart) catches up, even on a node where nothing happens."""
+        self.resend_at = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=RESEND_S)
+        return [NodeUpdate(self.detector.node, self.detector.snapshot_faults(), [])], op.StatefulLogic.RETAIN
 
     def snapshot(self) -> dict[str, Any]:
         return {

@@ -44,6 +44,8 @@ sim_app = typer.Typer(help="Drive simulated GPUs (the `sim` GPU backend).", no_a
 app.add_typer(sim_app, name="sim")
 store_app = typer.Typer(help="Maintain the MongoDB event store.", no_args_is_help=True)
 app.add_typer(store_app, name="store")
+worker_app = typer.Typer(help="faultline's workers, each run as a Deployment.", no_args_is_help=True)
+app.add_typer(worker_app, name="worker")
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -469,6 +471,86 @@ def store_retention(
     finally:
         st.db.client.close()
     out.print(f"deleted {deleted} health events older than {older_than}", markup=False)
+
+
+def _seconds(text: str, option: str) -> float:
+    from patterns.schema import parse_duration  # noqa: PLC0415
+
+    try:
+        return float(parse_duration(text))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
+
+
+@worker_app.command("quarantine")
+def worker_quarantine(
+    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
+    ] = None,
+    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
+    rules: Annotated[Path | None, typer.Option(help="Quarantine rules YAML (default: built-in).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Record what would be done; change nothing.")] = False,
+    hold_down: Annotated[str, typer.Option(help="Release this long after the last fault resolved.")] = "60s",
+    max_fault_age: Annotated[str, typer.Option(help="Older faults are recorded, not acted on.")] = "1h",
+    breaker_window: Annotated[str, typer.Option(help="Circuit breaker window.")] = "10m",
+    breaker_max_share: Annotated[
+        float | None, typer.Option(help="Open past this share of GPU nodes quarantined in the window.")
+    ] = 0.1,
+    breaker_max_count: Annotated[
+        int | None, typer.Option(help="Open past this many nodes quarantined in the window.")
+    ] = None,
+    breaker_cooldown: Annotated[str, typer.Option(help="Half-open after this long.")] = "15m",
+    threads: Annotated[int, typer.Option(help="Claims worked on at once.")] = 16,
+    qps: Annotated[float, typer.Option(help="Kubernetes API writes per second.")] = 200.0,
+    burst: Annotated[int, typer.Option(help="Kubernetes API write burst.")] = 400,
+    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
+) -> None:
+    """Cordon, taint and label nodes with open faults per the rules; release them when resolved."""
+    from faultline.config import QuarantineConfig  # noqa: PLC0415
+
+    try:
+        config = QuarantineConfig(
+            mongodb_uri=mongodb_uri, database=database, kubeconfig=kubeconfig, rules=rules, dry_run=dry_run,
+            hold_down=_seconds(hold_down, "--hold-down"),
+            max_fault_age=_seconds(max_fault_age, "--max-fault-age"),
+            breaker_window=_seconds(breaker_window, "--breaker-window"), breaker_max_share=breaker_max_share,
+            breaker_max_count=breaker_max_count,
+            breaker_cooldown=_seconds(breaker_cooldown, "--breaker-cooldown"),
+            threads=threads, qps=qps, burst=burst, metrics_port=metrics_port,
+        )  # fmt: skip
+    except ValueError as exc:  # pydantic's ValidationError names each bad setting
+        raise typer.BadParameter(str(exc)) from exc
+    from workers import run  # noqa: PLC0415
+
+    err.print("quarantine: started", markup=False)
+    run.quarantine(config)
+
+
+@app.command()
+def status(
+    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
+    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
+) -> None:
+    """The quarantine circuit breaker and the nodes faultline holds."""
+    from rich.table import Table  # noqa: PLC0415
+
+    from faultline import store  # noqa: PLC0415
+
+    st = store.connect(mongodb_uri, database)
+    try:
+        with store.unreachable_is_transient("reading status"):
+            brk = st.nodes.find_one({"_id": "breaker:quarantine"}) or {}
+            held = list(st.nodes.find({"quarantined": True}).sort("_id", 1))
+    finally:
+        st.db.client.close()
+    since = f" since {brk['since']:%Y-%m-%d %H:%M:%S}Z ({brk.get('reason', '')})" if brk.get("since") else ""
+    out.print(f"circuit breaker: {brk.get('state', 'closed')}{since}", markup=False)
+    table = Table("node", "quarantined at", "faults")
+    for doc in held:
+        at = doc.get("quarantined_at")
+        table.add_row(doc["_id"], f"{at:%Y-%m-%d %H:%M:%S}Z" if at else "", ", ".join(doc.get("faults", [])))
+    out.print(table)
 
 
 @cluster_app.command("up")

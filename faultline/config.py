@@ -66,3 +66,34 @@ class AgentConfig(BaseModel):
         if self.ingest_tcp and not (self.ingest_tls_cert and self.ingest_tls_key):
             raise ValueError("ingest_tcp needs ingest_tls_cert and ingest_tls_key (plain TCP is not offered)")
         return self
+
+
+class QuarantineConfig(BaseModel):
+    """The quarantine worker (`faultline worker quarantine`). Durations in seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mongodb_uri: SecretStr = Field(description="MongoDB connection string; masked in dumps")
+    database: str = Field(default="faultline", description="MongoDB database name")
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig file; None: in-cluster credentials")
+    rules: Path | None = Field(default=None, description="quarantine rules YAML; None: the built-in default")
+    dry_run: bool = Field(default=False, description="record what would be done, change nothing")
+    hold_down: float = Field(default=60.0, ge=0, description="wait this long after the last fault resolved")
+    max_fault_age: float = Field(
+        default=3600.0, gt=0, description="faults last seen longer ago when first claimed are not acted on"
+    )
+    breaker_window: float = Field(default=600.0, gt=0, description="circuit breaker sliding window")
+    breaker_max_share: float | None = Field(
+        default=0.1, gt=0, le=1, description="open past this share of GPU nodes quarantined in the window"
+    )
+    breaker_max_count: int | None = Field(
+        default=None, ge=1, description="open past this many nodes quarantined in the window"
+    )
+    breaker_cooldown: float = Field(default=900.0, gt=0, description="open this long, then half-open")
+    threads: int = Field(default=16, ge=1, le=256, description="claims worked on at once")
+    qps: float = Field(default=200.0, gt=0, description="Kubernetes API writes per second (sustained)")
+    burst: int = Field(default=400, ge=1, description="Kubernetes API writes at once")
+    lease: float = Field(default=30.0, gt=0, description="claim lease, renewed at a third of it")
+    resync_interval: float = Field(default=5.0, gt=0, description="revisit held nodes this often")
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
+    owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")

@@ -123,6 +123,12 @@ def from_kubeconfig(path: Path) -> Credentials:
         ca = _data_or_file(cluster, "certificate-authority", base, where)
         if ca is not None:
             context = ssl.create_default_context(cadata=ca.decode())
+    for unsupported in ("exec", "auth-provider"):
+        if user.get(unsupported):
+            raise ConfigError(
+                f"{where}: user {ctx.get('user')} authenticates by {unsupported!r}, which the agent does not "
+                "run; give it a kubeconfig with a client certificate or token (or in-cluster credentials)"
+            )
     cert = _data_or_file(user, "client-certificate", base, where)
     key = _data_or_file(user, "client-key", base, where)
     if (cert is None) != (key is None):
@@ -169,7 +175,7 @@ class Client:
         self._lock = threading.Lock()
         self._conn: http.client.HTTPSConnection | None = None
         self._token = credentials.token
-        self._token_read = 0.0
+        self._token_read: float | None = None  # never: read the file on the first request
 
     @classmethod
     def connect(cls, kubeconfig: Path | None, *, environ: Mapping[str, str] | None = None) -> Client:
@@ -177,7 +183,8 @@ class Client:
 
     def _bearer(self) -> str | None:
         path = self.credentials.token_file
-        if path is not None and time.monotonic() - self._token_read > TOKEN_REREAD_S:
+        stale = self._token_read is None or time.monotonic() - self._token_read > TOKEN_REREAD_S
+        if path is not None and stale:
             try:
                 self._token = path.read_text().strip()
             except OSError as exc:

@@ -37,7 +37,11 @@ def healthy(max_silence: float) -> bool:
 
 
 def serve(
-    port: int, *, host: str = "127.0.0.1", health: Callable[[], bool] | None = None
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    health: Callable[[], bool] | None = None,
+    registry: CollectorRegistry = REGISTRY,
 ) -> ThreadingHTTPServer:
     """Serve `/metrics` and `/healthz` on a daemon thread; returns the server (call `shutdown()`)."""
     check = health or (lambda: healthy(30.0))
@@ -45,7 +49,7 @@ def serve(
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
-                self._send(200, generate_latest(REGISTRY), "text/plain; version=0.0.4")
+                self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
             elif self.path == "/healthz":
                 ok = check()
                 self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n", "text/plain")

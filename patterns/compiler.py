@@ -121,6 +121,8 @@ class CompiledPattern:
         except re2.error:
             self.re2_source = None
         self.literals = tuple(p.prefilter) if p.prefilter else _derive_literals(p.regex, flags)
+        # inline (?i) or (?i:...) makes the regex match other cases: so must its literals
+        self.literal_ignore_case = p.ignore_case or _has_inline_ignore_case(p.regex)
         if not self.literals:
             raise PackError(
                 loaded.file,
@@ -222,6 +224,15 @@ class CompiledPattern:
         )
 
 
+_INLINE_FLAGS = regex.compile(r"\(\?[a-zA-Z]*i[a-zA-Z]*(?:-[a-zA-Z]*)?[:)]")
+
+
+def _has_inline_ignore_case(source: str) -> bool:
+    """The regex turns on ignore-case inline, globally `(?i)` or for a group `(?i:...)` (a conservative
+    reading: an escaped look-alike only costs the prefilter some precision)."""
+    return _INLINE_FLAGS.search(source) is not None
+
+
 def _derive_literals(source: str, flags: int) -> tuple[str, ...]:
     """The longest run of fixed characters that every match must contain, if the stdlib can parse it."""
     try:
@@ -282,7 +293,7 @@ class CompiledPacks:
         for p in self.patterns:
             for lit in p.literals:
                 part = _byte_literal(lit)
-                literal_parts.add(b"(?i:" + part + b")" if p.spec.ignore_case else part)
+                literal_parts.add(b"(?i:" + part + b")" if p.literal_ignore_case else part)
         alternation = b"|".join(sorted(literal_parts))
         self.scanner = re2.compile(alternation, _BYTE_OPTIONS)
         # The same search widened to whole lines, so a match's span is the candidate line itself.
@@ -312,8 +323,12 @@ class CompiledPacks:
     def candidates(self, message: str) -> list[CompiledPattern]:
         matched = cast("list[int] | None", self._set.Match(message)) or []  # the stub says bool
         found = [self.patterns[self._set_index[i]] for i in matched]
+        folded = message.casefold()
         for p in self._unset:
-            if any(lit in message for lit in p.literals):
+            if p.literal_ignore_case:
+                if any(lit.casefold() in folded for lit in p.literals):
+                    found.append(p)
+            elif any(lit in message for lit in p.literals):
                 found.append(p)
         return found
 

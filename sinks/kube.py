@@ -5,16 +5,19 @@ owns are cached from the last Node read or patch answer, so a batch that changes
 the cache is re-read from the API server every `RESYNC_S` and after any failed call, so a condition
 someone else edited is put back.
 
-While the API server cannot be reached (or throttles or fails), updates wait in a backlog and are applied
-with the next batch; only the latest conditions per node matter, so the backlog keeps the last update of
-each node plus the Events of every change. An API error that retrying cannot fix (RBAC, a missing Node)
-stops the agent with that error.
+The calls run on the sink's own thread, so a slow or absent API server never holds up detection or the
+MongoDB sink. Updates wait in a backlog while the API server cannot be reached, throttles, fails or
+refuses (RBAC, a missing Node: logged, retried too), with back-off from RETRY_MIN_S to RETRY_MAX_S; only
+the latest conditions per node matter, so the backlog applies the last update of each node plus the
+Events of every change. The detector re-sends the node's whole state every RESEND_S and after a restart
+(`dataflows.node.DetectLogic`), so conditions catch up even on a node that stays quiet.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,39 +29,66 @@ from faultline.models import Fault
 
 CONTROLLER = "faultline.io/agent"
 RESYNC_S = 60.0
+RETRY_MIN_S, RETRY_MAX_S = 1.0, 30.0
 BACKLOG_MAX = 1000  # updates; past it the oldest go (their Events; newer updates carry the conditions)
 log = logging.getLogger("faultline.agent.kube")
 
 
 class _Partition(StatelessSinkPartition[Any]):
-    def __init__(self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str]) -> None:
+    def __init__(
+        self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str], *, background: bool = True
+    ) -> None:
         self.client = kubelite.Client.connect(kubeconfig)
         self.gpu_names = gpu_names
         self.types = types
         self.limiter = conditions.EventLimiter()
-        self.current: dict[str, dict[str, str]] | None = None
-        self.read_at = 0.0
+        self.current: dict[str, dict[str, dict[str, str]]] = {}  # node -> its conditions as last seen
+        self.read_at: dict[str, float] = {}
         self.backlog: list[tuple[Any, int]] = []  # (update, how many of its Events were posted)
         self.failures = 0
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.closed = False
+        self.thread: threading.Thread | None = None
+        if background:
+            self.thread = threading.Thread(target=self._run, name="kube-sink", daemon=True)
+            self.thread.start()
 
     def _apply(self, node: str, wanted: dict[str, conditions.Condition]) -> None:
-        if self.current is None or time.monotonic() - self.read_at > RESYNC_S:
-            self.current = kubelite.node_conditions(kubelite.read_node_status(self.client, node))
-            self.read_at = time.monotonic()
-        changed, stale = conditions.diff(self.current, wanted)
+        current = self.current.get(node)
+        if current is None or time.monotonic() - self.read_at.get(node, 0.0) > RESYNC_S:
+            current = kubelite.node_conditions(kubelite.read_node_status(self.client, node))
+            self.current[node], self.read_at[node] = current, time.monotonic()
+        changed, stale = conditions.diff(current, wanted)
         now = dt.datetime.now(dt.UTC)
-        patches = [c.as_patch(now, self.current.get(c.type, {}).get("status") != c.status) for c in changed]
+        patches = [c.as_patch(now, current.get(c.type, {}).get("status") != c.status) for c in changed]
         try:
             patched = kubelite.patch_node_conditions(self.client, node, patches, stale)
         except Exception:
-            self.current = None  # unknown now: read again next time
+            self.current.pop(node, None)  # unknown now: read again next time
             raise
         if patched is not None:
-            self.current = kubelite.node_conditions(patched)
+            self.current[node] = kubelite.node_conditions(patched)
 
     def write_batch(self, items: list[Any]) -> None:
-        pending = [*self.backlog, *((update, 0) for update in items)]
-        self.backlog = []
+        """Queue the updates for the sink's thread: API calls never hold up the dataflow."""
+        with self.lock:
+            self.backlog = [*self.backlog, *((update, 0) for update in items)][-BACKLOG_MAX:]
+        self.wake.set()
+
+    def _run(self) -> None:
+        delay = RETRY_MIN_S
+        while not self.closed:
+            self.wake.wait(None if not self.backlog else delay)
+            self.wake.clear()
+            if self.closed:
+                return
+            delay = RETRY_MIN_S if self.drain() else min(RETRY_MAX_S, delay * 2)
+
+    def drain(self) -> bool:
+        """Apply what waits; False when the API server failed us (the rest waits for the next try)."""
+        with self.lock:
+            pending, self.backlog = self.backlog, []
         for position, (update, posted) in enumerate(pending):
             later = any(u.node == update.node for u, _ in pending[position + 1 :])
             done = posted
@@ -68,14 +98,16 @@ class _Partition(StatelessSinkPartition[Any]):
                 for fault, _revision in update.changed[posted:]:
                     self._post(update.node, fault)
                     done += 1
-            except kubelite.ApiUnavailableError as exc:
-                self.backlog = [(update, done), *pending[position + 1 :]][-BACKLOG_MAX:]
+            except (kubelite.ApiUnavailableError, kubelite.ApiError) as exc:
+                with self.lock:
+                    self.backlog = [(update, done), *pending[position + 1 :], *self.backlog][-BACKLOG_MAX:]
                 self.failures += 1
                 if self.failures in (1, 10) or self.failures % 100 == 0:
-                    log.warning("Kubernetes API unavailable (%d tries), %d updates wait: %s",
+                    log.warning("Kubernetes API call failed (%d tries), %d updates wait: %s",
                                 self.failures, len(self.backlog), exc)  # fmt: skip
-                return
+                return False
         self.failures = 0
+        return True
 
     def _post(self, node: str, fault: Fault) -> None:
         resolved = fault.resolved_at is not None
@@ -92,6 +124,10 @@ class _Partition(StatelessSinkPartition[Any]):
         self.limiter.allow(node, reason, time.monotonic())  # counted once it was posted
 
     def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join(5.0)
         self.client.close()
 
 

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import os
 import queue
+import re
 import subprocess
 import threading
 import time
@@ -25,6 +26,7 @@ from sources import formats, wake
 
 IDLE_AWAKE_S = 0.05
 CHUNK_BYTES = 256 * 1024
+_BINARY_MESSAGE = re.compile(rb'"MESSAGE"\s*:\s*\[')  # not UTF-8: journalctl gives the bytes as an array
 COALESCE_S = 0.02  # at most 50 hand-overs a second; adds at most this to a kernel line's latency
 
 
@@ -77,9 +79,9 @@ class JournalFollower:
     """Runs journalctl and queues its entries, in chunks (one lock round per chunk, not per line);
     `stop()` ends it."""
 
-    def __init__(self, argv: list[str], *, maxsize: int = 1000, prefilter: Prefilter | None = None) -> None:
+    def __init__(self, argv: list[str], *, maxsize: int = 16, prefilter: Prefilter | None = None) -> None:
         self.prefilter = prefilter
-        self.queue: queue.Queue[list[Entry]] = queue.Queue(maxsize=maxsize)  # chunks
+        self.queue: queue.Queue[list[Entry]] = queue.Queue(maxsize=maxsize)  # chunks of <= CHUNK_BYTES
         self._held: list[Entry] = []  # taken from the queue, not yet handed out
         self.proc = subprocess.Popen(  # noqa: S603 - our own argv
             argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
@@ -110,7 +112,7 @@ class JournalFollower:
     def _lines(self, data: bytes) -> list[bytes]:
         """The lines worth parsing: all of them, or with a prefilter, those it points at, the last
         (its cursor is the position to snapshot) and any chunk holding a binary MESSAGE (an array)."""
-        if self.prefilter is None or b'"MESSAGE":[' in data:
+        if self.prefilter is None or _BINARY_MESSAGE.search(data):
             return data.splitlines()
         last = data.rfind(b"\n", 0, len(data) - 1) + 1
         spans = [(start, end) for start, end in self.prefilter.candidate_lines(data) if start < last]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.config import incluster_config
@@ -15,6 +17,7 @@ from faultline import conditions
 from faultline.errors import ConfigError, PermanentError
 
 ApiClient = client.ApiClient
+ApiException = client.exceptions.ApiException
 
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -69,6 +72,13 @@ def events_api(api: client.ApiClient) -> client.EventsV1Api:
 
 def rbac(api: client.ApiClient) -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(api)
+
+
+def read_json(api: client.ApiClient, call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """An API call's answer as plain JSON (no model objects: cheaper, and simple to read)."""
+    response = call(*args, _preload_content=False, **kwargs)
+    result: dict[str, Any] = json.loads(response.data)
+    return result
 
 
 def node_conditions(api: client.ApiClient, node: str) -> dict[str, dict[str, str]]:

@@ -1,4 +1,5 @@
-"""The agent's Kubernetes sink: conditions from a cache, an outage kept in a backlog, Events posted once."""
+"""The agent's Kubernetes sink: conditions from a cache, an outage kept in a backlog, Events posted once.
+The sink's thread is off here: `drain()` is what it runs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 
 from dataflows.node import NodeUpdate
-from faultline import kubelite
+from faultline import conditions, kubelite
 from faultline.models import Component
 from sinks import kube as kube_sink
 from tests.unit.test_conditions import fault
@@ -61,6 +62,15 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     return api
 
 
+def sink() -> Any:
+    return kube_sink._Partition(None, {}, sorted(conditions.OWNED_TYPES), background=False)
+
+
+def write(part: Any, items: list[NodeUpdate]) -> bool:
+    part.write_batch(items)
+    return bool(part.drain())
+
+
 def update(*faults: Any) -> NodeUpdate:
     return NodeUpdate("n", list(faults), [(f, 1) for f in faults])
 
@@ -68,31 +78,31 @@ def update(*faults: Any) -> NodeUpdate:
 def test_unchanged_conditions_cost_no_call_and_a_resync_reads_again(
     fake: FakeApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    part = kube_sink.KubeSink(None, {}).build("kube_out", 0, 1)
-    part.write_batch([update(fault("XID-79"))])
+    part = sink()
+    write(part, [update(fault("XID-79"))])
     assert fake.conditions["GpuHealthy"]["reason"] == "XID-79"
     assert (fake.reads, len(fake.patches), fake.events) == (2, 1, ["XID-79"])  # a read, a patch (it answers)
-    part.write_batch([NodeUpdate("n", [fault("XID-79")], [])])
+    write(part, [NodeUpdate("n", [fault("XID-79")], [])])
     assert (fake.reads, len(fake.patches)) == (2, 1)  # the cache says nothing changed
     fake.conditions["GpuHealthy"]["status"] = "True"  # someone edits faultline's condition
     monkeypatch.setattr(kube_sink, "RESYNC_S", 0.0)
-    part.write_batch([NodeUpdate("n", [fault("XID-79")], [])])
+    write(part, [NodeUpdate("n", [fault("XID-79")], [])])
     assert fake.conditions["GpuHealthy"]["status"] == "False"  # put back after the re-read
 
 
 def test_an_outage_waits_in_the_backlog_and_nothing_is_posted_twice(fake: FakeApi) -> None:
-    part = kube_sink.KubeSink(None, {}).build("kube_out", 0, 1)
-    part.write_batch([update(fault("XID-79"))])
+    part = sink()
+    write(part, [update(fault("XID-79"))])
     fake.down = True
     nic = fault("NIC-LINK-DOWN", Component.NIC, entity="mlx5_0")
-    part.write_batch([update(fault("XID-79"), nic)])  # no exception: kept for later
-    part.write_batch(
-        [NodeUpdate("n", [fault("XID-79", resolved=True), nic], [(fault("XID-79", resolved=True), 3)])]
+    write(part, [update(fault("XID-79"), nic)])  # no exception: kept for later
+    write(
+        part, [NodeUpdate("n", [fault("XID-79", resolved=True), nic], [(fault("XID-79", resolved=True), 3)])]
     )
     assert len(part.backlog) == 2
     assert fake.conditions["NicHealthy"]["status"] == "True"  # not written during the outage
     fake.down = False
-    part.write_batch([])
+    assert write(part, [])
     assert part.backlog == []
     assert fake.conditions["NicHealthy"]["status"] == "False"
     assert fake.conditions["GpuHealthy"]["status"] == "True"  # the latest state, not the one in between
@@ -103,11 +113,11 @@ def test_an_outage_waits_in_the_backlog_and_nothing_is_posted_twice(fake: FakeAp
     ]  # the first XID-79 event was rate-limited
 
 
-def test_permanent_api_errors_stop_the_agent(fake: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_refusals_wait_in_the_backlog_too(fake: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*_: Any) -> Any:
         raise kubelite.ApiError(403, "GET", "/api/v1/nodes/n/status", "forbidden")
 
     monkeypatch.setattr(kubelite, "read_node_status", forbidden)
-    part = kube_sink.KubeSink(None, {}).build("kube_out", 0, 1)
-    with pytest.raises(kubelite.ApiError, match="HTTP 403"):
-        part.write_batch([update(fault("XID-79"))])
+    part = sink()
+    assert not write(part, [update(fault("XID-79"))])  # logged and kept: RBAC may be fixed
+    assert len(part.backlog) == 1

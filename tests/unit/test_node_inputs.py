@@ -130,3 +130,20 @@ def test_inputs_wake_for_timed_inputs_and_cap_the_sleep() -> None:
     elapsed = time.monotonic() - started
     assert timed.built.polls >= 3  # woken for each due time, not only at the cap
     assert elapsed < 4 * node.MAX_WAIT_S
+
+
+def test_detector_resends_its_state_after_a_restore_and_counts_past_old_revisions() -> None:
+    compiled = compiler.compile_packs(loader.load([], builtin=True), check_examples=False)
+    entries = [_entry(0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.")]
+    logic = node.DetectLogic("n1", compiled)
+    assert logic.notify_at() > dt.datetime.now(dt.UTC) + dt.timedelta(seconds=node.RESEND_S - 5)
+    (first,), _ = logic.on_item(node._entry_matcher(compiled, "journal", 1)(entries))
+    [(fault, revision)] = first.changed
+    assert fault.code == "XID-79" and revision == 1
+    restored = node.DetectLogic("n1", compiled, logic.snapshot())
+    assert restored.notify_at() <= dt.datetime.now(dt.UTC)  # due at once: the sinks catch up
+    (again,), _ = restored.on_notify()
+    assert [f.code for f in again.faults] == ["XID-79"] and again.changed == []
+    more = [_entry(1, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.")]
+    (later,), _ = restored.on_item(node._entry_matcher(compiled, "journal", 1)(more))
+    assert later.changed[0][1] > node.RESTART_GAP  # above whatever was written before the restart

@@ -131,6 +131,14 @@ def test_prefilter_literals_are_derived_or_declared(write_pack: WritePack) -> No
     assert [(s, e) for s, e in compiled.candidate_lines(b"a\nfoo bar THING-X 2\nb THING-Y\n")] == [(2, 19)]
 
 
+def test_inline_ignore_case_makes_the_prefilter_ignore_case_too(write_pack: WritePack) -> None:
+    compiled = load(write_pack("mine.yaml", good(regex="(?i)thing-x (?P<x>\\\\d+)", pos="THING-X 1")))
+    assert compiled.literals == ["thing-x "]
+    assert compiled.prefilter("a Thing-X 7")  # the regex matches it, so the prefilter must pass it
+    assert [h.code for h in compiled.match("journal", "a Thing-X 7")] == ["THING"]
+    assert list(compiled.candidate_lines(b"x\nTHING-X 9\n")) == [(2, 11)]
+
+
 def test_runaway_regex_on_a_hostile_line_is_stopped_and_counted(write_pack: WritePack) -> None:
     # The lookahead keeps this pattern out of RE2, and the load-time probe is switched off here, so
     # only the match timeout stands between a hostile line and a hang.
