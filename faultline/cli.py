@@ -507,12 +507,14 @@ def worker_quarantine(
     metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
 ) -> None:
     """Cordon, taint and label nodes with open faults per the rules; release them when resolved."""
+    from pydantic import SecretStr  # noqa: PLC0415
+
     from faultline.config import QuarantineConfig  # noqa: PLC0415
 
     try:
         config = QuarantineConfig(
-            mongodb_uri=mongodb_uri, database=database, kubeconfig=kubeconfig, rules=rules, dry_run=dry_run,
-            hold_down=_seconds(hold_down, "--hold-down"),
+            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig, rules=rules,
+            dry_run=dry_run, hold_down=_seconds(hold_down, "--hold-down"),
             max_fault_age=_seconds(max_fault_age, "--max-fault-age"),
             breaker_window=_seconds(breaker_window, "--breaker-window"), breaker_max_share=breaker_max_share,
             breaker_max_count=breaker_max_count,
@@ -524,7 +526,7 @@ def worker_quarantine(
     from workers import run  # noqa: PLC0415
 
     err.print("quarantine: started", markup=False)
-    run.quarantine(config)
+    run.quarantine_main(config)
 
 
 @app.command()

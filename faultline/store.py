@@ -225,6 +225,15 @@ class Store:
             requeued += not out_of_attempts
         return requeued, parked
 
+    @staticmethod
+    def upsert(collection: Collection[Any], flt: dict[str, Any], update: dict[str, Any]) -> None:
+        """update_one with upsert, where two concurrent upserts of one _id may race: FerretDB inserts
+        for both and one fails on the unique _id; the loser then finds the document and updates it."""
+        try:
+            collection.update_one(flt, update, upsert=True)
+        except DuplicateKeyError:
+            collection.update_one(flt, update)
+
     def prune_events(self, older_than: dt.timedelta) -> int:
         """Retention without TTL indexes (FerretDB has none): delete events generated before the cutoff."""
         cutoff = _naive(self.clock() - older_than)

@@ -1,0 +1,212 @@
+"""The quarantine worker against the real API server and FerretDB: cordon, taint and label on a fatal
+fault, release after resolution, an operator's cordon left alone, opt-out, dry run, stale faults, the
+circuit breaker during a storm, and two replicas that never double-act."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from faultline import kube, store
+from faultline.dev import procs
+from faultline.kube import fakelet
+from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from workers import breaker, quarantine
+
+pytestmark = pytest.mark.integration
+FAST: dict[str, Any] = {
+    "hold_down": dt.timedelta(seconds=0.5), "resync_interval": 0.2, "threads": 4, "lease": dt.timedelta(seconds=5),
+}  # fmt: skip
+
+
+@pytest.fixture
+def nodes(api: Any) -> Iterator[list[str]]:
+    """Fresh GPU Node objects for one test (not heartbeated: only their spec and metadata matter here)."""
+    made: list[str] = []
+    core = kube.core(api)
+
+    def make(count: int) -> list[str]:
+        for _ in range(count):
+            name = f"q-{uuid.uuid4().hex[:8]}"
+            core.create_node(fakelet.node_manifest(fakelet.SimNode(name, "10.9.0.1"), 8))
+            made.append(name)
+        return made[-count:]
+
+    yield make  # type: ignore[misc]
+    for name in made:
+        with contextlib.suppress(kube.ApiException):
+            core.delete_node(name)
+
+
+def fault(node: str, code: str = "XID-79", *, fatal: bool = True, resolved: bool = False,
+          last_seen: dt.datetime | None = None) -> Fault:  # fmt: skip
+    now = dt.datetime.now(dt.UTC)
+    seen = last_seen or now
+    return Fault(
+        id=fault_id(node, "GPU", "0000:3b:00", code), node=node, entity=Entity(type="GPU", id="0000:3b:00"),
+        code=code, component=Component.GPU, count=1, first_seen=seen, last_seen=seen, fatal=fatal,
+        action=Action.RESTART_BM, state=FaultState.RESOLVED if resolved else FaultState.OPEN,
+        resolved_at=now if resolved else None,
+    )  # fmt: skip
+
+
+def node_view(api: Any, name: str) -> dict[str, Any]:
+    obj = kube.read_json(api, kube.core(api).read_node, name)
+    return {
+        "cordoned": bool(obj["spec"].get("unschedulable")),
+        "taints": sorted(
+            (t["key"], t.get("value", ""), t["effect"]) for t in obj["spec"].get("taints") or []
+        ),
+        "labels": obj["metadata"].get("labels") or {},
+        "annotations": obj["metadata"].get("annotations") or {},
+    }
+
+
+def events(api: Any, node: str, reason: str) -> int:
+    got = kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    return sum(1 for e in got if e.reason == reason)
+
+
+def worker(mongo_db: Any, api: Any, **settings: Any) -> quarantine.QuarantineWorker:
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    return quarantine.QuarantineWorker(
+        st, api, quarantine.Settings(**{**FAST, **settings}), f"test-{uuid.uuid4().hex[:4]}"
+    )
+
+
+@pytest.fixture
+def running(mongo_db: Any, api: Any) -> Iterator[Any]:
+    started: list[quarantine.QuarantineWorker] = []
+
+    def start(**settings: Any) -> quarantine.QuarantineWorker:
+        w = worker(mongo_db, api, **settings)
+        w.start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop.set()
+
+
+FAULT_TAINT = ("faultline.io/fault", "XID-79", "NoSchedule")
+
+
+def test_fatal_fault_quarantines_and_resolution_releases(
+    running: Any, nodes: Any, mongo_db: Any, api: Any
+) -> None:
+    (name,) = nodes(1)
+    w = running()
+    w.store.write_fault(fault(name), 1)
+    procs.wait_for("cordon", lambda: node_view(api, name)["cordoned"], 5)
+    view = node_view(api, name)
+    assert FAULT_TAINT in view["taints"]
+    assert view["labels"]["faultline.io/state"] == "quarantined"
+    assert view["annotations"]["faultline.io/faults"] == fault(name).id
+    procs.wait_for("the Event", lambda: events(api, name, "FaultlineQuarantined") == 1, 5)
+    procs.wait_for(
+        "the record", lambda: (mongo_db["nodes"].find_one({"_id": name}) or {}).get("quarantined"), 5
+    )
+    held = mongo_db["nodes"].find_one({"_id": name})
+    assert held["quarantined"] and held["quarantined_at"] is not None
+    assert mongo_db["faults"].find_one({"_id": fault(name).id})["quarantine"]["state"] == "done"
+
+    w.store.write_fault(fault(name, resolved=True), 2)
+    procs.wait_for("release", lambda: not node_view(api, name)["cordoned"], 10)
+    view = node_view(api, name)
+    assert FAULT_TAINT not in view["taints"]
+    assert "faultline.io/state" not in view["labels"]
+    assert not any(k.startswith("faultline.io/") for k in view["annotations"])
+    assert view["labels"]["nvidia.com/gpu.present"] == "true"  # the rest untouched
+    procs.wait_for("the Event", lambda: events(api, name, "FaultlineReleased") == 1, 5)
+    procs.wait_for("the record", lambda: mongo_db["nodes"].find_one({"_id": name})["quarantined"] is False, 5)
+
+
+def test_an_operators_cordon_and_taints_stay(running: Any, nodes: Any, api: Any) -> None:
+    (name,) = nodes(1)
+    operator = {"key": "ops.example.com/maintenance", "value": "disk", "effect": "NoSchedule"}
+    kube.core(api).patch_node(name, {"spec": {"unschedulable": True, "taints": [operator]}})
+    w = running()
+    w.store.write_fault(fault(name), 1)
+    procs.wait_for("faultline's taint", lambda: FAULT_TAINT in node_view(api, name)["taints"], 5)
+    w.store.write_fault(fault(name, resolved=True), 2)
+    procs.wait_for("faultline's taint gone", lambda: FAULT_TAINT not in node_view(api, name)["taints"], 10)
+    view = node_view(api, name)
+    assert view["cordoned"]  # the operator's cordon
+    mine = [t for t in view["taints"] if not t[0].startswith("node.kubernetes.io/")]  # the controller's own
+    assert mine == [("ops.example.com/maintenance", "disk", "NoSchedule")]
+
+
+def test_opt_out_dry_run_non_fatal_and_stale_faults_change_nothing(
+    running: Any, nodes: Any, mongo_db: Any, api: Any
+) -> None:
+    opted, dry, mild, old = nodes(4)
+    kube.core(api).patch_node(opted, {"metadata": {"labels": {"faultline.io/managed": "false"}}})
+    before = {n: node_view(api, n) for n in (opted, mild, old)}
+    w = running()
+    w.store.write_fault(fault(opted), 1)
+    w.store.write_fault(fault(mild, "XID-13", fatal=False), 1)
+    w.store.write_fault(fault(old, last_seen=dt.datetime.now(dt.UTC) - dt.timedelta(hours=3)), 1)
+    procs.wait_for("three claims done", lambda: mongo_db["faults"].count_documents(
+        {"quarantine.state": {"$in": ["done", "stale"]}}) == 3, 5)  # fmt: skip
+    assert mongo_db["faults"].find_one({"_id": fault(old).id})["quarantine"]["state"] == "stale"
+    dry_worker = running(dry_run=True)
+    w.stop.set()
+    dry_worker.store.write_fault(fault(dry), 1)
+    procs.wait_for(
+        "dry-run record", lambda: mongo_db["nodes"].find_one({"_id": f"dry-run:{dry}"}) is not None, 5
+    )
+    assert "cordoned" in mongo_db["nodes"].find_one({"_id": f"dry-run:{dry}"})["would"]
+    assert not node_view(api, dry)["cordoned"]
+    for n, view in before.items():
+        assert node_view(api, n)["taints"] == view["taints"] and not node_view(api, n)["cordoned"], n
+    assert events(api, opted, "FaultlineQuarantined") == 0
+
+
+def test_breaker_trips_in_a_storm_half_opens_and_never_blocks_release(
+    running: Any, nodes: Any, mongo_db: Any, api: Any
+) -> None:
+    storm = nodes(4)
+    cfg = breaker.BreakerConfig(window=dt.timedelta(minutes=10), max_share=None, max_count=2,
+                                cooldown=dt.timedelta(seconds=3))  # fmt: skip
+    w = running(breaker=cfg, threads=1)
+    for name in storm:
+        w.store.write_fault(fault(name), 1)
+    procs.wait_for("breaker open", lambda: (mongo_db["nodes"].find_one({"_id": "breaker:quarantine"}) or {})
+                   .get("state") == "open", 10)  # fmt: skip
+    held = [n for n in storm if node_view(api, n)["cordoned"]]
+    assert len(held) == 2
+    blocked = [n for n in storm if n not in held]
+    procs.wait_for("the others held back", lambda: all(
+        mongo_db["faults"].find_one({"_id": fault(n).id})["quarantine"]["state"] == "blocked" for n in blocked
+    ), 5)  # fmt: skip
+    assert not any(node_view(api, n)["cordoned"] for n in blocked)
+    w.store.write_fault(fault(held[0], resolved=True), 2)  # recovery goes ahead while it is open
+    procs.wait_for("release while open", lambda: not node_view(api, held[0])["cordoned"], 10)
+    assert (mongo_db["nodes"].find_one({"_id": "breaker:quarantine"}) or {})["state"] == "open"
+    procs.wait_for("half-open: the held-back nodes go ahead", lambda: all(
+        node_view(api, n)["cordoned"] for n in blocked), 15)  # fmt: skip
+    assert mongo_db["nodes"].find_one({"_id": "breaker:quarantine"})["state"] == "half-open"
+
+
+def test_two_replicas_never_double_act(running: Any, nodes: Any, mongo_db: Any, api: Any) -> None:
+    names = nodes(6)
+    unlimited = breaker.BreakerConfig(max_share=None, max_count=None)
+    first, second = running(breaker=unlimited), running(breaker=unlimited)
+    for name in names:
+        first.store.write_fault(fault(name), 1)
+        first.store.write_fault(fault(name, "XID-48"), 1)  # two faults per node: two claims, one node
+    procs.wait_for("all cordoned", lambda: all(node_view(api, n)["cordoned"] for n in names), 10)
+    procs.wait_for(
+        "claims done", lambda: mongo_db["faults"].count_documents({"quarantine.state": "done"}) == 12, 10
+    )
+    for name in names:
+        assert events(api, name, "FaultlineQuarantined") == 1, name
+    claims = first.metrics.claims._value.get() + second.metrics.claims._value.get()
+    assert claims == 12  # each fault claimed exactly once across the replicas

@@ -1,0 +1,166 @@
+"""What every worker shares: the claim loop, a client-side rate limit on API writes, Events, metrics."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from faultline import kube, store
+from faultline.errors import LeaseLostError
+
+log = logging.getLogger("faultline.workers")
+
+
+def default_owner(worker: str) -> str:
+    """A replica's identity in leases: worker name, host (the pod name in a Deployment), pid."""
+    return f"{worker}/{socket.gethostname()}/{os.getpid()}"
+
+
+class RateLimiter:
+    """A token bucket: `qps` sustained, `burst` at once (the client's QPS/burst, as client-go has them)."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+        self.lock = threading.Lock()
+
+    def take(self) -> None:
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                self.tokens = min(self.burst, self.tokens + (now - self.at) * self.qps)
+                self.at = now
+                if self.tokens >= 1:
+                    self.tokens -= 1
+                    return
+                wait = (1 - self.tokens) / self.qps
+            time.sleep(wait)
+
+
+class WorkerMetrics:
+    """Claims, actions by result, lease losses, queue depth and action latency, per worker."""
+
+    def __init__(self, worker: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.claims = Counter(f"faultline_{worker}_claims", "Claims taken", registry=r)
+        self.actions = Counter(f"faultline_{worker}_actions", "Actions by result", ["result"], registry=r)
+        self.lease_losses = Counter(f"faultline_{worker}_lease_losses", "Claims lost to others", registry=r)
+        self.queue = Gauge(f"faultline_{worker}_queue_depth", "Pending work items", registry=r)
+        self.latency = Histogram(
+            f"faultline_{worker}_action_latency_seconds", "Fault first seen -> action applied", registry=r,
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+        )  # fmt: skip
+
+
+def post_event(
+    api: kube.ApiClient, node: str, *, reason: str, note: str, action: str, warning: bool, worker: str,
+    owner: str,
+) -> None:  # fmt: skip
+    """An Event on the Node for an action a worker took (failures to post are logged, not raised)."""
+    try:
+        kube.post_node_event(
+            api, node, reason=reason, note=note, action=action, warning=warning,
+            controller=f"faultline.io/{worker}", instance=owner[:128],
+        )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - an Event is a record, never a reason to fail the action
+        log.warning("could not post Event %s on %s: %s", reason, node, exc)
+
+
+class ClaimLoop:
+    """`threads` workers each claim the next pending fault of `stage`, call `handle(claim)` (which returns
+    the stage's final state) while a renewer keeps the lease, and complete it. Idle claimers back off
+    from 50 ms to 1 s. A lost lease drops the result: whoever took over redoes it (actions are
+    idempotent)."""
+
+    def __init__(
+        self, st: store.Store, stage: str, owner: str, handle: Callable[[store.Claim], str], *,
+        lease: dt.timedelta, threads: int, metrics: WorkerMetrics,
+    ) -> None:  # fmt: skip
+        self.store = st
+        self.stage = stage
+        self.owner = owner
+        self.handle = handle
+        self.lease = lease
+        self.threads = threads
+        self.metrics = metrics
+        self.stop = threading.Event()
+
+    def start(self) -> list[threading.Thread]:
+        out = [
+            threading.Thread(target=self._run, name=f"{self.stage}-{i}", daemon=True)
+            for i in range(self.threads)
+        ]
+        for thread in out:
+            thread.start()
+        return out
+
+    def _run(self) -> None:
+        idle = 0.05
+        while not self.stop.is_set():
+            try:
+                claim = self.store.claim(self.stage, self.owner, self.lease)
+            except Exception as exc:  # noqa: BLE001 - a broken round must not end the worker thread
+                log.warning("%s: claim failed: %s", self.stage, exc)
+                self.stop.wait(1.0)
+                continue
+            if claim is None:
+                self.stop.wait(idle)
+                idle = min(1.0, idle * 2)
+                continue
+            idle = 0.05
+            self.metrics.claims.inc()
+            self._work(claim)
+
+    def _work(self, claim: store.Claim) -> None:
+        done = threading.Event()
+        lost = threading.Event()
+        current = [claim]
+
+        def renew() -> None:
+            while not done.wait(self.lease.total_seconds() / 3):
+                try:
+                    current[0] = self.store.renew(current[0], self.lease)
+                except LeaseLostError:
+                    lost.set()
+                    return
+                except Exception as exc:  # noqa: BLE001 - try again at the next third of the lease
+                    log.warning("%s: renewing %s failed: %s", self.stage, claim.id, exc)
+
+        renewer = threading.Thread(target=renew, name=f"{self.stage}-renew", daemon=True)
+        renewer.start()
+        try:
+            state = self.handle(claim)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - recorded on the fault; the claim goes back to pending
+            log.warning("%s: %s failed: %s", self.stage, claim.id, exc)
+            self.metrics.actions.labels(result="error").inc()
+            state, error = store.PENDING, f"{type(exc).__name__}: {exc}"[:500]
+            self.stop.wait(0.5)  # do not spin on a failing fault
+        finally:
+            done.set()
+            renewer.join()
+        if lost.is_set():
+            self.metrics.lease_losses.inc()
+            return
+        try:
+            self.store.complete(current[0], state, error)
+        except LeaseLostError:
+            self.metrics.lease_losses.inc()
+
+
+def as_utc(value: Any) -> dt.datetime | None:
+    """A BSON date (naive UTC) as an aware datetime."""
+    if not isinstance(value, dt.datetime):
+        return None
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value

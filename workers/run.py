@@ -1,0 +1,47 @@
+"""Composition roots of the workers: typed config in, a running worker out (until SIGTERM/SIGINT)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import threading
+
+from faultline import kube, store
+from faultline.config import QuarantineConfig
+from faultline.metrics import serve
+from workers import breaker, common, quarantine, rules
+
+
+def quarantine_settings(config: QuarantineConfig) -> quarantine.Settings:
+    return quarantine.Settings(
+        rules=rules.load_rules(config.rules),
+        breaker=breaker.BreakerConfig(
+            window=dt.timedelta(seconds=config.breaker_window), max_share=config.breaker_max_share,
+            max_count=config.breaker_max_count, cooldown=dt.timedelta(seconds=config.breaker_cooldown),
+        ),
+        hold_down=dt.timedelta(seconds=config.hold_down),
+        max_fault_age=dt.timedelta(seconds=config.max_fault_age),
+        dry_run=config.dry_run, lease=dt.timedelta(seconds=config.lease), threads=config.threads,
+        resync_interval=config.resync_interval, qps=config.qps, burst=config.burst,
+    )  # fmt: skip
+
+
+def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
+    settings = quarantine_settings(config)  # rules are checked before anything connects
+    st = store.connect(config.mongodb_uri.get_secret_value(), config.database)
+    with store.unreachable_is_transient("creating indexes"):
+        st.ensure_indexes()
+    api = kube.api_client(config.kubeconfig)
+    return quarantine.QuarantineWorker(st, api, settings, config.owner or common.default_owner("quarantine"))
+
+
+def quarantine_main(config: QuarantineConfig) -> None:
+    worker = quarantine_worker(config)
+    if config.metrics_port:
+        serve(config.metrics_port, host="0.0.0.0", registry=worker.metrics.registry, health=lambda: True)  # noqa: S104
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    worker.start()
+    stop.wait()
+    worker.stop.set()
