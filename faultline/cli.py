@@ -529,6 +529,45 @@ def worker_quarantine(
     run.quarantine_main(config)
 
 
+@worker_app.command("drain")
+def worker_drain(
+    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
+    ] = None,
+    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
+    default_mode: Annotated[
+        str, typer.Option(help="Immediate, AllowCompletion or DeleteAfterTimeout, for unlabelled namespaces.")
+    ] = "Immediate",
+    delete_after: Annotated[
+        str, typer.Option(help="DeleteAfterTimeout: delete this long after eviction.")
+    ] = "10m",
+    gpu_only: Annotated[bool, typer.Option(help="Move only pods that request GPUs.")] = False,
+    threads: Annotated[int, typer.Option(help="Nodes drained at once.")] = 8,
+    lease: Annotated[str, typer.Option(help="Claim lease.")] = "30s",
+    poll: Annotated[str, typer.Option(help="Between looks at a node being drained.")] = "1s",
+    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
+) -> None:
+    """Evict the pods of the nodes faultline quarantined, per namespace mode, respecting PDBs."""
+    from pydantic import SecretStr  # noqa: PLC0415
+
+    from faultline.config import DrainConfig  # noqa: PLC0415
+
+    try:
+        config = DrainConfig(
+            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig,
+            default_mode=default_mode,  # type: ignore[arg-type]  # pydantic checks it
+            delete_after=_seconds(delete_after, "--delete-after"), gpu_only=gpu_only, threads=threads,
+            lease=_seconds(lease, "--lease"), poll=_seconds(poll, "--poll"), metrics_port=metrics_port,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    from workers import run  # noqa: PLC0415
+
+    err.print("drain: started", markup=False)
+    run.drain_main(config)
+
+
 @app.command()
 def status(
     mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],

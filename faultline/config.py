@@ -97,3 +97,25 @@ class QuarantineConfig(BaseModel):
     resync_interval: float = Field(default=5.0, gt=0, description="revisit held nodes this often")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
     owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")
+
+
+class DrainConfig(BaseModel):
+    """The drainer (`faultline worker drain`). Durations in seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mongodb_uri: SecretStr = Field(description="MongoDB connection string; masked in dumps")
+    database: str = Field(default="faultline", description="MongoDB database name")
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig file; None: in-cluster credentials")
+    default_mode: Literal["Immediate", "AllowCompletion", "DeleteAfterTimeout"] = Field(
+        default="Immediate", description="mode of namespaces without the faultline.io/drain-mode label"
+    )
+    delete_after: float = Field(default=600.0, gt=0, description="DeleteAfterTimeout: delete this long after")
+    gpu_only: bool = Field(default=False, description="move only pods that request nvidia.com/gpu")
+    threads: int = Field(default=8, ge=1, le=256, description="nodes drained at once")
+    qps: float = Field(default=200.0, gt=0, description="Kubernetes API writes per second (sustained)")
+    burst: int = Field(default=400, ge=1, description="Kubernetes API writes at once")
+    lease: float = Field(default=30.0, gt=0, description="claim lease, renewed at a third of it")
+    poll: float = Field(default=1.0, gt=0, description="seconds between looks at a node being drained")
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
+    owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")

@@ -55,6 +55,7 @@ class Claim:
     lease_until: dt.datetime
     doc: dict[str, Any]
     n: int  # this claim's number in `leases`
+    collection: str = "faults"
 
 
 def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0) -> Store:
@@ -84,6 +85,7 @@ class Store:
         self.faults: Collection[Any] = db["faults"]
         self.nodes: Collection[Any] = db["nodes"]
         self.leases: Collection[Any] = db["leases"]
+        self.drains: Collection[Any] = db["drains"]  # one document per node being drained (drainer)
 
     def ensure_indexes(self) -> None:
         self.events.create_index([("node", pymongo.ASCENDING), ("observed_at", pymongo.ASCENDING)])
@@ -92,6 +94,8 @@ class Store:
         self.leases.create_index([("fault", pymongo.ASCENDING)])
         for stage in STAGES:
             self.faults.create_index([(f"{stage}.state", pymongo.ASCENDING)])
+        self.drains.create_index([("drain.state", pymongo.ASCENDING)])
+        self.nodes.create_index([("quarantined", pymongo.ASCENDING)])
 
     # -- writes from the detection side ---------------------------------------------------------------
     def record_events(self, events: Iterable[HealthEvent]) -> int:
@@ -138,11 +142,21 @@ class Store:
     # (stage, fault) inserts the next numbered document into `leases`; exactly one inserter wins each
     # number, and a stale reader can only try a number that already exists.
     def claim(
-        self, stage: str, owner: str, lease: dt.timedelta, extra: dict[str, Any] | None = None
+        self,
+        stage: str,
+        owner: str,
+        lease: dt.timedelta,
+        extra: dict[str, Any] | None = None,
+        *,
+        collection: str = "faults",
+        order: tuple[str, ...] = ("first_seen",),
     ) -> Claim | None:
-        """Take the oldest pending fault of `stage` (optionally filtered by equality on more fields)."""
-        candidates = self.faults.find({f"{stage}.state": PENDING, **(extra or {})}).sort(
-            [("first_seen", pymongo.ASCENDING), ("_id", pymongo.ASCENDING)]
+        """Take the first pending document of `stage` in `collection` (faults by default), by `order`
+        (ascending fields; a leading "-" descends), optionally filtered by equality on more fields."""
+        coll = self.db[collection]
+        sort = [(f.lstrip("-"), pymongo.DESCENDING if f[0] == "-" else pymongo.ASCENDING) for f in order]
+        candidates = coll.find({f"{stage}.state": PENDING, **(extra or {})}).sort(
+            [*sort, ("_id", pymongo.ASCENDING)]
         )
         for doc in candidates.limit(CLAIM_SCAN):
             n = int(doc[stage].get("seq", 0)) + 1
@@ -158,9 +172,9 @@ class Store:
                 f"{stage}.lease_until": _naive(until),
                 f"{stage}.updated_at": _naive(now),
             }
-            self.faults.update_one({"_id": doc["_id"]}, {"$set": fields})
+            coll.update_one({"_id": doc["_id"]}, {"$set": fields})
             doc[stage].update({k.split(".", 1)[1]: v for k, v in fields.items()})
-            return Claim(doc["_id"], stage, owner, until, doc, n)
+            return Claim(doc["_id"], stage, owner, until, doc, n, collection)
         return None
 
     def _take(self, stage: str, fault: str, n: int, owner: str, kind: str, until: dt.datetime | None) -> bool:
@@ -180,14 +194,16 @@ class Store:
         self.leases.update_one(
             {"_id": f"{claim.stage}/{claim.id}/{claim.n}"}, {"$set": {"until": _naive(until)}}
         )
-        self.faults.update_one({"_id": claim.id}, {"$set": {f"{claim.stage}.lease_until": _naive(until)}})
-        return Claim(claim.id, claim.stage, claim.owner, until, claim.doc, claim.n)
+        self.db[claim.collection].update_one(
+            {"_id": claim.id}, {"$set": {f"{claim.stage}.lease_until": _naive(until)}}
+        )
+        return Claim(claim.id, claim.stage, claim.owner, until, claim.doc, claim.n, claim.collection)
 
     def complete(self, claim: Claim, state: str = DONE, error: str | None = None) -> None:
         """Close the claim (`done`, `parked`, or `pending` to give it back); fenced by the next number."""
         if not self._take(claim.stage, claim.id, claim.n + 1, claim.owner, f"closed:{state}", None):
             raise LeaseLostError(f"{claim.stage} claim on {claim.id} is no longer held by {claim.owner}")
-        self.faults.update_one(
+        self.db[claim.collection].update_one(
             {"_id": claim.id},
             {"$set": {
                 f"{claim.stage}.state": state, f"{claim.stage}.seq": claim.n + 1,
@@ -196,18 +212,17 @@ class Store:
             }},
         )  # fmt: skip
 
-    def reap(self, stage: str, max_attempts: int) -> tuple[int, int]:
+    def reap(self, stage: str, max_attempts: int, *, collection: str = "faults") -> tuple[int, int]:
         """Take back expired claims: to pending, or parked once out of attempts; (requeued, parked)."""
         now = self.clock()
         requeued = parked = 0
-        for doc in self.faults.find(
-            {f"{stage}.state": CLAIMED, f"{stage}.lease_until": {"$lt": _naive(now)}}
-        ):
+        coll = self.db[collection]
+        for doc in coll.find({f"{stage}.state": CLAIMED, f"{stage}.lease_until": {"$lt": _naive(now)}}):
             n = int(doc[stage].get("seq", 0)) + 1
             if not self._take(stage, doc["_id"], n, "reaper", "expired", None):
                 continue  # the owner completed it just now, or another reaper got there first
             out_of_attempts = int(doc[stage].get("attempts", 0)) >= max_attempts
-            self.faults.update_one(
+            coll.update_one(
                 {"_id": doc["_id"]},
                 {
                     "$set": {

@@ -85,7 +85,8 @@ class ClaimLoop:
 
     def __init__(
         self, st: store.Store, stage: str, owner: str, handle: Callable[[store.Claim], str], *,
-        lease: dt.timedelta, threads: int, metrics: WorkerMetrics,
+        lease: dt.timedelta, threads: int, metrics: WorkerMetrics, collection: str = "faults",
+        order: tuple[str, ...] = ("first_seen",),
     ) -> None:  # fmt: skip
         self.store = st
         self.stage = stage
@@ -94,6 +95,8 @@ class ClaimLoop:
         self.lease = lease
         self.threads = threads
         self.metrics = metrics
+        self.collection = collection
+        self.order = order
         self.stop = threading.Event()
 
     def start(self) -> list[threading.Thread]:
@@ -109,7 +112,9 @@ class ClaimLoop:
         idle = 0.05
         while not self.stop.is_set():
             try:
-                claim = self.store.claim(self.stage, self.owner, self.lease)
+                claim = self.store.claim(
+                    self.stage, self.owner, self.lease, collection=self.collection, order=self.order
+                )
             except Exception as exc:  # noqa: BLE001 - a broken round must not end the worker thread
                 log.warning("%s: claim failed: %s", self.stage, exc)
                 self.stop.wait(1.0)

@@ -7,9 +7,9 @@ import signal
 import threading
 
 from faultline import kube, store
-from faultline.config import QuarantineConfig
+from faultline.config import DrainConfig, QuarantineConfig
 from faultline.metrics import serve
-from workers import breaker, common, quarantine, rules
+from workers import breaker, common, drainer, quarantine, rules
 
 
 def quarantine_settings(config: QuarantineConfig) -> quarantine.Settings:
@@ -36,9 +36,29 @@ def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
 
 
 def quarantine_main(config: QuarantineConfig) -> None:
-    worker = quarantine_worker(config)
-    if config.metrics_port:
-        serve(config.metrics_port, host="0.0.0.0", registry=worker.metrics.registry, health=lambda: True)  # noqa: S104
+    _serve_until_signalled(quarantine_worker(config), config.metrics_port)
+
+
+def drain_worker(config: DrainConfig) -> drainer.Drainer:
+    settings = drainer.Settings(
+        default_mode=config.default_mode, delete_after=dt.timedelta(seconds=config.delete_after),
+        gpu_only=config.gpu_only, lease=dt.timedelta(seconds=config.lease), threads=config.threads,
+        poll=config.poll, qps=config.qps, burst=config.burst,
+    )  # fmt: skip
+    st = store.connect(config.mongodb_uri.get_secret_value(), config.database)
+    with store.unreachable_is_transient("creating indexes"):
+        st.ensure_indexes()
+    api = kube.api_client(config.kubeconfig)
+    return drainer.Drainer(st, api, settings, config.owner or common.default_owner("drain"))
+
+
+def drain_main(config: DrainConfig) -> None:
+    _serve_until_signalled(drain_worker(config), config.metrics_port)
+
+
+def _serve_until_signalled(worker: quarantine.QuarantineWorker | drainer.Drainer, metrics_port: int) -> None:
+    if metrics_port:
+        serve(metrics_port, host="0.0.0.0", registry=worker.metrics.registry, health=lambda: True)  # noqa: S104
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

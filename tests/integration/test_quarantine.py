@@ -59,8 +59,10 @@ def node_view(api: Any, name: str) -> dict[str, Any]:
     obj = kube.read_json(api, kube.core(api).read_node, name)
     return {
         "cordoned": bool(obj["spec"].get("unschedulable")),
-        "taints": sorted(
-            (t["key"], t.get("value", ""), t["effect"]) for t in obj["spec"].get("taints") or []
+        "taints": sorted(  # the node controller's own left out: these nodes get no heartbeat
+            (t["key"], t.get("value", ""), t["effect"])
+            for t in obj["spec"].get("taints") or []
+            if not t["key"].startswith("node.kubernetes.io/")
         ),
         "labels": obj["metadata"].get("labels") or {},
         "annotations": obj["metadata"].get("annotations") or {},
@@ -115,7 +117,8 @@ def test_fatal_fault_quarantines_and_resolution_releases(
     )
     held = mongo_db["nodes"].find_one({"_id": name})
     assert held["quarantined"] and held["quarantined_at"] is not None
-    assert mongo_db["faults"].find_one({"_id": fault(name).id})["quarantine"]["state"] == "done"
+    procs.wait_for("the claim completed", lambda: mongo_db["faults"].find_one({"_id": fault(name).id})[
+        "quarantine"]["state"] == "done", 5)  # fmt: skip
 
     w.store.write_fault(fault(name, resolved=True), 2)
     procs.wait_for("release", lambda: not node_view(api, name)["cordoned"], 10)
@@ -139,8 +142,7 @@ def test_an_operators_cordon_and_taints_stay(running: Any, nodes: Any, api: Any)
     procs.wait_for("faultline's taint gone", lambda: FAULT_TAINT not in node_view(api, name)["taints"], 10)
     view = node_view(api, name)
     assert view["cordoned"]  # the operator's cordon
-    mine = [t for t in view["taints"] if not t[0].startswith("node.kubernetes.io/")]  # the controller's own
-    assert mine == [("ops.example.com/maintenance", "disk", "NoSchedule")]
+    assert view["taints"] == [("ops.example.com/maintenance", "disk", "NoSchedule")]
 
 
 def test_opt_out_dry_run_non_fatal_and_stale_faults_change_nothing(

@@ -1,0 +1,250 @@
+"""The drainer (`faultline worker drain`): empties the nodes faultline quarantined, per namespace mode.
+
+Work items are nodes, not faults: a node the quarantine worker holds cordoned (its `nodes` document says
+`quarantined` and owns the cordon, or the node is cordoned with faultline's taint) gets a document in
+`drains` for that quarantine (its `episode` is the quarantine time), whose `drain` stage is claimed like
+a fault's stage. Nodes with fatal faults sort first. The claim holder drains the node until nothing
+evictable is left, renewing its lease; a replica that dies mid-drain loses its lease and another takes
+the node over, continuing from the pods that are left (level-triggered: it lists them again) and from the
+per-pod record in the drain document (when a pod was first evicted, for DeleteAfterTimeout).
+
+Per-namespace mode, the namespace label `faultline.io/drain-mode` (default `--default-mode`):
+- `Immediate`: the Eviction API; a 429 (a PodDisruptionBudget says not now) is retried with back-off,
+  and the pod is never deleted around the budget.
+- `AllowCompletion`: nothing is evicted; the drain waits for the pods to finish.
+- `DeleteAfterTimeout`: evicted like Immediate, and deleted once `delete_after` has passed since the
+  first eviction attempt.
+DaemonSet pods, mirror (static) pods and finished pods are left alone; with `gpu_only`, so are pods that
+request no `nvidia.com/gpu`. A node released while draining ends its drain.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from faultline import kube, store
+from workers import common
+
+log = logging.getLogger("faultline.workers.drainer")
+WORKER = "drain"
+STAGE = "nodedrain"
+MODE_LABEL = "faultline.io/drain-mode"
+MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+@dataclass(frozen=True)
+class Settings:
+    default_mode: str = "Immediate"
+    delete_after: dt.timedelta = dt.timedelta(minutes=10)
+    gpu_only: bool = False
+    lease: dt.timedelta = dt.timedelta(seconds=30)
+    threads: int = 8
+    poll: float = 1.0  # seconds between looks at a node being drained
+    backoff_max: float = 30.0  # the longest wait before retrying an eviction a budget refused
+    resync_interval: float = 2.0
+    namespace_ttl: float = 30.0
+    qps: float = 200.0
+    burst: int = 400
+
+
+def evictable(pod: dict[str, Any], gpu_only: bool) -> bool:
+    """Pods a drain moves: not DaemonSet-owned, not mirror pods, not finished; with `gpu_only`, only
+    pods that request GPUs."""
+    meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return False
+    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
+        return False
+    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
+        return False
+    if gpu_only:
+        containers = [*spec.get("containers", []), *spec.get("initContainers", [])]
+        return any(
+            "nvidia.com/gpu" in {**(c.get("resources", {}).get("limits") or {}),
+                                 **(c.get("resources", {}).get("requests") or {})}
+            for c in containers
+        )  # fmt: skip
+    return True
+
+
+class Drainer:
+    def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
+        self.store = st
+        self.api = api
+        self.core = kube.core(api)
+        self.policy = kube.policy(api)
+        self.settings = settings
+        self.owner = owner
+        self.metrics = common.WorkerMetrics(WORKER)
+        self.limiter = common.RateLimiter(settings.qps, settings.burst)
+        self.modes: dict[str, tuple[float, str]] = {}
+        self.modes_lock = threading.Lock()
+        self.loop = common.ClaimLoop(
+            st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
+            metrics=self.metrics, collection="drains", order=("-fatal", "first_seen"),
+        )  # fmt: skip
+        self.stop = self.loop.stop
+
+    def start(self) -> list[threading.Thread]:
+        threads = self.loop.start()
+        resync = threading.Thread(target=self._resync_forever, name="drain-resync", daemon=True)
+        resync.start()
+        return [*threads, resync]
+
+    def _resync_forever(self) -> None:
+        while True:
+            try:
+                self.resync()
+                self.store.reap(STAGE, max_attempts=20, collection="drains")
+                self.metrics.queue.set(self.store.drains.count_documents({f"{STAGE}.state": store.PENDING}))
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                log.warning("resync failed: %s", exc)
+            if self.stop.wait(self.settings.resync_interval):
+                return
+
+    def resync(self) -> None:
+        """A drain document for each quarantine episode of each node faultline holds cordoned."""
+        for doc in self.store.nodes.find({"quarantined": True}):
+            if not (doc.get("owned") or {}).get("cordoned") or doc.get("quarantined_at") is None:
+                continue
+            episode = doc["quarantined_at"]
+            current = self.store.drains.find_one({"_id": doc["_id"]}, {"episode": 1})
+            if current is not None and current.get("episode") == episode:
+                continue
+            fatal = (
+                self.store.faults.count_documents({"_id": {"$in": doc.get("faults", [])}, "fatal": True}) > 0
+            )
+            fields = {
+                "node": doc["_id"], "episode": episode, "first_seen": episode, "fatal": fatal, "pods": {},
+                "started_at": None, "drained_at": None, "result": None,
+                STAGE: {"state": store.PENDING, "attempts": 0},
+            }  # fmt: skip
+            if current is None:
+                self.store.upsert(self.store.drains, {"_id": doc["_id"]}, {"$setOnInsert": fields})
+            else:  # a new quarantine of a node drained before: start over (the claim numbers go on)
+                fields.pop(STAGE)
+                self.store.drains.update_one(
+                    {"_id": doc["_id"]},
+                    {"$set": {**fields, f"{STAGE}.state": store.PENDING, f"{STAGE}.attempts": 0}},
+                )
+
+    # -- one node -----------------------------------------------------------------------------------------
+    def _held(self, node: str, episode: Any) -> bool:
+        doc = self.store.nodes.find_one({"_id": node}, {"quarantined": 1, "quarantined_at": 1}) or {}
+        return bool(doc.get("quarantined")) and doc.get("quarantined_at") == episode
+
+    def _mode(self, namespace: str) -> str:
+        with self.modes_lock:
+            cached = self.modes.get(namespace)
+        if cached is not None and time.monotonic() - cached[0] < self.settings.namespace_ttl:
+            return cached[1]
+        try:
+            labels = (
+                kube.read_json(self.api, self.core.read_namespace, namespace)["metadata"].get("labels") or {}
+            )
+        except kube.ApiException as exc:
+            if exc.status != 404:
+                raise
+            labels = {}
+        mode = str(labels.get(MODE_LABEL, self.settings.default_mode))
+        if mode not in MODES:
+            log.warning("namespace %s: %s=%r is not one of %s; using %s", namespace, MODE_LABEL, mode,
+                        ", ".join(MODES), self.settings.default_mode)  # fmt: skip
+            mode = self.settings.default_mode
+        with self.modes_lock:
+            self.modes[namespace] = (time.monotonic(), mode)
+        return mode
+
+    def _handle(self, claim: store.Claim) -> str:
+        node, episode = str(claim.id), claim.doc.get("episode")
+        started = self.store.clock()
+        self.store.drains.update_one({"_id": node, "started_at": None}, {"$set": {"started_at": started}})
+        pods: dict[str, dict[str, Any]] = dict(claim.doc.get("pods") or {})  # uid -> its record
+        retry_at: dict[str, float] = {}
+        while not self.stop.is_set():
+            if not self._held(node, episode):
+                self._finish(node, "released before the drain finished")
+                return store.DONE
+            left = self._pass(node, pods, retry_at)
+            self.store.drains.update_one({"_id": node}, {"$set": {"pods": pods}})
+            if not left:
+                self._finish(node, "drained")
+                common.post_event(
+                    self.api, node, reason="FaultlineDrained", note=f"drained: {len(pods)} pods moved",
+                    action="Drain", warning=False, worker=WORKER, owner=self.owner,
+                )  # fmt: skip
+                return store.DONE
+            self.stop.wait(self.settings.poll)
+        return store.PENDING  # stopping: another replica (or this one, restarted) continues
+
+    def _finish(self, node: str, result: str) -> None:
+        now = self.store.clock()
+        self.store.drains.update_one({"_id": node}, {"$set": {"drained_at": now, "result": result}})
+        self.metrics.actions.labels(result=result.split(maxsplit=1)[0]).inc()
+
+    def _pass(self, node: str, pods: dict[str, dict[str, Any]], retry_at: dict[str, float]) -> int:
+        """One look at the node: act on each evictable pod by its namespace's mode; returns how many
+        evictable pods are still there."""
+        listed = kube.read_json(
+            self.api, self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
+        )
+        left = 0
+        now = self.store.clock()
+        for pod in listed["items"]:
+            if not evictable(pod, self.settings.gpu_only):
+                continue
+            left += 1
+            meta = pod["metadata"]
+            uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
+            record = pods.setdefault(uid, {"namespace": ns, "name": name, "mode": self._mode(ns)})
+            mode = record["mode"]
+            if mode == "AllowCompletion":
+                continue
+            if meta.get("deletionTimestamp") and mode == "Immediate":
+                continue  # on its way out
+            if mode == "DeleteAfterTimeout" and record.get("evicted_at") is not None:
+                first = common.as_utc(record["evicted_at"]) or now
+                if now - first >= self.settings.delete_after and not record.get("deleted_at"):
+                    self.limiter.take()
+                    try:
+                        self.core.delete_namespaced_pod(name, ns)
+                    except kube.ApiException as exc:
+                        if exc.status != 404:
+                            raise
+                    record["deleted_at"] = now
+                    self.metrics.actions.labels(result="deleted").inc()
+                    continue
+            if meta.get("deletionTimestamp") or time.monotonic() < retry_at.get(uid, 0.0):
+                continue
+            self._evict(ns, name, uid, record, retry_at, now)
+        return left
+
+    def _evict(self, ns: str, name: str, uid: str, record: dict[str, Any], retry_at: dict[str, float],
+               now: dt.datetime) -> None:  # fmt: skip
+        body: Any = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns},
+        }
+        self.limiter.take()
+        record.setdefault("evicted_at", now)
+        try:
+            self.core.create_namespaced_pod_eviction(name, ns, body)
+        except kube.ApiException as exc:
+            if exc.status == 404:
+                return  # gone already
+            if exc.status == 429:  # a PodDisruptionBudget says not now: back off, never delete around it
+                tries = int(record.get("refused", 0)) + 1
+                record["refused"] = tries
+                retry_at[uid] = time.monotonic() + min(self.settings.backoff_max, 0.5 * 2**tries)
+                self.metrics.actions.labels(result="eviction-refused").inc()
+                return
+            raise
+        record["evicted"] = True
+        self.metrics.actions.labels(result="evicted").inc()
