@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -148,17 +149,22 @@ class Store:
         lease: dt.timedelta,
         extra: dict[str, Any] | None = None,
         *,
+        spread: bool = False,
         collection: str = "faults",
         order: tuple[str, ...] = ("first_seen",),
     ) -> Claim | None:
         """Take the first pending document of `stage` in `collection` (faults by default), by `order`
-        (ascending fields; a leading "-" descends), optionally filtered by equality on more fields."""
+        (ascending fields; a leading "-" descends), optionally filtered by equality on more fields.
+        `spread`: take any of the first CLAIM_SCAN (for many claimers at once)."""
         coll = self.db[collection]
         sort = [(f.lstrip("-"), pymongo.DESCENDING if f[0] == "-" else pymongo.ASCENDING) for f in order]
         candidates = coll.find({f"{stage}.state": PENDING, **(extra or {})}).sort(
             [*sort, ("_id", pymongo.ASCENDING)]
         )
-        for doc in candidates.limit(CLAIM_SCAN):
+        docs = list(candidates.limit(CLAIM_SCAN))
+        if spread:  # concurrent claimers start at different places instead of all racing for the first
+            random.shuffle(docs)
+        for doc in docs:
             n = int(doc[stage].get("seq", 0)) + 1
             now = self.clock()
             until = now + lease

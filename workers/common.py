@@ -113,8 +113,9 @@ class ClaimLoop:
         while not self.stop.is_set():
             try:
                 claim = self.store.claim(
-                    self.stage, self.owner, self.lease, collection=self.collection, order=self.order
-                )
+                    self.stage, self.owner, self.lease, collection=self.collection, order=self.order,
+                    spread=self.threads > 1,
+                )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - a broken round must not end the worker thread
                 log.warning("%s: claim failed: %s", self.stage, exc)
                 self.stop.wait(1.0)

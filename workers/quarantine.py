@@ -36,6 +36,7 @@ STAGE = "quarantine"
 WORKER = "quarantine"
 OWNED_ANNOTATION = "faultline.io/quarantine"
 BREAKER_ID = "breaker:quarantine"
+BREAKER_REFRESH_S = 1.0
 STALE, BLOCKED, OPTED_OUT, DRY_RUN, GONE = "stale", "blocked", "opted-out", "dry-run", "node-missing"
 
 
@@ -67,6 +68,7 @@ class QuarantineWorker:
         self.locks_lock = threading.Lock()
         self.breaker_lock = threading.Lock()
         self.gpu_nodes: tuple[float, int] = (-1e9, 0)
+        self.breaker_view: _BreakerView | None = None
         self.loop = common.ClaimLoop(
             st,
             STAGE,
@@ -99,7 +101,7 @@ class QuarantineWorker:
         nodes = {d["_id"] for d in self.store.nodes.find({"quarantined": True}, {"_id": 1})}
         nodes |= {d["node"] for d in self.store.faults.find({f"{STAGE}.state": BLOCKED}, {"node": 1})}
         for node in sorted(nodes):
-            self.reconcile(node)
+            self.reconcile(node, record_unchanged=False)
 
     def _handle(self, claim: store.Claim) -> str:
         doc = claim.doc
@@ -116,12 +118,14 @@ class QuarantineWorker:
         with self.locks_lock:
             return self.node_locks[node]
 
-    def reconcile(self, node: str) -> str:
-        """Bring one node to what its open faults call for; returns what happened."""
+    def reconcile(self, node: str, *, record_unchanged: bool = True) -> str:
+        """Bring one node to what its open faults call for; returns what happened. `record_unchanged`:
+        write the node's record even when nothing changed (a claim does: its node may have been patched
+        by a worker that died before recording it; the resync pass does not)."""
         with self._lock(node):
             for _ in range(5):
                 try:
-                    result = self._reconcile(node)
+                    result = self._reconcile(node, record_unchanged)
                 except kube.ApiException as exc:
                     if exc.status == 409:
                         continue  # the Node changed under us: read it again
@@ -144,7 +148,7 @@ class QuarantineWorker:
             faults.append(rules.OpenFault.from_doc(doc))
         return faults, last_resolved
 
-    def _reconcile(self, node: str) -> str:
+    def _reconcile(self, node: str, record_unchanged: bool) -> str:
         now = self.store.clock()
         try:
             obj = kube.read_json(self.api, self.core.read_node, node)
@@ -170,14 +174,15 @@ class QuarantineWorker:
         if want.quarantined and not holds:
             admitted = self._admit(node, now)
             if not admitted:
-                self._record_blocked(node, want)
+                self._record_blocked(faults, want)
                 return BLOCKED
         releasing = not want.quarantined and holds and outcome != OPTED_OUT
         if releasing and last_resolved is not None and now - last_resolved < self.settings.hold_down:
             return "holding"  # the resync pass releases it once the hold-down is over
         p = rules.plan(state, want)
         if not p.changed and annotations.get(rules.FAULTS_ANNOTATION, "") == ",".join(want.faults):
-            self._record(node, want, p, now, changed=False)
+            if record_unchanged:
+                self._record(node, want, p, now, faults, newly=False)
             return "unchanged"
         if self.settings.dry_run:
             self.store.upsert(
@@ -191,11 +196,11 @@ class QuarantineWorker:
             note=_describe(p, want), action="Quarantine" if want.quarantined else "Release",
             warning=want.quarantined, worker=WORKER, owner=self.owner,
         )  # fmt: skip
-        self._record(node, want, p, now, changed=True)
-        if want.quarantined and not holds:
-            first = min((common.as_utc(d.get("first_seen")) or now for d in self.store.faults.find(
-                {"_id": {"$in": list(want.faults)}}, {"first_seen": 1})), default=now)  # fmt: skip
-            self.metrics.latency.observe(max(0.0, (now - first).total_seconds()))
+        newly = want.quarantined and not holds
+        self._record(node, want, p, now, faults, newly=newly, released=not want.quarantined)
+        if newly:
+            firsts = [common.as_utc(f.first_seen) or now for f in faults if f.key in want.faults]
+            self.metrics.latency.observe(max(0.0, (now - min(firsts, default=now)).total_seconds()))
         return outcome if want.quarantined or holds else "unchanged"
 
     def _patch(self, obj: dict[str, Any], p: rules.Plan, want: rules.Desired) -> None:
@@ -219,31 +224,33 @@ class QuarantineWorker:
         self.core.patch_node(obj["metadata"]["name"], body, _content_type="application/merge-patch+json")
 
     def _record(
-        self, node: str, want: rules.Desired, p: rules.Plan, now: dt.datetime, *, changed: bool
-    ) -> None:
+        self, node: str, want: rules.Desired, p: rules.Plan, now: dt.datetime, faults: list[rules.OpenFault],
+        *, newly: bool, released: bool = False,
+    ) -> None:  # fmt: skip
         held = p.owned != rules.Owned()
         fields: dict[str, Any] = {
             "quarantined": held, "faults": list(want.faults), "owned": p.owned.as_json(), "checked_at": now,
         }  # fmt: skip
-        if changed:
-            fields["quarantined_at" if held else "released_at"] = now
-        update: dict[str, Any] = {"$set": fields}
-        if changed and held:
-            previous = self.store.nodes.find_one({"_id": node}, {"quarantined": 1}) or {}
-            if previous.get("quarantined"):
-                del fields["quarantined_at"]  # still held: the window counts the first quarantine only
-        self.store.upsert(self.store.nodes, {"_id": node}, update)
-        if held and want.faults:
-            self.store.faults.update_many(
-                {"_id": {"$in": list(want.faults)}, f"{STAGE}.state": BLOCKED},
-                {"$set": {f"{STAGE}.state": store.DONE}},
-            )
+        if newly:
+            fields["quarantined_at"] = now  # the breaker's window counts the first quarantine only
+        if released:
+            fields["released_at"] = now
+        self.store.upsert(self.store.nodes, {"_id": node}, {"$set": fields})
+        if held:
+            for fault in faults:  # by _id: the one filter every server answers from its index
+                if fault.stage == BLOCKED and fault.key in want.faults:
+                    self.store.faults.update_one(
+                        {"_id": fault.key, f"{STAGE}.state": BLOCKED},
+                        {"$set": {f"{STAGE}.state": store.DONE}},
+                    )
 
-    def _record_blocked(self, node: str, want: rules.Desired) -> None:
-        self.store.faults.update_many(
-            {"_id": {"$in": list(want.faults)}, f"{STAGE}.state": {"$ne": STALE}},
-            {"$set": {f"{STAGE}.state": BLOCKED}},
-        )  # the claim's completion sets its own fault; the others wait for the resync too
+    def _record_blocked(self, faults: list[rules.OpenFault], want: rules.Desired) -> None:
+        """The faults held back wait for the resync pass (the claim's own fault is set by its completion)."""
+        for fault in faults:
+            if fault.key in want.faults and fault.stage not in (BLOCKED, STALE):
+                self.store.faults.update_one(
+                    {"_id": fault.key, f"{STAGE}.state": fault.stage}, {"$set": {f"{STAGE}.state": BLOCKED}}
+                )
 
     # -- the breaker -------------------------------------------------------------------------------------
     def _gpu_node_count(self) -> int:
@@ -255,31 +262,54 @@ class QuarantineWorker:
             self.gpu_nodes = (now, count)
         return count
 
-    def breaker_state(self, now: dt.datetime) -> breaker.BreakerState:
-        doc = self.store.nodes.find_one({"_id": BREAKER_ID}) or {}
-        stored = breaker.BreakerState(doc.get("state", breaker.CLOSED), common.as_utc(doc.get("since")),
-                                      doc.get("reason", ""))  # fmt: skip
-        return breaker.current(stored, self.settings.breaker, now)
-
     def _admit(self, node: str, now: dt.datetime) -> bool:
+        """May this node be newly quarantined? The breaker's view (its stored state, and the nodes
+        quarantined since it counts) is read from MongoDB at most every BREAKER_REFRESH_S and whenever
+        its state moves on; in between, this replica counts its own admissions, so it alone never passes
+        the limit, and other replicas' admissions show within that time. No database call is made while
+        the decision's lock is held, except the refresh itself."""
+        cfg = self.settings.breaker
         with self.breaker_lock:
-            state = self.breaker_state(now)
-            since = breaker.counting_from(state, self.settings.breaker, now)
-            recent = self.store.nodes.count_documents(
-                {"quarantined_at": {"$gte": _naive(since)}, "_id": {"$ne": node}}
-            )  # a retry after a conflict must not count the node's own reservation
-            admitted, new = breaker.admit(state, self.settings.breaker, now, recent, self._gpu_node_count())
-            stored = (self.store.nodes.find_one({"_id": BREAKER_ID}) or {}).get("state", breaker.CLOSED)
-            if new != state or new.state != stored:
-                self.store.upsert(
-                    self.store.nodes, {"_id": BREAKER_ID},
-                    {"$set": {"state": new.state, "since": new.since, "reason": new.reason}},
-                )  # fmt: skip
-                if new.state == breaker.OPEN and state.state != breaker.OPEN:
-                    log.warning("circuit breaker open: %s", new.reason)
-            if admitted:  # reserve the slot now: concurrent quarantines count it
-                self.store.upsert(self.store.nodes, {"_id": node}, {"$set": {"quarantined_at": now}})
-            return admitted
+            view = self.breaker_view
+            if view is None or (now - view.read_at).total_seconds() > BREAKER_REFRESH_S:
+                view = self._read_breaker(now)
+            if breaker.current(view.state, cfg, now).state != view.state.state:
+                view = self._read_breaker(now)  # half-open or closed now: count from the new start
+            recent = len(view.counted | view.admitted) - (node in view.counted or node in view.admitted)
+            admitted, new = breaker.admit(view.state, cfg, now, recent, view.gpu_nodes)
+            store_it = new != view.stored
+            if admitted:
+                view.admitted.add(node)
+            view.state = view.stored = new
+            self.breaker_view = view
+        if store_it:
+            self.store.upsert(
+                self.store.nodes, {"_id": BREAKER_ID},
+                {"$set": {"state": new.state, "since": new.since, "reason": new.reason}},
+            )  # fmt: skip
+            if new.state == breaker.OPEN:
+                log.warning("circuit breaker open: %s", new.reason)
+        return admitted  # other replicas count it once its record (quarantined_at) is written
+
+    def _read_breaker(self, now: dt.datetime) -> _BreakerView:
+        doc = self.store.nodes.find_one({"_id": BREAKER_ID}) or {}
+        stored = breaker.BreakerState(
+            doc.get("state", breaker.CLOSED), common.as_utc(doc.get("since")), doc.get("reason", "")
+        )
+        state = breaker.current(stored, self.settings.breaker, now)
+        since = _naive(breaker.counting_from(state, self.settings.breaker, now))
+        counted = {d["_id"] for d in self.store.nodes.find({"quarantined_at": {"$gte": since}}, {"_id": 1})}
+        return _BreakerView(now, stored, state, counted, set(), self._gpu_node_count())
+
+
+@dataclass
+class _BreakerView:
+    read_at: dt.datetime
+    stored: breaker.BreakerState  # as in MongoDB
+    state: breaker.BreakerState  # as of now
+    counted: set[str]  # nodes quarantined since the breaker counts, as read
+    admitted: set[str]  # admitted by this replica since the read
+    gpu_nodes: int
 
 
 def _gpus(node: dict[str, Any]) -> int:

@@ -134,11 +134,14 @@ class OpenFault:
     action: Action
     fatal: bool
     count: int
+    first_seen: Any = None  # as stored (for latency figures)
+    stage: str = ""  # the quarantine stage's state, as stored
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> OpenFault:
         return cls(str(doc["_id"]), str(doc["code"]), Component(doc["component"]), Action(doc["action"]),
-                   bool(doc["fatal"]), int(doc.get("count", 1)))  # fmt: skip
+                   bool(doc["fatal"]), int(doc.get("count", 1)), doc.get("first_seen"),
+                   str((doc.get("quarantine") or {}).get("state", "")))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""Quarantine speed on the local control plane and FerretDB.
+
+    python benchmarks/quarantine.py                    # 50 single faults, then 500 nodes at once
+    python benchmarks/quarantine.py --storm 100        # a quicker look
+
+1. Fault -> cordon for single faults: a fatal fault is written to MongoDB (as the agent writes it) and
+   the time until the Node is cordoned is measured, one fault at a time (p50, p99).
+2. A storm: fatal faults on N nodes already in MongoDB when a worker starts; the time from its start
+   until every node is cordoned and tainted gives nodes/s (the circuit breaker is set wide open for this: it is what would stop a real storm).
+
+The Nodes are plain Node objects with GPU capacity (no pods; the drainer is not involved). Printed beside
+the goals and NVSentinel's published figure (about 2.5 nodes/s cordon) for context, and beside the
+store's own ceiling: the same number of claims and completions with no Kubernetes work (FerretDB's SQLite
+backend serialises writes, and each quarantine costs five: two per claim, two per completion, one record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as dt
+import statistics
+import sys
+import time
+from typing import Any
+
+import pymongo
+
+from faultline import kube, store
+from faultline.dev.cluster import LocalCluster
+from faultline.dev.mongo import LocalMongo
+from faultline.kube import fakelet
+from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from workers import breaker, quarantine
+
+
+def fault(node: str, code: str) -> Fault:
+    now = dt.datetime.now(dt.UTC)
+    return Fault(
+        id=fault_id(node, "GPU", "0000:3b:00", code), node=node, entity=Entity(type="GPU", id="0000:3b:00"),
+        code=code, component=Component.GPU, count=1, first_seen=now, last_seen=now, fatal=True,
+        action=Action.RESTART_BM, state=FaultState.OPEN,
+    )  # fmt: skip
+
+
+def cordoned(api: Any) -> set[str]:
+    items = kube.read_json(api, kube.core(api).list_node)["items"]
+    return {n["metadata"]["name"] for n in items if n["spec"].get("unschedulable")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--singles", type=int, default=50)
+    parser.add_argument("--storm", type=int, default=500)
+    parser.add_argument("--threads", type=int, default=16)
+    args = parser.parse_args()
+    with LocalCluster(nodes=0) as cluster, LocalMongo() as mongo:
+        api = cluster.api()
+        core = kube.core(api)
+        total = args.singles + args.storm
+        names = [f"bench-{i:04d}" for i in range(total)]
+        t0 = time.monotonic()
+        for name in names:
+            core.create_node(fakelet.node_manifest(fakelet.SimNode(name, "10.9.0.1"), 8))
+        print(f"created {total} nodes in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+        st = store.Store(client["bench"])
+        st.ensure_indexes()
+        settings = quarantine.Settings(
+            breaker=breaker.BreakerConfig(max_share=None, max_count=None), threads=args.threads,
+            resync_interval=2.0, qps=1000.0, burst=1000,
+        )  # fmt: skip
+        worker = quarantine.QuarantineWorker(st, api, settings, "bench")
+        threads = worker.start()
+        try:
+            latencies = []
+            for name in names[: args.singles]:
+                start = time.monotonic()
+                st.write_fault(fault(name, "XID-79"), 1)
+                while not kube.read_json(api, core.read_node, name)["spec"].get("unschedulable"):
+                    if time.monotonic() - start > 30:
+                        raise SystemExit(f"{name} not cordoned within 30 s")
+                    time.sleep(0.005)
+                latencies.append(time.monotonic() - start)
+            worker.stop.set()
+            for thread in threads:
+                thread.join(10)
+            storm = names[args.singles :]
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:  # as the nodes' agents would, at once
+                list(pool.map(lambda n: st.write_fault(fault(n, "XID-48"), 1), storm))
+            worker = quarantine.QuarantineWorker(st, api, settings, "bench")
+            start = time.monotonic()
+            threads = worker.start()
+            want = set(storm)
+            while not want <= cordoned(api):
+                if time.monotonic() - start > 600:
+                    raise SystemExit("the storm was not cordoned within 10 minutes")
+                time.sleep(0.05)
+            took = time.monotonic() - start
+            # The store's own ceiling: the same claims and completions with no Kubernetes work at all.
+            worker.stop.set()
+            for thread in threads:
+                thread.join(10)
+            ceiling_faults = [fault(f"store-only-{i:04d}", "XID-48") for i in range(len(storm))]
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda f: st.write_fault(f, 1), ceiling_faults))
+            start = time.monotonic()
+
+            def cycle() -> None:
+                while (claim := st.claim("quarantine", "ceiling", dt.timedelta(seconds=30),
+                                         {"node": {"$exists": True}}, spread=True)) is not None:  # fmt: skip
+                    st.complete(claim)
+
+            with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+                list(pool.map(lambda _: cycle(), range(args.threads)))
+            ceiling = len(ceiling_faults) / (time.monotonic() - start)
+        finally:
+            worker.stop.set()
+            for thread in threads:
+                thread.join(10)
+            client.close()
+    lat = sorted(latencies)
+    p50, p99 = statistics.median(lat) * 1000, lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000
+    rate = len(storm) / took
+    print(f"\nquarantine worker, {args.threads} threads, on the local control plane and FerretDB:")
+    print(f"  {'':44} {'measured':>10} {'goal':>10} {'NVSentinel':>12}")
+    print(f"  {'fault -> cordon p50 (ms), single faults':44} {p50:>10.0f} {'':>10} {'':>12}")
+    print(f"  {'fault -> cordon p99 (ms), n=' + str(len(lat)):44} {p99:>10.0f} {'<= 1000':>10} {'':>12}")
+    print(f"  {f'{len(storm)} nodes faulted at once: s to all cordoned':44} {took:>10.1f} {'':>10} {'':>12}")
+    print(f"  {'  nodes/s':44} {rate:>10.1f} {'>= 50':>10} {'~2.5':>12}")
+    print(f"  {'  the store alone: claim+complete cycles/s':44} {ceiling:>10.1f} {'':>10} {'':>12}")
+
+
+if __name__ == "__main__":
+    main()
