@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup tools replay check test bench bench-agent sample cluster proto proto-check
+.PHONY: setup tools replay check test bench bench-agent bench-quarantine sample cluster proto proto-check
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -66,6 +66,10 @@ bench: setup
 # The node agent's RSS, CPU and XID -> MongoDB latency under load (needs the tools and systemd-journal-remote).
 bench-agent: setup tools
 	$(BIN)/python benchmarks/agent.py
+
+# Quarantine: fault -> cordon latency and 500 nodes faulted at once, on the local cluster and FerretDB.
+bench-quarantine: setup tools
+	$(BIN)/python benchmarks/quarantine.py
 
 # Rewrite the committed sample corpus (deterministic).
 sample: setup

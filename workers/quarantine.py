@@ -8,7 +8,8 @@ is recorded in the annotation `faultline.io/quarantine` so that exactly that is 
 after restarts and rule changes; a node cordoned by an operator stays cordoned.
 
 A resync pass (every `resync_interval`) revisits the nodes faultline holds and the faults the breaker
-held back: that is where nodes are released (after `hold_down` since their last fault resolved) and
+held back: that is where nodes are released (after `hold_down` since their last fault resolved, and
+not while the janitor is still carrying out or validating a repair of the node) and
 where held-back quarantines go ahead once the breaker half-opens. The circuit breaker (`workers.breaker`)
 lives in the store's `nodes` collection (document `breaker:quarantine`), next to one document per node
 faultline holds (`quarantined`, `quarantined_at`, the faults, what it owns). Faults whose last sighting
@@ -179,6 +180,8 @@ class QuarantineWorker:
         releasing = not want.quarantined and holds and outcome != OPTED_OUT
         if releasing and last_resolved is not None and now - last_resolved < self.settings.hold_down:
             return "holding"  # the resync pass releases it once the hold-down is over
+        if releasing and self._repair_in_progress(node):
+            return "holding"  # the janitor has not validated its repair yet
         p = rules.plan(state, want)
         if not p.changed and annotations.get(rules.FAULTS_ANNOTATION, "") == ",".join(want.faults):
             if record_unchanged:
@@ -202,6 +205,13 @@ class QuarantineWorker:
             firsts = [common.as_utc(f.first_seen) or now for f in faults if f.key in want.faults]
             self.metrics.latency.observe(max(0.0, (now - min(firsts, default=now)).total_seconds()))
         return outcome if want.quarantined or holds else "unchanged"
+
+    def _repair_in_progress(self, node: str) -> bool:
+        """A repair of the node the janitor has not finished (it validates before the node goes back)."""
+        return any(
+            (d.get("janitor") or {}).get("state") in (store.PENDING, store.CLAIMED)
+            for d in self.store.db["repairs"].find({"node": node}, {"janitor": 1})
+        )
 
     def _patch(self, obj: dict[str, Any], p: rules.Plan, want: rules.Desired) -> None:
         labels: dict[str, str | None] = {**p.set_labels, **dict.fromkeys(p.remove_labels)}

@@ -70,6 +70,44 @@ def events_api(api: client.ApiClient) -> client.EventsV1Api:
     return client.EventsV1Api(api)
 
 
+def custom(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "faultline" / "crds"
+RR_GROUP, RR_VERSION, RR_PLURAL = "faultline.io", "v1alpha1", "remediationrequests"
+
+
+def ensure_crds(api: client.ApiClient, directory: Path = CRD_DIR, *, timeout: float = 30.0) -> list[str]:
+    """Create the chart's CRDs that do not exist yet and wait until they are established (the chart
+    installs them in a cluster; tests and the demo use this)."""
+    import time  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+
+    ext = client.ApiextensionsV1Api(api)
+    names = []
+    for path in sorted(directory.glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        names.append(body["metadata"]["name"])
+        try:
+            ext.create_custom_resource_definition(body)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            crd = ext.read_custom_resource_definition(name)
+            conditions = {c.type: c.status for c in (crd.status.conditions or [])} if crd.status else {}
+            if conditions.get("Established") == "True":
+                break
+            if time.monotonic() > deadline:
+                raise PermanentError(f"CRD {name} not established within {timeout:.0f} s")
+            time.sleep(0.1)
+    return names
+
+
 def rbac(api: client.ApiClient) -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(api)
 

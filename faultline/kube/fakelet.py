@@ -29,6 +29,7 @@ from faultline import kube
 log = logging.getLogger("faultline.fakelet")
 
 RUN_SECONDS = "faultline.io/sim-run-seconds"
+SIM_ACTION = "faultline.io/sim-action"  # "reboot": running this pod reboots its node (a janitor reboot Job)
 EXIT_CODE = "faultline.io/sim-exit-code"
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 LEASE_SECONDS = 40
@@ -102,6 +103,7 @@ class Fakelet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._finishing: dict[str, float] = {}  # pod uid -> monotonic time it finishes running
+        self._acted: set[str] = set()  # pods whose SIM_ACTION was carried out
         self._lock = threading.Lock()
         self.errors = 0
 
@@ -258,6 +260,10 @@ class Fakelet:
                 continue
             if phase != "Running":
                 self._set_running(pod, node)
+                action = (meta.annotations or {}).get(SIM_ACTION)
+                if action == "reboot" and meta.uid not in self._acted:
+                    self._acted.add(meta.uid)
+                    self.reboot(node.name)
                 if pod.spec.restart_policy in ("Never", "OnFailure"):
                     run_for = float((meta.annotations or {}).get(RUN_SECONDS, "1"))
                     self._finishing[meta.uid] = now_mono + run_for

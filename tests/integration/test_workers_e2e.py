@@ -1,0 +1,130 @@
+"""End to end on the real control plane and FerretDB: a simulated XID 79 on a node running pods ->
+condition -> cordon + taint -> pods evicted (PDB respected) -> RemediationRequest -> reboot Job ->
+simulated reboot -> healthy report -> faults resolved -> uncordon, with every step's time recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faultline import kube, store
+from faultline.dev.cluster import LocalCluster
+from faultline.dev.mongo import LocalMongo
+from tests.integration.test_agent import poll, sim, start_agent, stop_agent
+from tests.integration.test_drainer import pdb, pod, pods_on
+from workers import breaker, drainer, janitor, quarantine, remediation
+
+pytestmark = pytest.mark.integration
+
+
+def test_xid_to_repair_to_uncordon(
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, mongo_db: Any, namespace: str, tmp_path: Path
+) -> None:
+    node = cluster.node_names[3]
+    core = kube.core(api)
+    kube.ensure_crds(api)
+    with contextlib.suppress(kube.ApiException):
+        core.create_namespace({"metadata": {"name": "faultline-system"}})
+    with contextlib.suppress(kube.ApiException):
+        core.create_namespaced_service_account(
+            "faultline-system", {"metadata": {"name": "faultline-janitor"}}
+        )
+    core.patch_namespace(namespace, {"metadata": {"labels": {drainer.MODE_LABEL: "Immediate"}}})
+    for i in range(2):
+        core.create_namespaced_pod(namespace, pod(f"train-{i}", node, labels={"app": "train"}))
+    poll(
+        "pods running",
+        lambda: all(p.status.phase == "Running" for p in core.list_namespaced_pod(namespace).items),
+        20,
+    )
+    pdb(api, namespace, "train", 1)  # bare pods: one may go, the last one stays while the budget exists
+
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    fast = {"lease": dt.timedelta(seconds=5), "threads": 2}
+    workers = [
+        quarantine.QuarantineWorker(
+            st,
+            api,
+            quarantine.Settings(
+                hold_down=dt.timedelta(seconds=1),
+                resync_interval=0.3,
+                breaker=breaker.BreakerConfig(max_share=None, max_count=None),
+                **fast,
+            ),
+            "q",
+        ),
+        drainer.Drainer(
+            st, api, drainer.Settings(poll=0.3, resync_interval=0.3, backoff_max=1.0, **fast), "d"
+        ),
+        remediation.Remediation(st, api, remediation.Settings(resync_interval=0.3, **fast), "r"),
+        janitor.Janitor(
+            st,
+            api,
+            janitor.Settings(
+                poll=0.3,
+                reboot_timeout=dt.timedelta(seconds=60),
+                validate_timeout=dt.timedelta(seconds=30),
+                **fast,
+            ),
+            "j",
+        ),
+    ]
+    agent = start_agent(cluster, mongo, node, mongo_db.name, tmp_path)
+    times: dict[str, float] = {}
+    try:
+        for w in workers:
+            w.start()
+        boot_before = janitor.Janitor._boot_id(workers[3], node)  # type: ignore[arg-type]
+        sim(tmp_path, node, "--gpu", "3", "--xid", "79")
+        times["condition"] = poll(
+            "GpuHealthy False", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "False", 10
+        )
+        times["cordoned"] = poll("cordoned", lambda: bool(core.read_node(node).spec.unschedulable), 10)
+        taints = {(t.key, t.value) for t in core.read_node(node).spec.taints or []}
+        assert ("faultline.io/fault", "XID-79") in taints
+        poll(
+            "one pod evicted, the other held by the budget",
+            lambda: len(pods_on(api, namespace, node)) == 1,
+            30,
+        )
+        poll(
+            "the budget refusing",
+            lambda: workers[1].metrics.actions.labels(result="eviction-refused")._value.get() > 0,
+            10,
+        )
+        assert len(pods_on(api, namespace, node)) == 1  # never deleted around the budget
+        kube.policy(api).delete_namespaced_pod_disruption_budget(
+            "train", namespace
+        )  # the job owner allows it
+        times["drained"] = poll("pods evicted", lambda: pods_on(api, namespace, node) == [], 30)
+        drain = st.drains.find_one({"_id": node})
+        assert all(r["mode"] == "Immediate" for r in drain["pods"].values())
+        times["requested"] = poll("a RemediationRequest", lambda: kube.custom(api).list_cluster_custom_object(
+            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}")["items"], 30)  # fmt: skip
+        request = kube.custom(api).list_cluster_custom_object(
+            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}")["items"][0]  # fmt: skip
+        assert request["spec"]["action"] == "REBOOT" and request["spec"]["node"] == node
+        times["rebooted"] = poll(
+            "a new boot id", lambda: janitor.Janitor._boot_id(workers[3], node) != boot_before, 30
+        )  # type: ignore[arg-type]
+        sim(tmp_path, node, "--gpu", "3", "--clear")  # the GPU reports healthy after the reboot
+        times["resolved"] = poll("faults resolved", lambda: all(
+            d["state"] == "resolved" for d in mongo_db["faults"].find({"node": node})), 20)  # fmt: skip
+        times["uncordoned"] = poll("uncordoned", lambda: not core.read_node(node).spec.unschedulable, 30)
+        repair = mongo_db["repairs"].find_one({"node": node})
+        assert [r["outcome"] for r in repair["rounds"]] == ["Succeeded"]
+        status = kube.custom(api).get_cluster_custom_object(kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL,
+                                                           request["metadata"]["name"])["status"]  # fmt: skip
+        assert status["phase"] == "Succeeded" and status["attempts"] == 1
+        assert not any(t.key.startswith("faultline.io/") for t in core.read_node(node).spec.taints or [])
+        print("\nstep times (s, each from the previous):", {k: round(v, 2) for k, v in times.items()})
+    finally:
+        for w in workers:
+            w.stop.set()
+        stop_agent(agent)
+        core.patch_node(node, {"spec": {"unschedulable": None}})

@@ -1,0 +1,237 @@
+"""The janitor (`faultline worker janitor`): carries out the repairs remediation asked for, checks that
+they worked, and records the outcome.
+
+It claims the `janitor` stage of `repairs` documents (set pending when a RemediationRequest is written)
+and runs the last round's step:
+- REBOOT: a privileged Job pinned to the node (its own ServiceAccount, image and command configurable),
+  then a wait for the node to come back: a new boot id and Ready again.
+- GPU_RESET: a privileged Job on the node that refuses to run while GPU processes remain, then resets the
+  affected GPUs; the wait is for the Job to succeed.
+- REPLACE: needs a cloud provider; none is configured here, so the round fails (and remediation moves on).
+Then it validates: every fault of the round must be resolved by the node agent's fresh healthy report
+within `validate_timeout`. The round's outcome (Succeeded, Failed, TimedOut, NotCleared) goes to the
+repairs document and the request's status; anything but Succeeded sets the remediation stage pending
+again, so the next round escalates. Nothing stays in progress forever: every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from faultline import kube, store
+from faultline.models import FaultState
+from workers import common, remedies
+
+log = logging.getLogger("faultline.workers.janitor")
+WORKER = "janitor"
+STAGE = "janitor"
+SIM_ACTION = "faultline.io/sim-action"  # read by the simulated kubelet (faultline.kube.fakelet)
+RESET_SCRIPT = (
+    "if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q .; then "
+    'echo "GPU processes still running; not resetting" >&2; exit 3; fi; '
+    'for gpu in "$@"; do nvidia-smi --gpu-reset -i "$gpu" || exit 1; done'
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    namespace: str = "faultline-system"
+    service_account: str = "faultline-janitor"
+    image: str = "ghcr.io/faultline/janitor:latest"
+    reboot_command: tuple[str, ...] = (
+        "nsenter",
+        "-t",
+        "1",
+        "-m",
+        "-u",
+        "-i",
+        "-n",
+        "--",
+        "systemctl",
+        "reboot",
+    )
+    reset_command: tuple[str, ...] = ("sh", "-c", RESET_SCRIPT, "gpu-reset")
+    reboot_timeout: dt.timedelta = dt.timedelta(minutes=20)
+    job_timeout: dt.timedelta = dt.timedelta(minutes=10)
+    validate_timeout: dt.timedelta = dt.timedelta(minutes=10)
+    poll: float = 2.0
+    lease: dt.timedelta = dt.timedelta(seconds=30)
+    threads: int = 4
+    job_annotations: dict[str, str] = field(default_factory=dict)
+
+
+class Janitor:
+    def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
+        self.store = st
+        self.repairs = st.db["repairs"]
+        self.api = api
+        self.core = kube.core(api)
+        self.batch = kube.batch(api)
+        self.settings = settings
+        self.owner = owner
+        self.metrics = common.WorkerMetrics(WORKER)
+        self.loop = common.ClaimLoop(
+            st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
+            metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"),
+        )  # fmt: skip
+        self.stop = self.loop.stop
+
+    def start(self) -> list[threading.Thread]:
+        threads = self.loop.start()
+        reaper = threading.Thread(target=self._reap_forever, name="janitor-reaper", daemon=True)
+        reaper.start()
+        return [*threads, reaper]
+
+    def _reap_forever(self) -> None:
+        while not self.stop.wait(self.settings.lease.total_seconds() / 2):
+            try:
+                self.store.reap(STAGE, max_attempts=5, collection="repairs")
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                log.warning("reaping failed: %s", exc)
+
+    # -- one repair ----------------------------------------------------------------------------------------
+    def _handle(self, claim: store.Claim) -> str:
+        doc = claim.doc
+        rounds = doc.get("rounds", [])
+        if not rounds or rounds[-1].get("outcome"):
+            return store.DONE  # nothing waiting
+        index, current = len(rounds) - 1, rounds[-1]
+        node, step, name = str(doc["node"]), current["step"], current["request"]
+        started = self.store.clock()
+        self._status(name, "Running", started=started)
+        try:
+            outcome, message = self._run(node, step, name, current, started)
+        except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
+            outcome, message = "Failed", f"{type(exc).__name__}: {exc}"[:500]
+        if outcome == "Succeeded":
+            self._status(name, "Validating")
+            outcome, message = self._validate(current.get("fault_keys", []), started)
+        finished = self.store.clock()
+        self.repairs.update_one({"_id": claim.id}, {"$set": {
+            f"rounds.{index}.outcome": outcome, f"rounds.{index}.at": finished,
+            f"rounds.{index}.message": message, f"rounds.{index}.started_at": started,
+        }})  # fmt: skip
+        if outcome != "Succeeded":  # remediation decides the next round (an escalation)
+            self.repairs.update_one({"_id": claim.id}, {"$set": {"remediation.state": store.PENDING}})
+        self._status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
+                     finished=finished, message=message)  # fmt: skip
+        common.post_event(
+            self.api, node, reason=f"FaultlineRepair{outcome}", note=f"{step} ({name}): {message}",
+            action="Repair", warning=outcome != "Succeeded", worker=WORKER, owner=self.owner,
+        )  # fmt: skip
+        self.metrics.actions.labels(result=outcome).inc()
+        return store.DONE
+
+    def _run(
+        self, node: str, step: str, name: str, current: dict[str, Any], started: dt.datetime
+    ) -> tuple[str, str]:
+        if step == remedies.REBOOT:
+            before = self._boot_id(node)
+            self._job(name, node, self.settings.reboot_command, action="reboot")
+            return self._wait_back(node, before, started)
+        if step == remedies.GPU_RESET:
+            gpus = [str(g) for g in current.get("gpus", [])]
+            self._job(name, node, (*self.settings.reset_command, *gpus), action="gpu-reset")
+            return self._wait_job(name, started)
+        if step == remedies.REPLACE:
+            return "Failed", "no cloud provider is configured to replace the node"
+        return "Failed", f"the janitor does not carry out {step}"
+
+    def _job(self, name: str, node: str, command: tuple[str, ...], *, action: str) -> None:
+        s = self.settings
+        body: Any = {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "labels": {"faultline.io/repair": action, "faultline.io/node": node}},
+            "spec": {
+                "backoffLimit": 0, "ttlSecondsAfterFinished": 3600,
+                "template": {
+                    "metadata": {"annotations": {SIM_ACTION: action, **s.job_annotations}},
+                    "spec": {
+                        "nodeName": node, "restartPolicy": "Never", "hostPID": True,
+                        "serviceAccountName": s.service_account, "terminationGracePeriodSeconds": 5,
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": action, "image": s.image, "command": list(command),
+                                        "securityContext": {"privileged": True}}],
+                    },
+                },
+            },
+        }  # fmt: skip
+        try:
+            self.batch.create_namespaced_job(s.namespace, body)
+        except kube.ApiException as exc:
+            if exc.status != 409:  # created already by this claim's earlier holder
+                raise
+
+    def _boot_id(self, node: str) -> str:
+        obj = kube.read_json(self.api, self.core.read_node, node)
+        return str(obj.get("status", {}).get("nodeInfo", {}).get("bootID", ""))
+
+    def _ready(self, node: str) -> tuple[str, bool]:
+        obj = kube.read_json(self.api, self.core.read_node, node)
+        status = obj.get("status", {})
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
+        return str(status.get("nodeInfo", {}).get("bootID", "")), ready
+
+    def _wait_back(self, node: str, before: str, started: dt.datetime) -> tuple[str, str]:
+        deadline = started + self.settings.reboot_timeout
+        while self.store.clock() < deadline and not self.stop.is_set():
+            boot, ready = self._ready(node)
+            if boot and boot != before and ready:
+                return "Succeeded", f"back with boot id {boot}"
+            self.stop.wait(self.settings.poll)
+        return "TimedOut", f"no new boot id and Ready within {self.settings.reboot_timeout}"
+
+    def _wait_job(self, name: str, started: dt.datetime) -> tuple[str, str]:
+        deadline = started + self.settings.job_timeout
+        while self.store.clock() < deadline and not self.stop.is_set():
+            job = kube.read_json(self.api, self.batch.read_namespaced_job, name, self.settings.namespace)
+            status = job.get("status", {})
+            if status.get("succeeded"):
+                return "Succeeded", "the Job succeeded"
+            if status.get("failed"):
+                return "Failed", "the Job failed (GPU processes still running, or the reset failed)"
+            self.stop.wait(self.settings.poll)
+        return "TimedOut", f"the Job did not finish within {self.settings.job_timeout}"
+
+    def _validate(self, keys: list[str], started: dt.datetime) -> tuple[str, str]:
+        """Every fault of the round resolved by a fresh healthy report from the node agent."""
+        deadline = self.store.clock() + self.settings.validate_timeout
+        naive_start = started.astimezone(dt.UTC).replace(tzinfo=None)
+        while not self.stop.is_set():
+            open_ = [
+                k for k in keys
+                if (d := self.store.faults.find_one({"_id": k}, {"state": 1, "resolved_at": 1})) is not None
+                and (d.get("state") != FaultState.RESOLVED or d.get("resolved_at") is None
+                     or d["resolved_at"] < naive_start)
+            ]  # fmt: skip
+            if not open_:
+                return "Succeeded", "the node agent reports the GPUs healthy again"
+            if self.store.clock() >= deadline:
+                return "NotCleared", f"still open after the repair: {', '.join(open_)}"
+            self.stop.wait(self.settings.poll)
+        return "NotCleared", "the janitor stopped while validating"
+
+    def _status(self, name: str, phase: str, *, started: dt.datetime | None = None,
+                finished: dt.datetime | None = None, message: str | None = None) -> None:  # fmt: skip
+        status: dict[str, Any] = {"phase": phase}
+        if started is not None:
+            status["startedAt"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if finished is not None:
+            status["finishedAt"] = finished.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if message is not None:
+            status["message"] = message[:1024]
+        try:
+            current: Any = kube.custom(self.api).get_cluster_custom_object(
+                kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, name
+            )
+            attempts = int((current.get("status") or {}).get("attempts", 0)) + (phase == "Running")
+            status["attempts"] = attempts
+            kube.custom(self.api).patch_cluster_custom_object_status(
+                kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, name, {"status": status}
+            )
+        except kube.ApiException as exc:
+            log.warning("could not update RemediationRequest %s: %s", name, exc)

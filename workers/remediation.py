@@ -1,0 +1,176 @@
+"""The remediation worker (`faultline worker remediation`): decides each drained node's repair and asks
+for it with a RemediationRequest (CRD `remediationrequests.faultline.io`, ARCHITECTURE §6).
+
+Work items are documents in `repairs`, one per quarantine episode of a node (`<node>/<episode>`),
+created by the resync pass once the drainer reports the node drained (or, with `require_drain` off, once
+it is quarantined). Each holds the rounds of repair tried: the step, the request's name, and the outcome
+the janitor recorded. A claim of the `remediation` stage decides the next step from the node's open
+faults and every round recorded for the node (`workers.remedies`: escalation, caps, repeat offenders)
+and writes the request; CONTACT_SUPPORT writes none: the node stays quarantined, with an Event and the
+node condition `FaultlineRemediation` False. The janitor sets the stage back to pending when a repair
+did not clear the fault, which makes the next round an escalation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from faultline import kube, store
+from faultline.models import Action, FaultState
+from workers import common, remedies
+
+log = logging.getLogger("faultline.workers.remediation")
+WORKER = "remediation"
+STAGE = "remediation"
+CONDITION = "FaultlineRemediation"
+_SEVERITY = {a: i for i, a in enumerate(Action)}
+
+
+@dataclass(frozen=True)
+class Settings:
+    caps: remedies.Caps = field(default_factory=remedies.Caps)
+    require_drain: bool = True
+    template: dict[str, Any] | None = None  # an external remediator's CR; None: RemediationRequest
+    lease: dt.timedelta = dt.timedelta(seconds=30)
+    threads: int = 4
+    resync_interval: float = 2.0
+
+
+def request_name(node: str, episode: Any, round_: int) -> str:
+    digest = hashlib.sha256(f"{node}/{episode}".encode()).hexdigest()[:8]
+    return f"{node}-{digest}-{round_}"[:253]
+
+
+def history(st: store.Store, node: str) -> list[remedies.Repair]:
+    """Every finished round of repair recorded for the node."""
+    out = []
+    for doc in st.db["repairs"].find({"node": node}):
+        for r in doc.get("rounds", []):
+            if r.get("outcome") and r.get("at") is not None:
+                at = common.as_utc(r["at"]) or dt.datetime.now(dt.UTC)
+                out.append(remedies.Repair(r["step"], tuple(r.get("fault_keys", [])), at, r["outcome"]))
+    return out
+
+
+class Remediation:
+    def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
+        self.store = st
+        self.repairs = st.db["repairs"]
+        self.api = api
+        self.settings = settings
+        self.owner = owner
+        self.metrics = common.WorkerMetrics(WORKER)
+        self.loop = common.ClaimLoop(
+            st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
+            metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"),
+        )  # fmt: skip
+        self.stop = self.loop.stop
+
+    def start(self) -> list[threading.Thread]:
+        threads = self.loop.start()
+        resync = threading.Thread(target=self._resync_forever, name="remediation-resync", daemon=True)
+        resync.start()
+        return [*threads, resync]
+
+    def _resync_forever(self) -> None:
+        while True:
+            try:
+                self.resync()
+                self.store.reap(STAGE, max_attempts=10, collection="repairs")
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                log.warning("resync failed: %s", exc)
+            if self.stop.wait(self.settings.resync_interval):
+                return
+
+    def resync(self) -> None:
+        """A repairs document for each quarantine episode that is ready for repair."""
+        for doc in self.store.nodes.find({"quarantined": True}):
+            node, episode = doc["_id"], doc.get("quarantined_at")
+            if episode is None:
+                continue
+            if self.settings.require_drain:
+                drain = self.store.drains.find_one({"_id": node}) or {}
+                if drain.get("episode") != episode or drain.get("result") != "drained":
+                    continue
+            key = f"{node}/{episode.isoformat()}"
+            if self.repairs.find_one({"_id": key}, {"_id": 1}) is not None:
+                continue
+            self.store.upsert(self.repairs, {"_id": key}, {"$setOnInsert": {
+                "node": node, "episode": episode, "first_seen": episode, "fatal": True, "rounds": [],
+                STAGE: {"state": store.PENDING, "attempts": 0},
+                "janitor": {"state": "idle", "attempts": 0},
+            }})  # fmt: skip
+
+    def _open_faults(self, node: str) -> list[dict[str, Any]]:
+        return [
+            d
+            for d in self.store.faults.find({"node": node})
+            if d.get("state") == FaultState.OPEN and d.get("fatal")
+        ]
+
+    def _handle(self, claim: store.Claim) -> str:
+        doc, node = claim.doc, str(claim.doc["node"])
+        faults = self._open_faults(node)
+        if not faults:
+            self.repairs.update_one({"_id": claim.id}, {"$set": {"result": "faults resolved before repair"}})
+            return store.DONE
+        worst = max(faults, key=lambda d: _SEVERITY[Action(d["action"])])
+        keys = sorted(str(d["_id"]) for d in faults)
+        gpus = sorted({d["entity"]["id"] for d in faults if d.get("entity", {}).get("type") == "GPU"})
+        now = self.store.clock()
+        decision = remedies.decide(
+            Action(worst["action"]), keys, history(self.store, node), self.settings.caps, now
+        )
+        if decision.step is None:
+            self.repairs.update_one({"_id": claim.id}, {"$set": {"result": decision.reason}})
+            return store.DONE
+        round_ = len(doc.get("rounds", [])) + 1
+        name = request_name(node, doc.get("episode"), round_)
+        record = {"step": decision.step, "request": name, "fault_keys": keys, "gpus": gpus,
+                  "reason": decision.reason, "requested_at": now, "outcome": None, "at": None}  # fmt: skip
+        if decision.step == remedies.CONTACT_SUPPORT:
+            record.update(outcome="ContactSupport", at=now)
+            self.repairs.update_one(
+                {"_id": claim.id}, {"$push": {"rounds": record}, "$set": {"result": "contact support"}}
+            )
+            kube.write_node_conditions(self.api, node, [{
+                "type": CONDITION, "status": "False", "reason": "ContactSupport",
+                "message": f"no automatic repair left: {decision.reason}; faults {', '.join(keys)}"[:512],
+            }], [])  # fmt: skip
+            common.post_event(
+                self.api, node, reason="FaultlineContactSupport", note=decision.reason, action="Remediate",
+                warning=True, worker=WORKER, owner=self.owner,
+            )  # fmt: skip
+            self.metrics.actions.labels(result="contact-support").inc()
+            return store.DONE
+        self._request(name, node, decision, keys, gpus, round_)
+        self.repairs.update_one(
+            {"_id": claim.id},
+            {"$push": {"rounds": record}, "$set": {"janitor.state": store.PENDING, "janitor.attempts": 0}},
+        )
+        common.post_event(self.api, node, reason="FaultlineRemediationRequested",
+                          note=f"{decision.step} ({decision.reason}); request {name}", action="Remediate",
+                          warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
+        self.metrics.actions.labels(result=decision.step.lower()).inc()
+        return store.DONE
+
+    def _request(self, name: str, node: str, decision: remedies.Decision, keys: list[str], gpus: list[str],
+                 round_: int) -> None:  # fmt: skip
+        body: dict[str, Any] = {
+            "apiVersion": f"{kube.RR_GROUP}/{kube.RR_VERSION}", "kind": "RemediationRequest",
+            "metadata": {"name": name, "labels": {"faultline.io/node": node}},
+            "spec": {"node": node, "action": decision.step, "gpus": gpus, "reason": decision.reason[:1024],
+                     "faultKeys": keys, "step": round_},
+        }  # fmt: skip
+        try:
+            kube.custom(self.api).create_cluster_custom_object(
+                kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, body
+            )
+        except kube.ApiException as exc:
+            if exc.status != 409:  # already written by this claim's earlier holder: the same request
+                raise
