@@ -568,6 +568,76 @@ def worker_drain(
     run.drain_main(config)
 
 
+@worker_app.command("remediation")
+def worker_remediation(
+    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
+    ] = None,
+    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
+    require_drain: Annotated[bool, typer.Option(help="Repair only nodes the drainer emptied.")] = True,
+    max_attempts_per_fault: Annotated[int, typer.Option(help="Repairs per fault before the last step.")] = 3,
+    repeat_offender: Annotated[int, typer.Option(help="More repairs in the window: last step.")] = 3,
+    window: Annotated[str, typer.Option(help="Repeat-offender window.")] = "7d",
+    can_replace: Annotated[bool, typer.Option(help="A cloud provider can replace nodes.")] = False,
+    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
+) -> None:
+    """Decide each drained node's repair (with escalation) and write a RemediationRequest for it."""
+    from pydantic import SecretStr  # noqa: PLC0415
+
+    from faultline.config import RemediationConfig  # noqa: PLC0415
+
+    try:
+        config = RemediationConfig(
+            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig,
+            require_drain=require_drain, max_attempts_per_fault=max_attempts_per_fault,
+            repeat_offender=repeat_offender, window=_seconds(window, "--window"), can_replace=can_replace,
+            metrics_port=metrics_port,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    from workers import run  # noqa: PLC0415
+
+    err.print("remediation: started", markup=False)
+    run.remediation_main(config)
+
+
+@worker_app.command("janitor")
+def worker_janitor(
+    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
+    kubeconfig: Annotated[
+        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
+    ] = None,
+    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
+    namespace: Annotated[str, typer.Option(help="Where repair Jobs run.")] = "faultline-system",
+    service_account: Annotated[
+        str, typer.Option(help="The repair Jobs' ServiceAccount.")
+    ] = "faultline-janitor",
+    image: Annotated[str, typer.Option(help="The repair Jobs' image.")] = "ghcr.io/faultline/janitor:latest",
+    reboot_timeout: Annotated[str, typer.Option(help="Wait for a new boot id and Ready.")] = "20m",
+    validate_timeout: Annotated[str, typer.Option(help="Wait for healthy reports.")] = "10m",
+    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
+) -> None:
+    """Carry out RemediationRequests (reboot / GPU reset Jobs), validate, record, escalate on failure."""
+    from pydantic import SecretStr  # noqa: PLC0415
+
+    from faultline.config import JanitorConfig  # noqa: PLC0415
+
+    try:
+        config = JanitorConfig(
+            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig, namespace=namespace,
+            service_account=service_account, image=image,
+            reboot_timeout=_seconds(reboot_timeout, "--reboot-timeout"),
+            validate_timeout=_seconds(validate_timeout, "--validate-timeout"), metrics_port=metrics_port,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    from workers import run  # noqa: PLC0415
+
+    err.print("janitor: started", markup=False)
+    run.janitor_main(config)
+
+
 @app.command()
 def status(
     mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],

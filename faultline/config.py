@@ -119,3 +119,46 @@ class DrainConfig(BaseModel):
     poll: float = Field(default=1.0, gt=0, description="seconds between looks at a node being drained")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
     owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")
+
+
+class RemediationConfig(BaseModel):
+    """The remediation worker (`faultline worker remediation`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mongodb_uri: SecretStr = Field(description="MongoDB connection string; masked in dumps")
+    database: str = Field(default="faultline", description="MongoDB database name")
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig file; None: in-cluster credentials")
+    require_drain: bool = Field(default=True, description="repair only nodes the drainer emptied")
+    max_attempts_per_fault: int = Field(default=3, ge=1, description="repairs per fault before the last step")
+    repeat_offender: int = Field(
+        default=3, ge=1, description="more repairs than this in the window: last step"
+    )
+    window: float = Field(default=7 * 86400.0, gt=0, description="repeat-offender window, seconds")
+    can_replace: bool = Field(
+        default=False, description="a cloud provider can replace nodes (last step REPLACE)"
+    )
+    threads: int = Field(default=4, ge=1, le=64, description="claims worked on at once")
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
+    owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")
+
+
+class JanitorConfig(BaseModel):
+    """The janitor (`faultline worker janitor`). Durations in seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mongodb_uri: SecretStr = Field(description="MongoDB connection string; masked in dumps")
+    database: str = Field(default="faultline", description="MongoDB database name")
+    kubeconfig: Path | None = Field(default=None, description="kubeconfig file; None: in-cluster credentials")
+    namespace: str = Field(default="faultline-system", description="where repair Jobs run")
+    service_account: str = Field(default="faultline-janitor", description="the repair Jobs' ServiceAccount")
+    image: str = Field(default="ghcr.io/faultline/janitor:latest", description="the repair Jobs' image")
+    reboot_timeout: float = Field(
+        default=1200.0, gt=0, description="wait this long for a new boot id + Ready"
+    )
+    job_timeout: float = Field(default=600.0, gt=0, description="wait this long for a GPU reset Job")
+    validate_timeout: float = Field(default=600.0, gt=0, description="wait this long for healthy reports")
+    threads: int = Field(default=4, ge=1, le=64, description="repairs carried out at once")
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
+    owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")

@@ -7,9 +7,9 @@ import signal
 import threading
 
 from faultline import kube, store
-from faultline.config import DrainConfig, QuarantineConfig
+from faultline.config import DrainConfig, JanitorConfig, QuarantineConfig, RemediationConfig
 from faultline.metrics import serve
-from workers import breaker, common, drainer, quarantine, rules
+from workers import breaker, common, drainer, janitor, quarantine, remediation, remedies, rules
 
 
 def quarantine_settings(config: QuarantineConfig) -> quarantine.Settings:
@@ -56,7 +56,45 @@ def drain_main(config: DrainConfig) -> None:
     _serve_until_signalled(drain_worker(config), config.metrics_port)
 
 
-def _serve_until_signalled(worker: quarantine.QuarantineWorker | drainer.Drainer, metrics_port: int) -> None:
+def _connect(uri: str, database: str) -> store.Store:
+    st = store.connect(uri, database)
+    with store.unreachable_is_transient("creating indexes"):
+        st.ensure_indexes()
+    return st
+
+
+def remediation_main(config: RemediationConfig) -> None:
+    settings = remediation.Settings(
+        caps=remedies.Caps(
+            max_attempts_per_fault=config.max_attempts_per_fault, repeat_offender=config.repeat_offender,
+            window=dt.timedelta(seconds=config.window), can_replace=config.can_replace,
+        ),
+        require_drain=config.require_drain, threads=config.threads,
+    )  # fmt: skip
+    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    api = kube.api_client(config.kubeconfig)
+    kube.ensure_crds(api)
+    worker = remediation.Remediation(st, api, settings, config.owner or common.default_owner("remediation"))
+    _serve_until_signalled(worker, config.metrics_port)
+
+
+def janitor_main(config: JanitorConfig) -> None:
+    settings = janitor.Settings(
+        namespace=config.namespace, service_account=config.service_account, image=config.image,
+        reboot_timeout=dt.timedelta(seconds=config.reboot_timeout),
+        job_timeout=dt.timedelta(seconds=config.job_timeout),
+        validate_timeout=dt.timedelta(seconds=config.validate_timeout), threads=config.threads,
+    )  # fmt: skip
+    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    api = kube.api_client(config.kubeconfig)
+    worker = janitor.Janitor(st, api, settings, config.owner or common.default_owner("janitor"))
+    _serve_until_signalled(worker, config.metrics_port)
+
+
+Worker = quarantine.QuarantineWorker | drainer.Drainer | remediation.Remediation | janitor.Janitor
+
+
+def _serve_until_signalled(worker: Worker, metrics_port: int) -> None:
     if metrics_port:
         serve(metrics_port, host="0.0.0.0", registry=worker.metrics.registry, health=lambda: True)  # noqa: S104
     stop = threading.Event()

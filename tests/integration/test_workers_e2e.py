@@ -14,6 +14,7 @@ import pytest
 from faultline import kube, store
 from faultline.dev.cluster import LocalCluster
 from faultline.dev.mongo import LocalMongo
+from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from tests.integration.test_agent import poll, sim, start_agent, stop_agent
 from tests.integration.test_drainer import pdb, pod, pods_on
 from workers import breaker, drainer, janitor, quarantine, remediation
@@ -128,3 +129,56 @@ def test_xid_to_repair_to_uncordon(
             w.stop.set()
         stop_agent(agent)
         core.patch_node(node, {"spec": {"unschedulable": None}})
+
+
+def test_a_repair_that_fails_escalates_to_contact_support(
+    cluster: LocalCluster, api: Any, mongo_db: Any
+) -> None:
+    node = cluster.node_names[4]
+    core = kube.core(api)
+    kube.ensure_crds(api)
+    with contextlib.suppress(kube.ApiException):
+        core.create_namespace({"metadata": {"name": "faultline-system"}})
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    now = dt.datetime.now(dt.UTC)
+    xid = Fault(
+        id=fault_id(node, "GPU", "0000:3a:00", "XID-79"), node=node, entity=Entity(type="GPU", id="0000:3a:00"),
+        code="XID-79", component=Component.GPU, count=1, first_seen=now, last_seen=now, fatal=True,
+        action=Action.RESTART_BM, state=FaultState.OPEN,
+    )  # fmt: skip
+    fast = {"lease": dt.timedelta(seconds=5), "threads": 2}
+    no_reboot = {janitor.SIM_ACTION: "none"}  # the reboot Job runs, the node never comes back rebooted
+    workers = [
+        quarantine.QuarantineWorker(st, api, quarantine.Settings(
+            resync_interval=0.3, breaker=breaker.BreakerConfig(max_share=None, max_count=None), **fast), "q"),
+        drainer.Drainer(st, api, drainer.Settings(poll=0.3, resync_interval=0.3, **fast), "d"),
+        remediation.Remediation(st, api, remediation.Settings(resync_interval=0.3, **fast), "r"),
+        janitor.Janitor(st, api, janitor.Settings(poll=0.3, reboot_timeout=dt.timedelta(seconds=2),
+                                                  job_annotations=no_reboot, **fast), "j"),
+    ]  # fmt: skip
+    try:
+        for w in workers:
+            w.start()
+        st.write_fault(xid, 1)
+        poll("contact support", lambda: kube.node_conditions(api, node).get("FaultlineRemediation", {})
+             .get("reason") == "ContactSupport", 60)  # fmt: skip
+        repair = mongo_db["repairs"].find_one({"node": node})
+        assert [(r["step"], r["outcome"]) for r in repair["rounds"]] == [
+            ("REBOOT", "TimedOut"),
+            ("CONTACT_SUPPORT", "ContactSupport"),
+        ]
+        assert "escalated after REBOOT did not clear" in repair["rounds"][1]["reason"]
+        requests = kube.custom(api).list_cluster_custom_object(
+            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}"
+        )["items"]
+        assert [r["status"]["phase"] for r in requests] == ["TimedOut"]  # no request for contact support
+        assert core.read_node(node).spec.unschedulable  # stays quarantined for a human
+        events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+        assert {"FaultlineRepairTimedOut", "FaultlineContactSupport"} <= {e.reason for e in events}
+    finally:
+        for w in workers:
+            w.stop.set()
+        st.write_fault(xid.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": now}), 2)
+        core.patch_node(node, {"spec": {"unschedulable": None}})
+        kube.write_node_conditions(api, node, [], ["FaultlineRemediation"])
