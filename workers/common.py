@@ -86,7 +86,8 @@ class ClaimLoop:
     def __init__(
         self, st: store.Store, stage: str, owner: str, handle: Callable[[store.Claim], str], *,
         lease: dt.timedelta, threads: int, metrics: WorkerMetrics, collection: str = "faults",
-        order: tuple[str, ...] = ("first_seen",),
+        order: tuple[str, ...] = ("first_seen",), resync: Callable[[], None] | None = None,
+        every: float = 5.0, max_attempts: int = 10,
     ) -> None:  # fmt: skip
         self.store = st
         self.stage = stage
@@ -97,16 +98,36 @@ class ClaimLoop:
         self.metrics = metrics
         self.collection = collection
         self.order = order
+        self.resync = resync
+        self.every = every
+        self.max_attempts = max_attempts
         self.stop = threading.Event()
 
     def start(self) -> list[threading.Thread]:
+        """The claimers, and one thread for the maintenance pass."""
         out = [
             threading.Thread(target=self._run, name=f"{self.stage}-{i}", daemon=True)
             for i in range(self.threads)
         ]
+        out.append(threading.Thread(target=self._maintain, name=f"{self.stage}-maintain", daemon=True))
         for thread in out:
             thread.start()
         return out
+
+    def _maintain(self) -> None:
+        """Every `every` seconds: the worker's resync pass, expired claims back to pending (parked past
+        `max_attempts`), and the queue depth."""
+        while True:
+            try:
+                if self.resync is not None:
+                    self.resync()
+                self.store.reap(self.stage, self.max_attempts, collection=self.collection)
+                pending = {f"{self.stage}.state": store.PENDING}
+                self.metrics.queue.set(self.store.db[self.collection].count_documents(pending))
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                log.warning("%s: maintenance pass failed: %s", self.stage, exc)
+            if self.stop.wait(self.every):
+                return
 
     def _run(self) -> None:
         idle = 0.05

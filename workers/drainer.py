@@ -87,26 +87,13 @@ class Drainer:
         self.modes_lock = threading.Lock()
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
-            metrics=self.metrics, collection="drains", order=("-fatal", "first_seen"),
+            metrics=self.metrics, collection="drains", order=("-fatal", "first_seen"), resync=self.resync,
+            every=settings.resync_interval, max_attempts=20,
         )  # fmt: skip
         self.stop = self.loop.stop
 
     def start(self) -> list[threading.Thread]:
-        threads = self.loop.start()
-        resync = threading.Thread(target=self._resync_forever, name="drain-resync", daemon=True)
-        resync.start()
-        return [*threads, resync]
-
-    def _resync_forever(self) -> None:
-        while True:
-            try:
-                self.resync()
-                self.store.reap(STAGE, max_attempts=20, collection="drains")
-                self.metrics.queue.set(self.store.drains.count_documents({f"{STAGE}.state": store.PENDING}))
-            except Exception as exc:  # noqa: BLE001 - the next pass tries again
-                log.warning("resync failed: %s", exc)
-            if self.stop.wait(self.settings.resync_interval):
-                return
+        return self.loop.start()
 
     def resync(self) -> None:
         """A drain document for each quarantine episode of each node faultline holds cordoned."""

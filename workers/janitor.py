@@ -77,21 +77,12 @@ class Janitor:
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"),
+            every=settings.lease.total_seconds() / 2, max_attempts=5,
         )  # fmt: skip
         self.stop = self.loop.stop
 
     def start(self) -> list[threading.Thread]:
-        threads = self.loop.start()
-        reaper = threading.Thread(target=self._reap_forever, name="janitor-reaper", daemon=True)
-        reaper.start()
-        return [*threads, reaper]
-
-    def _reap_forever(self) -> None:
-        while not self.stop.wait(self.settings.lease.total_seconds() / 2):
-            try:
-                self.store.reap(STAGE, max_attempts=5, collection="repairs")
-            except Exception as exc:  # noqa: BLE001 - the next pass tries again
-                log.warning("reaping failed: %s", exc)
+        return self.loop.start()
 
     # -- one repair ----------------------------------------------------------------------------------------
     def _handle(self, claim: store.Claim) -> str:

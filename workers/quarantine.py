@@ -78,24 +78,14 @@ class QuarantineWorker:
             lease=settings.lease,
             threads=settings.threads,
             metrics=self.metrics,
+            resync=self.resync,
+            every=settings.resync_interval,
         )
         self.stop = self.loop.stop
 
     # -- running -------------------------------------------------------------------------------------
     def start(self) -> list[threading.Thread]:
-        threads = self.loop.start()
-        resync = threading.Thread(target=self._resync_forever, name="quarantine-resync", daemon=True)
-        resync.start()
-        return [*threads, resync]
-
-    def _resync_forever(self) -> None:
-        while not self.stop.wait(self.settings.resync_interval):
-            try:
-                self.resync()
-                self.store.reap(STAGE, max_attempts=10)
-                self.metrics.queue.set(self.store.faults.count_documents({f"{STAGE}.state": store.PENDING}))
-            except Exception as exc:  # noqa: BLE001 - the next pass tries again
-                log.warning("resync failed: %s", exc)
+        return self.loop.start()
 
     def resync(self) -> None:
         """Revisit nodes faultline holds and faults the breaker held back."""

@@ -67,25 +67,13 @@ class Remediation:
         self.metrics = common.WorkerMetrics(WORKER)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
-            metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"),
+            metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"), resync=self.resync,
+            every=settings.resync_interval,
         )  # fmt: skip
         self.stop = self.loop.stop
 
     def start(self) -> list[threading.Thread]:
-        threads = self.loop.start()
-        resync = threading.Thread(target=self._resync_forever, name="remediation-resync", daemon=True)
-        resync.start()
-        return [*threads, resync]
-
-    def _resync_forever(self) -> None:
-        while True:
-            try:
-                self.resync()
-                self.store.reap(STAGE, max_attempts=10, collection="repairs")
-            except Exception as exc:  # noqa: BLE001 - the next pass tries again
-                log.warning("resync failed: %s", exc)
-            if self.stop.wait(self.settings.resync_interval):
-                return
+        return self.loop.start()
 
     def resync(self) -> None:
         """A repairs document for each quarantine episode that is ready for repair."""

@@ -12,6 +12,13 @@ from faultline.metrics import serve
 from workers import breaker, common, drainer, janitor, quarantine, remediation, remedies, rules
 
 
+def _connect(uri: str, database: str) -> store.Store:
+    st = store.connect(uri, database)
+    with store.unreachable_is_transient("creating indexes"):
+        st.ensure_indexes()
+    return st
+
+
 def quarantine_settings(config: QuarantineConfig) -> quarantine.Settings:
     return quarantine.Settings(
         rules=rules.load_rules(config.rules),
@@ -28,9 +35,7 @@ def quarantine_settings(config: QuarantineConfig) -> quarantine.Settings:
 
 def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
     settings = quarantine_settings(config)  # rules are checked before anything connects
-    st = store.connect(config.mongodb_uri.get_secret_value(), config.database)
-    with store.unreachable_is_transient("creating indexes"):
-        st.ensure_indexes()
+    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     return quarantine.QuarantineWorker(st, api, settings, config.owner or common.default_owner("quarantine"))
 
@@ -45,22 +50,13 @@ def drain_worker(config: DrainConfig) -> drainer.Drainer:
         gpu_only=config.gpu_only, lease=dt.timedelta(seconds=config.lease), threads=config.threads,
         poll=config.poll, qps=config.qps, burst=config.burst,
     )  # fmt: skip
-    st = store.connect(config.mongodb_uri.get_secret_value(), config.database)
-    with store.unreachable_is_transient("creating indexes"):
-        st.ensure_indexes()
+    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     return drainer.Drainer(st, api, settings, config.owner or common.default_owner("drain"))
 
 
 def drain_main(config: DrainConfig) -> None:
     _serve_until_signalled(drain_worker(config), config.metrics_port)
-
-
-def _connect(uri: str, database: str) -> store.Store:
-    st = store.connect(uri, database)
-    with store.unreachable_is_transient("creating indexes"):
-        st.ensure_indexes()
-    return st
 
 
 def remediation_main(config: RemediationConfig) -> None:
