@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup tools replay check test bench bench-agent bench-quarantine sample cluster proto proto-check
+.PHONY: setup tools replay check test bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -70,6 +70,10 @@ bench-agent: setup tools
 # Quarantine: fault -> cordon latency and 500 nodes faulted at once, on the local cluster and FerretDB.
 bench-quarantine: setup tools
 	$(BIN)/python benchmarks/quarantine.py
+
+# Drain: 2,000 pods evicted across 200 simulated GPU nodes (evictions/s).
+bench-drain: setup tools
+	$(BIN)/python benchmarks/drain.py
 
 # Rewrite the committed sample corpus (deterministic).
 sample: setup

@@ -1,0 +1,103 @@
+"""Drain speed on the local control plane and FerretDB: evictions per second.
+
+    python benchmarks/drain.py                        # 2,000 pods on 200 simulated GPU nodes
+    python benchmarks/drain.py --nodes 50 --pods 500  # a quicker look
+
+Pods (bare, grace period 0) are bound to simulated nodes run by the fakelet, which marks them Running and
+completes their deletion. All nodes are then recorded as quarantined (as the quarantine worker records
+them) and cordoned, and one drainer (`--threads` nodes at once, namespaces in Immediate mode) is started:
+the figure is pods / seconds from its start until the last pod is gone. Printed beside the goal and
+NVSentinel's published figure (about 5 evictions/s) for context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as dt
+import sys
+import time
+from typing import Any
+
+import pymongo
+
+from faultline import kube, store
+from faultline.dev.cluster import LocalCluster
+from faultline.dev.mongo import LocalMongo
+from workers import drainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=16)
+    args = parser.parse_args()
+    with LocalCluster(nodes=args.nodes, node_prefix="drain") as cluster, LocalMongo() as mongo:
+        api = cluster.api()
+        core = kube.core(api)
+        core.create_namespace({"metadata": {"name": "bench", "labels": {drainer.MODE_LABEL: "Immediate"}}})
+        while True:
+            try:
+                core.read_namespaced_service_account("default", "bench")
+                break
+            except kube.ApiException:
+                time.sleep(0.2)
+        nodes = cluster.node_names
+
+        def make(i: int) -> None:
+            core.create_namespaced_pod("bench", {
+                "metadata": {"name": f"p-{i:05d}"},
+                "spec": {"nodeName": nodes[i % len(nodes)], "terminationGracePeriodSeconds": 0,
+                         "containers": [{"name": "c", "image": "trainer:1"}]},
+            })  # fmt: skip
+
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(make, range(args.pods)))
+        while sum(p.status.phase == "Running" for p in core.list_namespaced_pod("bench").items) < args.pods:
+            time.sleep(0.5)
+        print(
+            f"{args.pods} pods running on {len(nodes)} nodes after {time.monotonic() - t0:.0f} s",
+            file=sys.stderr,
+        )
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+        st = store.Store(client["bench"])
+        st.ensure_indexes()
+        now = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
+        for name in nodes:
+            core.patch_node(name, {"spec": {"unschedulable": True}})
+            st.nodes.insert_one({"_id": name, "quarantined": True, "quarantined_at": now, "faults": [],
+                                 "owned": {"cordoned": True, "taints": [], "labels": []}})  # fmt: skip
+        worker = drainer.Drainer(st, api, drainer.Settings(threads=args.threads, poll=0.2, resync_interval=0.5,
+                                                           qps=1000.0, burst=1000), "bench")  # fmt: skip
+        start = time.monotonic()
+        threads = worker.start()
+        try:
+            while (left := len(core.list_namespaced_pod("bench").items)) > 0:
+                if time.monotonic() - start > 1200:
+                    raise SystemExit(f"{left} pods still there after 20 minutes")
+                time.sleep(0.25)
+            took = time.monotonic() - start
+            drained = st.drains.count_documents({"result": "drained"})
+        finally:
+            worker.stop.set()
+            for thread in threads:
+                thread.join(10)
+            client.close()
+    rate = args.pods / took
+    print(
+        f"\ndrainer, {args.threads} nodes at once, Immediate mode, on the local control plane and FerretDB:"
+    )
+    print(f"  {'':46} {'measured':>10} {'goal':>8} {'NVSentinel':>11}")
+    print(
+        f"  {f'{args.pods} pods on {len(nodes)} nodes: s until all gone':46} {took:>10.1f} {'':>8} {'':>11}"
+    )
+    print(f"  {'  evictions/s':46} {rate:>10.1f} {'>= 50':>8} {'~5':>11}")
+    print(f"  {'  nodes recorded drained (of ' + str(len(nodes)) + ')':46} {drained:>10} {'':>8} {'':>11}")
+
+
+if __name__ == "__main__":
+    main()
