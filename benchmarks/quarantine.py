@@ -10,8 +10,9 @@
 
 The Nodes are plain Node objects with GPU capacity (no pods; the drainer is not involved). Printed beside
 the goals and NVSentinel's published figure (about 2.5 nodes/s cordon) for context, and beside the
-store's own ceiling: the same number of claims and completions with no Kubernetes work (FerretDB's SQLite
-backend serialises writes, and each quarantine costs five: two per claim, two per completion, one record).
+store's own ceiling: the same claim loop taking and completing as many faults with no Kubernetes work
+(FerretDB's SQLite backend serialises writes, and each quarantine costs five: two per claim, two per
+completion, one record).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from faultline.dev.cluster import LocalCluster
 from faultline.dev.mongo import LocalMongo
 from faultline.kube import fakelet
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
-from workers import breaker, quarantine
+from workers import breaker, common, quarantine
 
 
 def fault(node: str, code: str) -> Fault:
@@ -106,15 +107,17 @@ def main() -> None:
             ceiling_faults = [fault(f"store-only-{i:04d}", "XID-48") for i in range(len(storm))]
             with concurrent.futures.ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda f: st.write_fault(f, 1), ceiling_faults))
+            loop = common.ClaimLoop(st, "quarantine", "ceiling", lambda _claim: store.DONE,
+                                    lease=dt.timedelta(seconds=30), threads=args.threads,
+                                    metrics=common.WorkerMetrics("ceiling"), every=3600)  # fmt: skip
             start = time.monotonic()
-
-            def cycle() -> None:
-                while (claim := st.claim("quarantine", "ceiling", dt.timedelta(seconds=30),
-                                         {"node": {"$exists": True}}, spread=True)) is not None:  # fmt: skip
-                    st.complete(claim)
-
-            with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-                list(pool.map(lambda _: cycle(), range(args.threads)))
+            ceiling_threads = loop.start()
+            busy = {"quarantine.state": {"$in": [store.PENDING, store.CLAIMED]}}
+            while st.faults.count_documents(busy):
+                time.sleep(0.05)
+            loop.stop.set()
+            for thread in ceiling_threads:
+                thread.join(10)
             ceiling = len(ceiling_faults) / (time.monotonic() - start)
         finally:
             worker.stop.set()

@@ -156,32 +156,50 @@ class Store:
         """Take the first pending document of `stage` in `collection` (faults by default), by `order`
         (ascending fields; a leading "-" descends), optionally filtered by equality on more fields.
         `spread`: take any of the first CLAIM_SCAN (for many claimers at once)."""
-        coll = self.db[collection]
-        sort = [(f.lstrip("-"), pymongo.DESCENDING if f[0] == "-" else pymongo.ASCENDING) for f in order]
-        candidates = coll.find({f"{stage}.state": PENDING, **(extra or {})}).sort(
-            [*sort, ("_id", pymongo.ASCENDING)]
-        )
-        docs = list(candidates.limit(CLAIM_SCAN))
+        docs = self.pending(stage, CLAIM_SCAN, extra, collection=collection, order=order)
         if spread:  # concurrent claimers start at different places instead of all racing for the first
             random.shuffle(docs)
         for doc in docs:
-            n = int(doc[stage].get("seq", 0)) + 1
-            now = self.clock()
-            until = now + lease
-            if not self._take(stage, doc["_id"], n, owner, "claimed", until):
-                continue  # another worker took this number first
-            fields = {
-                f"{stage}.state": CLAIMED,
-                f"{stage}.seq": n,
-                f"{stage}.attempts": int(doc[stage].get("attempts", 0)) + 1,
-                f"{stage}.lease_owner": owner,
-                f"{stage}.lease_until": _naive(until),
-                f"{stage}.updated_at": _naive(now),
-            }
-            coll.update_one({"_id": doc["_id"]}, {"$set": fields})
-            doc[stage].update({k.split(".", 1)[1]: v for k, v in fields.items()})
-            return Claim(doc["_id"], stage, owner, until, doc, n, collection)
+            claim = self.try_claim(stage, doc, owner, lease, collection=collection)
+            if claim is not None:
+                return claim
         return None
+
+    def pending(
+        self,
+        stage: str,
+        limit: int,
+        extra: dict[str, Any] | None = None,
+        *,
+        collection: str = "faults",
+        order: tuple[str, ...] = ("first_seen",),
+    ) -> list[dict[str, Any]]:
+        """Up to `limit` pending documents of `stage`, in `order` (candidates for `try_claim`)."""
+        sort = [(f.lstrip("-"), pymongo.DESCENDING if f[0] == "-" else pymongo.ASCENDING) for f in order]
+        found = self.db[collection].find({f"{stage}.state": PENDING, **(extra or {})})
+        return list(found.sort([*sort, ("_id", pymongo.ASCENDING)]).limit(limit))
+
+    def try_claim(
+        self, stage: str, doc: dict[str, Any], owner: str, lease: dt.timedelta, *, collection: str = "faults"
+    ) -> Claim | None:
+        """Claim `doc` as it was read: the next lease number after the one it shows. A stale copy (claimed,
+        completed or reaped since) names a number that exists already, so it fails: None."""
+        n = int(doc[stage].get("seq", 0)) + 1
+        now = self.clock()
+        until = now + lease
+        if not self._take(stage, doc["_id"], n, owner, "claimed", until):
+            return None  # another worker took this number first
+        fields = {
+            f"{stage}.state": CLAIMED,
+            f"{stage}.seq": n,
+            f"{stage}.attempts": int(doc[stage].get("attempts", 0)) + 1,
+            f"{stage}.lease_owner": owner,
+            f"{stage}.lease_until": _naive(until),
+            f"{stage}.updated_at": _naive(now),
+        }
+        self.db[collection].update_one({"_id": doc["_id"]}, {"$set": fields})
+        doc = {**doc, stage: {**doc[stage], **{k.split(".", 1)[1]: v for k, v in fields.items()}}}
+        return Claim(doc["_id"], stage, owner, until, doc, n, collection)
 
     def _take(self, stage: str, fault: str, n: int, owner: str, kind: str, until: dt.datetime | None) -> bool:
         try:

@@ -17,6 +17,8 @@ from faultline import kube, store
 from faultline.errors import LeaseLostError
 
 log = logging.getLogger("faultline.workers")
+CANDIDATES = 256  # pending documents read at once for all of a worker's claimers
+CANDIDATES_MAX_AGE_S = 1.0  # read again after this, so new and others' work shows
 
 
 def default_owner(worker: str) -> str:
@@ -102,6 +104,9 @@ class ClaimLoop:
         self.every = every
         self.max_attempts = max_attempts
         self.stop = threading.Event()
+        self.candidates: list[dict[str, Any]] = []
+        self.candidates_lock = threading.Lock()
+        self.candidates_at = 0.0
 
     def start(self) -> list[threading.Thread]:
         """The claimers, and one thread for the maintenance pass."""
@@ -129,14 +134,30 @@ class ClaimLoop:
             if self.stop.wait(self.every):
                 return
 
+    def _next(self) -> store.Claim | None:
+        """Claim from a shared list of candidates, read with one query for all the claimers and read
+        again only when it runs out (each read is a scan and sort on servers like FerretDB). A stale
+        candidate fails its claim (fencing) and is dropped."""
+        while True:
+            with self.candidates_lock:
+                if not self.candidates or time.monotonic() - self.candidates_at > CANDIDATES_MAX_AGE_S:
+                    self.candidates = self.store.pending(
+                        self.stage, CANDIDATES, collection=self.collection, order=self.order
+                    )
+                    self.candidates.reverse()  # popped from the end: first in `order` first
+                    self.candidates_at = time.monotonic()
+                    if not self.candidates:
+                        return None
+                doc = self.candidates.pop()  # one list for all claimers: they never race for one document
+            claim = self.store.try_claim(self.stage, doc, self.owner, self.lease, collection=self.collection)
+            if claim is not None:
+                return claim
+
     def _run(self) -> None:
         idle = 0.05
         while not self.stop.is_set():
             try:
-                claim = self.store.claim(
-                    self.stage, self.owner, self.lease, collection=self.collection, order=self.order,
-                    spread=self.threads > 1,
-                )  # fmt: skip
+                claim = self._next()
             except Exception as exc:  # noqa: BLE001 - a broken round must not end the worker thread
                 log.warning("%s: claim failed: %s", self.stage, exc)
                 self.stop.wait(1.0)
