@@ -184,12 +184,15 @@ class QuarantineWorker:
             )  # fmt: skip
             return DRY_RUN
         self._patch(obj, p, want)
-        common.post_event(
-            self.api, node, reason="FaultlineQuarantined" if want.quarantined else "FaultlineReleased",
-            note=_describe(p, want), action="Quarantine" if want.quarantined else "Release",
-            warning=want.quarantined, worker=WORKER, owner=self.owner,
-        )  # fmt: skip
         newly = want.quarantined and not holds
+        reason = "FaultlineReleased"
+        if want.quarantined:  # a new quarantine, or one whose taints or labels changed with its faults
+            reason = "FaultlineQuarantined" if newly else "FaultlineQuarantineUpdated"
+        common.post_event(
+            self.api, node, reason=reason, note=_describe(p, want),
+            action="Quarantine" if want.quarantined else "Release", warning=want.quarantined, worker=WORKER,
+            owner=self.owner,
+        )  # fmt: skip
         self._record(node, want, p, now, faults, newly=newly, released=not want.quarantined)
         if newly:
             firsts = [common.as_utc(f.first_seen) or now for f in faults if f.key in want.faults]
