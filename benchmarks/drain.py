@@ -6,7 +6,8 @@
 Pods (bare, grace period 0) are bound to simulated nodes run by the fakelet, which marks them Running and
 completes their deletion. All nodes are then recorded as quarantined (as the quarantine worker records
 them) and cordoned, and one drainer (`--threads` nodes at once, namespaces in Immediate mode) is started:
-the figure is pods / seconds from its start until the last pod is gone. Printed beside the goal and
+the figure is pods / seconds from its start until every pod is evicted (terminating or gone); the time
+until the simulated kubelet has removed them all is printed too. Printed beside the goal and
 NVSentinel's published figure (about 5 evictions/s) for context.
 """
 
@@ -76,10 +77,13 @@ def main() -> None:
         start = time.monotonic()
         threads = worker.start()
         try:
-            while (left := len(core.list_namespaced_pod("bench").items)) > 0:
+            evicted_in = None
+            while (pods := core.list_namespaced_pod("bench").items) or evicted_in is None:
+                if evicted_in is None and all(p.metadata.deletion_timestamp for p in pods):
+                    evicted_in = time.monotonic() - start  # every pod evicted (terminating or gone)
                 if time.monotonic() - start > 1200:
-                    raise SystemExit(f"{left} pods still there after 20 minutes")
-                time.sleep(0.25)
+                    raise SystemExit(f"{len(pods)} pods still there after 20 minutes")
+                time.sleep(0.1)
             took = time.monotonic() - start
             drained = st.drains.count_documents({"result": "drained"})
         finally:
@@ -87,15 +91,15 @@ def main() -> None:
             for thread in threads:
                 thread.join(10)
             client.close()
-    rate = args.pods / took
+    rate = args.pods / evicted_in
     print(
         f"\ndrainer, {args.threads} nodes at once, Immediate mode, on the local control plane and FerretDB:"
     )
     print(f"  {'':46} {'measured':>10} {'goal':>8} {'NVSentinel':>11}")
-    print(
-        f"  {f'{args.pods} pods on {len(nodes)} nodes: s until all gone':46} {took:>10.1f} {'':>8} {'':>11}"
-    )
+    label = f"{args.pods} pods on {len(nodes)} nodes: s until all evicted"
+    print(f"  {label:46} {evicted_in:>10.1f} {'':>8} {'':>11}")
     print(f"  {'  evictions/s':46} {rate:>10.1f} {'>= 50':>8} {'~5':>11}")
+    print(f"  {'  s until all gone (the simulated kubelet)':46} {took:>10.1f} {'':>8} {'':>11}")
     print(f"  {'  nodes recorded drained (of ' + str(len(nodes)) + ')':46} {drained:>10} {'':>8} {'':>11}")
 
 

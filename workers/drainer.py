@@ -97,13 +97,14 @@ class Drainer:
 
     def resync(self) -> None:
         """A drain document for each quarantine episode of each node faultline holds cordoned."""
+        episodes = {d["_id"]: d.get("episode") for d in self.store.drains.find({}, {"episode": 1})}
         for doc in self.store.nodes.find({"quarantined": True}):
             if not (doc.get("owned") or {}).get("cordoned") or doc.get("quarantined_at") is None:
                 continue
             episode = doc["quarantined_at"]
-            current = self.store.drains.find_one({"_id": doc["_id"]}, {"episode": 1})
-            if current is not None and current.get("episode") == episode:
+            if episodes.get(doc["_id"], ...) == episode:
                 continue
+            current = {"episode": episodes[doc["_id"]]} if doc["_id"] in episodes else None
             fatal = (
                 self.store.faults.count_documents({"_id": {"$in": doc.get("faults", [])}, "fatal": True}) > 0
             )
@@ -158,8 +159,10 @@ class Drainer:
             if not self._held(node, episode):
                 self._finish(node, "released before the drain finished")
                 return store.DONE
+            before = repr(pods)
             left = self._pass(node, pods, retry_at)
-            self.store.drains.update_one({"_id": node}, {"$set": {"pods": pods}})
+            if repr(pods) != before:  # a write only when a pod's record changed (the store is shared)
+                self.store.drains.update_one({"_id": node}, {"$set": {"pods": pods}})
             if not left:
                 self._finish(node, "drained")
                 faults = (self.store.nodes.find_one({"_id": node}, {"faults": 1}) or {}).get("faults", [])

@@ -77,16 +77,18 @@ class Remediation:
 
     def resync(self) -> None:
         """A repairs document for each quarantine episode that is ready for repair."""
+        known = {d["_id"] for d in self.repairs.find({}, {"_id": 1})}
+        drained = {
+            d["_id"]: d.get("episode") for d in self.store.drains.find({"result": "drained"}, {"episode": 1})
+        }
         for doc in self.store.nodes.find({"quarantined": True}):
             node, episode = doc["_id"], doc.get("quarantined_at")
             if episode is None:
                 continue
-            if self.settings.require_drain:
-                drain = self.store.drains.find_one({"_id": node}) or {}
-                if drain.get("episode") != episode or drain.get("result") != "drained":
-                    continue
+            if self.settings.require_drain and drained.get(node, ...) != episode:
+                continue
             key = f"{node}/{episode.isoformat()}"
-            if self.repairs.find_one({"_id": key}, {"_id": 1}) is not None:
+            if key in known:
                 continue
             self.store.upsert(self.repairs, {"_id": key}, {"$setOnInsert": {
                 "node": node, "episode": episode, "first_seen": episode, "fatal": True, "rounds": [],
