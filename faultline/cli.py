@@ -580,6 +580,13 @@ def worker_remediation(
     repeat_offender: Annotated[int, typer.Option(help="More repairs in the window: last step.")] = 3,
     window: Annotated[str, typer.Option(help="Repeat-offender window.")] = "7d",
     can_replace: Annotated[bool, typer.Option(help="A cloud provider can replace nodes.")] = False,
+    template: Annotated[
+        Path | None,
+        typer.Option(help="An external remediator's CR template (YAML) instead of RemediationRequests."),
+    ] = None,
+    external_timeout: Annotated[
+        str, typer.Option(help="Template CRs: wait this long for the faults to clear.")
+    ] = "30m",
     metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
 ) -> None:
     """Decide each drained node's repair (with escalation) and write a RemediationRequest for it."""
@@ -592,6 +599,7 @@ def worker_remediation(
             mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig,
             require_drain=require_drain, max_attempts_per_fault=max_attempts_per_fault,
             repeat_offender=repeat_offender, window=_seconds(window, "--window"), can_replace=can_replace,
+            template=template, external_timeout=_seconds(external_timeout, "--external-timeout"),
             metrics_port=metrics_port,
         )  # fmt: skip
     except ValueError as exc:
@@ -616,9 +624,23 @@ def worker_janitor(
     image: Annotated[str, typer.Option(help="The repair Jobs' image.")] = "ghcr.io/faultline/janitor:latest",
     reboot_timeout: Annotated[str, typer.Option(help="Wait for a new boot id and Ready.")] = "20m",
     validate_timeout: Annotated[str, typer.Option(help="Wait for healthy reports.")] = "10m",
+    cloud: Annotated[
+        str,
+        typer.Option(help="Cloud provider API for REPLACE (and cloud reboots): none, aws, gcp, azure, oci."),
+    ] = "none",
+    reboot_via: Annotated[
+        str, typer.Option(help="Reboot by a Job on the node (job) or the provider (cloud).")
+    ] = "job",
+    cloud_endpoint: Annotated[str | None, typer.Option(help="The provider API's base URL.")] = None,
+    aws_region: Annotated[
+        str | None, typer.Option(help="AWS region (default: from the node's zone).")
+    ] = None,
+    oci_config: Annotated[Path, typer.Option(help="OCI API key config file.")] = Path("~/.oci/config"),
+    oci_profile: Annotated[str, typer.Option(help="Profile in the OCI config file.")] = "DEFAULT",
     metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
 ) -> None:
-    """Carry out RemediationRequests (reboot / GPU reset Jobs), validate, record, escalate on failure."""
+    """Carry out RemediationRequests (reboot / GPU reset Jobs, cloud provider calls), validate, record,
+    escalate on failure."""
     from pydantic import SecretStr  # noqa: PLC0415
 
     from faultline.config import JanitorConfig  # noqa: PLC0415
@@ -629,6 +651,9 @@ def worker_janitor(
             service_account=service_account, image=image,
             reboot_timeout=_seconds(reboot_timeout, "--reboot-timeout"),
             validate_timeout=_seconds(validate_timeout, "--validate-timeout"), metrics_port=metrics_port,
+            cloud=cloud, reboot_via=reboot_via,  # type: ignore[arg-type]  # pydantic checks them
+            cloud_endpoint=cloud_endpoint, aws_region=aws_region,
+            oci_config=oci_config, oci_profile=oci_profile,
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

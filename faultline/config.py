@@ -138,6 +138,12 @@ class RemediationConfig(BaseModel):
     can_replace: bool = Field(
         default=False, description="a cloud provider can replace nodes (last step REPLACE)"
     )
+    template: Path | None = Field(
+        default=None, description="an external remediator's CR template (YAML) instead of RemediationRequests"
+    )
+    external_timeout: float = Field(
+        default=1800.0, gt=0, description="template: wait this long for the faults to clear, then escalate"
+    )
     threads: int = Field(default=4, ge=1, le=64, description="claims worked on at once")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
     owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")
@@ -162,3 +168,21 @@ class JanitorConfig(BaseModel):
     threads: int = Field(default=4, ge=1, le=64, description="repairs carried out at once")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
     owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")
+    cloud: Literal["none", "aws", "gcp", "azure", "oci"] = Field(
+        default="none", description="the cloud provider API that replaces (and may reboot) nodes"
+    )
+    reboot_via: Literal["job", "cloud"] = Field(
+        default="job", description="reboot by a Job on the node, or by the provider's API (for hung nodes)"
+    )
+    cloud_endpoint: str | None = Field(
+        default=None, description="the provider API's base URL (other partitions, sovereign clouds, proxies)"
+    )
+    aws_region: str | None = Field(default=None, description="AWS region; None: from the node's zone")
+    oci_config: Path = Field(default=Path("~/.oci/config"), description="OCI API key config file")
+    oci_profile: str = Field(default="DEFAULT", description="profile in the OCI config file")
+
+    @model_validator(mode="after")
+    def _cloud_reboot_needs_cloud(self) -> JanitorConfig:
+        if self.reboot_via == "cloud" and self.cloud == "none":
+            raise ValueError("reboot_via=cloud needs a cloud provider (cloud)")
+        return self

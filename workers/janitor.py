@@ -7,11 +7,20 @@ and runs the last round's step:
   then a wait for the node to come back: a new boot id and Ready again.
 - GPU_RESET: a privileged Job on the node that refuses to run while GPU processes remain, then resets the
   affected GPUs; the wait is for the Job to succeed.
-- REPLACE: needs a cloud provider; none is configured here, so the round fails (and remediation moves on).
+  With `reboot_via="cloud"` and a cloud provider configured, the provider's API reboots the instance
+  instead (it works when the node is too broken to run a Job); a node with no providerID of that
+  provider (bare metal) still gets the Job.
+- REPLACE: the cloud provider's replacement (`workers.cloud`: AWS, GCP, Azure, OCI), then a wait for the
+  Node to go away (a new instance takes its place under another name) or to come back with a new boot
+  id and Ready. The round's faults were the old hardware's: the janitor resolves them itself.
 Then it validates: every fault of the round must be resolved by the node agent's fresh healthy report
 within `validate_timeout`. The round's outcome (Succeeded, Failed, TimedOut, NotCleared) goes to the
 repairs document and the request's status; anything but Succeeded sets the remediation stage pending
 again, so the next round escalates. Nothing stays in progress forever: every wait has a timeout.
+
+A janitor killed mid-repair loses nothing: the round records when it started, the node's boot id before
+the repair and whether the provider call was made, so whoever takes the claim over waits for the same
+reboot instead of asking for another one.
 """
 
 from __future__ import annotations
@@ -19,15 +28,18 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from faultline import kube, store
+from faultline.errors import TransientError
 from faultline.models import FaultState
-from workers import common, remedies
+from workers import cloud, common, remedies
 
 log = logging.getLogger("faultline.workers.janitor")
 WORKER = "janitor"
+GONE = "<node gone>"  # boot_before of a node that no longer exists
 STAGE = "janitor"
 SIM_ACTION = "faultline.io/sim-action"  # read by the simulated kubelet (faultline.kube.fakelet)
 RESET_SCRIPT = (
@@ -62,6 +74,9 @@ class Settings:
     lease: dt.timedelta = dt.timedelta(seconds=30)
     threads: int = 4
     job_annotations: dict[str, str] = field(default_factory=dict)
+    provider: cloud.Provider | None = None  # REPLACE, and REBOOT with reboot_via="cloud"
+    reboot_via: Literal["job", "cloud"] = "job"
+    cloud_retries: int = 3  # provider calls that fail transiently are tried this often
 
 
 class Janitor:
@@ -92,15 +107,29 @@ class Janitor:
             return store.DONE  # nothing waiting
         index, current = len(rounds) - 1, rounds[-1]
         node, step, name = str(doc["node"]), current["step"], current["request"]
-        started = self.store.clock()
-        self._status(name, "Running", started=started)
+        here = f"rounds.{index}"
+        started = common.as_utc(current.get("started_at"))
+        if started is None:  # the first holder of this round: what a takeover must wait for
+            started = self.store.clock()
+            current = {**current, "started_at": started, "boot_before": self._boot_id_or_gone(node)}
+            self.repairs.update_one({"_id": claim.id}, {"$set": {
+                f"{here}.started_at": started, f"{here}.boot_before": current["boot_before"]}})  # fmt: skip
+        external = bool(current.get("external"))
+        status = self._noop_status if external else self._status  # an external CR's status is its own
+        status(name, "Running", started=started)
         try:
-            outcome, message = self._run(node, step, name, current, started)
+            if external:  # an external remediator acts; the janitor only validates (below)
+                outcome, message = "Succeeded", "left to the external remediator"
+            else:
+                outcome, message = self._run(node, step, name, current, started, (claim.id, here))
         except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
             outcome, message = "Failed", f"{type(exc).__name__}: {exc}"[:500]
+        if outcome == "Succeeded" and step == remedies.REPLACE and not external:
+            self._resolve_replaced(current.get("fault_keys", []), message)
         if outcome == "Succeeded":
-            self._status(name, "Validating")
-            outcome, message = self._validate(current.get("fault_keys", []), started)
+            status(name, "Validating")
+            timeout = dt.timedelta(seconds=float(current["timeout"])) if external else None
+            outcome, message = self._validate(current.get("fault_keys", []), started, timeout)
         finished = self.store.clock()
         self.repairs.update_one({"_id": claim.id}, {"$set": {
             f"rounds.{index}.outcome": outcome, f"rounds.{index}.at": finished,
@@ -108,8 +137,8 @@ class Janitor:
         }})  # fmt: skip
         if outcome != "Succeeded":  # remediation decides the next round (an escalation)
             self.repairs.update_one({"_id": claim.id}, {"$set": {"remediation.state": store.PENDING}})
-        self._status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
-                     finished=finished, message=message)  # fmt: skip
+        status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
+               finished=finished, message=message)  # fmt: skip
         common.post_event(
             self.api, node, reason=f"FaultlineRepair{outcome}", note=f"{step} ({name}): {message}",
             action="Repair", warning=outcome != "Succeeded", worker=WORKER, owner=self.owner,
@@ -118,19 +147,85 @@ class Janitor:
         return store.DONE
 
     def _run(
-        self, node: str, step: str, name: str, current: dict[str, Any], started: dt.datetime
-    ) -> tuple[str, str]:
+        self, node: str, step: str, name: str, current: dict[str, Any], started: dt.datetime,
+        where: tuple[str, str],
+    ) -> tuple[str, str]:  # fmt: skip
+        before = str(current.get("boot_before") or "")
         if step == remedies.REBOOT:
-            before = self._boot_id(node)
-            self._job(name, node, self.settings.reboot_command, action="reboot")
+            inst = self._instance(node) if self.settings.reboot_via == "cloud" else None
+            if inst is None:
+                self._job(name, node, self.settings.reboot_command, action="reboot")
+            else:
+                target = inst
+                self._cloud(current, where, lambda p: p.reboot(target))
             return self._wait_back(node, before, started)
         if step == remedies.GPU_RESET:
             gpus = [str(g) for g in current.get("gpus", [])]
             self._job(name, node, (*self.settings.reset_command, *gpus), action="gpu-reset")
             return self._wait_job(name, started)
         if step == remedies.REPLACE:
-            return "Failed", "no cloud provider is configured to replace the node"
+            if self.settings.provider is None:
+                return "Failed", "no cloud provider is configured to replace the node"
+            if before == GONE:
+                return "Succeeded", "the Node was already gone"
+            try:
+                inst = cloud.instance(self._provider_id(node))
+            except ValueError as exc:
+                return "Failed", f"cannot replace: {exc}"
+            said = self._cloud(current, where, lambda p: p.replace(inst))
+            outcome, message = self._wait_back(node, before, started, gone_ok=True)
+            return outcome, f"{said}; {message}"
         return "Failed", f"the janitor does not carry out {step}"
+
+    def _instance(self, node: str) -> cloud.Instance | None:
+        """The node's instance at the configured provider; None: not one of its instances (bare metal)."""
+        if self.settings.provider is None:
+            return None
+        try:
+            inst = cloud.instance(self._provider_id(node))
+        except ValueError:
+            return None
+        return inst if inst.provider == self.settings.provider.name else None
+
+    def _provider_id(self, node: str) -> str:
+        return str(kube.read_json(self.api, self.core.read_node, node).get("spec", {}).get("providerID", ""))
+
+    def _cloud(
+        self, current: dict[str, Any], where: tuple[str, str], call: Callable[[cloud.Provider], str]
+    ) -> str:
+        """The provider call, made once per round: a takeover finds it recorded and does not repeat it."""
+        if current.get("cloud_call"):
+            return str(current["cloud_call"])
+        provider = self.settings.provider
+        assert provider is not None  # callers checked
+        for attempt in range(self.settings.cloud_retries):
+            try:
+                said = call(provider)
+                break
+            except TransientError as exc:
+                if attempt + 1 >= self.settings.cloud_retries:
+                    raise
+                self.stop.wait(exc.delay)
+        doc_id, here = where
+        self.repairs.update_one({"_id": doc_id}, {"$set": {f"{here}.cloud_call": said}})
+        log.info(
+            "cloud call done", extra={"node": current.get("node"), "step": current.get("step"), "said": said}
+        )
+        return said
+
+    def _resolve_replaced(self, keys: list[str], message: str) -> None:
+        """The faults of hardware that was replaced: resolved by the janitor, the reason recorded."""
+        now = self.store.clock().astimezone(dt.UTC).replace(tzinfo=None)
+        self.store.faults.update_many(
+            {"_id": {"$in": keys}, "state": FaultState.OPEN},
+            {
+                "$set": {
+                    "state": FaultState.RESOLVED,
+                    "resolved_at": now,
+                    "resolved_by": f"janitor: {message}"[:500],
+                }
+            },
+        )
 
     def _job(self, name: str, node: str, command: tuple[str, ...], *, action: str) -> None:
         s = self.settings
@@ -161,20 +256,36 @@ class Janitor:
         obj = kube.read_json(self.api, self.core.read_node, node)
         return str(obj.get("status", {}).get("nodeInfo", {}).get("bootID", ""))
 
+    def _boot_id_or_gone(self, node: str) -> str:
+        try:
+            return self._boot_id(node)
+        except kube.ApiException as exc:
+            if exc.status == 404:
+                return GONE
+            raise
+
     def _ready(self, node: str) -> tuple[str, bool]:
         obj = kube.read_json(self.api, self.core.read_node, node)
         status = obj.get("status", {})
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
         return str(status.get("nodeInfo", {}).get("bootID", "")), ready
 
-    def _wait_back(self, node: str, before: str, started: dt.datetime) -> tuple[str, str]:
+    def _wait_back(
+        self, node: str, before: str, started: dt.datetime, *, gone_ok: bool = False
+    ) -> tuple[str, str]:
         deadline = started + self.settings.reboot_timeout
         while self.store.clock() < deadline and not self.stop.is_set():
-            boot, ready = self._ready(node)
+            try:
+                boot, ready = self._ready(node)
+            except kube.ApiException as exc:
+                if exc.status == 404 and gone_ok:
+                    return "Succeeded", "the Node was removed (a new instance replaces it)"
+                raise
             if boot and boot != before and ready:
                 return "Succeeded", f"back with boot id {boot}"
             self.stop.wait(self.settings.poll)
-        return "TimedOut", f"no new boot id and Ready within {self.settings.reboot_timeout}"
+        what = "no new boot id and Ready" + (" and the Node not removed" if gone_ok else "")
+        return "TimedOut", f"{what} within {self.settings.reboot_timeout}"
 
     def _wait_job(self, name: str, started: dt.datetime) -> tuple[str, str]:
         deadline = started + self.settings.job_timeout
@@ -188,9 +299,15 @@ class Janitor:
             self.stop.wait(self.settings.poll)
         return "TimedOut", f"the Job did not finish within {self.settings.job_timeout}"
 
-    def _validate(self, keys: list[str], started: dt.datetime) -> tuple[str, str]:
-        """Every fault of the round resolved by a fresh healthy report from the node agent."""
-        deadline = self.store.clock() + self.settings.validate_timeout
+    def _validate(
+        self, keys: list[str], started: dt.datetime, timeout: dt.timedelta | None = None
+    ) -> tuple[str, str]:
+        """Every fault of the round resolved by a fresh healthy report from the node agent (external
+        rounds: within their own timeout from the start, since the repair happens meanwhile)."""
+        if timeout is not None:
+            deadline = started + timeout
+        else:
+            deadline = self.store.clock() + self.settings.validate_timeout
         naive_start = started.astimezone(dt.UTC).replace(tzinfo=None)
         while not self.stop.is_set():
             open_ = [
@@ -205,6 +322,9 @@ class Janitor:
                 return "NotCleared", f"still open after the repair: {', '.join(open_)}"
             self.stop.wait(self.settings.poll)
         return "NotCleared", "the janitor stopped while validating"
+
+    def _noop_status(self, name: str, phase: str, **_: Any) -> None:
+        pass
 
     def _status(self, name: str, phase: str, *, started: dt.datetime | None = None,
                 finished: dt.datetime | None = None, message: str | None = None) -> None:  # fmt: skip

@@ -9,6 +9,11 @@ faults and every round recorded for the node (`workers.remedies`: escalation, ca
 and writes the request; CONTACT_SUPPORT writes none: the node stays quarantined, with an Event and the
 node condition `FaultlineRemediation` False. The janitor sets the stage back to pending when a repair
 did not clear the fault, which makes the next round an escalation.
+
+With a template (`workers.templates`), each request is an external remediator's CR rendered from it
+instead of a RemediationRequest. The round is marked external: the janitor carries nothing out for it,
+but still validates it (the faults must clear within `external_timeout`) and records the outcome, so a
+repair the external remediator did not manage escalates like any other.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from faultline import kube, store
 from faultline.models import Action, FaultState
-from workers import common, remedies
+from workers import common, remedies, templates
 
 log = logging.getLogger("faultline.workers.remediation")
 WORKER = "remediation"
@@ -36,6 +41,7 @@ class Settings:
     caps: remedies.Caps = field(default_factory=remedies.Caps)
     require_drain: bool = True
     template: dict[str, Any] | None = None  # an external remediator's CR; None: RemediationRequest
+    external_timeout: dt.timedelta = dt.timedelta(minutes=30)  # for the faults to clear after a template CR
     lease: dt.timedelta = dt.timedelta(seconds=30)
     threads: int = 4
     resync_interval: float = 2.0
@@ -123,6 +129,8 @@ class Remediation:
         name = request_name(node, doc.get("episode"), round_)
         record = {"step": decision.step, "request": name, "fault_keys": keys, "gpus": gpus,
                   "reason": decision.reason, "requested_at": now, "outcome": None, "at": None}  # fmt: skip
+        if self.settings.template is not None:
+            record.update(external=True, timeout=self.settings.external_timeout.total_seconds())
         if decision.step == remedies.CONTACT_SUPPORT:
             record.update(outcome="ContactSupport", at=now)
             self.repairs.update_one(
@@ -138,19 +146,30 @@ class Remediation:
             )  # fmt: skip
             self.metrics.actions.labels(result="contact-support").inc()
             return store.DONE
-        self._request(name, node, decision, keys, gpus, round_)
+        what = self._request(name, node, decision, keys, gpus, round_)
         self.repairs.update_one(
             {"_id": claim.id},
             {"$push": {"rounds": record}, "$set": {"janitor.state": store.PENDING, "janitor.attempts": 0}},
         )
         common.post_event(self.api, node, reason="FaultlineRemediationRequested",
-                          note=f"{decision.step} ({decision.reason}); request {name}", action="Remediate",
+                          note=f"{decision.step} ({decision.reason}); {what}", action="Remediate",
                           warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
         self.metrics.actions.labels(result=decision.step.lower()).inc()
         return store.DONE
 
     def _request(self, name: str, node: str, decision: remedies.Decision, keys: list[str], gpus: list[str],
-                 round_: int) -> None:  # fmt: skip
+                 round_: int) -> str:  # fmt: skip
+        """Write the request (a RemediationRequest, or the template's CR); say which."""
+        if self.settings.template is not None:
+            values = {"name": name, "node": node, "action": decision.step, "gpus": gpus, "faultKeys": keys,
+                      "reason": decision.reason[:1024]}  # fmt: skip
+            custom = templates.render(self.settings.template, values)
+            try:
+                kube.create_object(self.api, custom)
+            except kube.ApiException as exc:
+                if exc.status != 409:
+                    raise
+            return f"{custom['kind']} {custom['metadata']['name']}"
         body: dict[str, Any] = {
             "apiVersion": f"{kube.RR_GROUP}/{kube.RR_VERSION}", "kind": "RemediationRequest",
             "metadata": {"name": name, "labels": {"faultline.io/node": node}},
@@ -164,3 +183,4 @@ class Remediation:
         except kube.ApiException as exc:
             if exc.status != 409:  # already written by this claim's earlier holder: the same request
                 raise
+        return f"request {name}"

@@ -9,7 +9,18 @@ import threading
 from faultline import kube, store
 from faultline.config import DrainConfig, JanitorConfig, QuarantineConfig, RemediationConfig
 from faultline.metrics import serve
-from workers import breaker, common, drainer, janitor, quarantine, remediation, remedies, rules
+from workers import (
+    breaker,
+    cloud,
+    common,
+    drainer,
+    janitor,
+    quarantine,
+    remediation,
+    remedies,
+    rules,
+    templates,
+)
 
 
 def _connect(uri: str, database: str) -> store.Store:
@@ -66,6 +77,8 @@ def remediation_main(config: RemediationConfig) -> None:
             window=dt.timedelta(seconds=config.window), can_replace=config.can_replace,
         ),
         require_drain=config.require_drain, threads=config.threads,
+        template=templates.load(config.template) if config.template else None,
+        external_timeout=dt.timedelta(seconds=config.external_timeout),
     )  # fmt: skip
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
@@ -80,11 +93,37 @@ def janitor_main(config: JanitorConfig) -> None:
         reboot_timeout=dt.timedelta(seconds=config.reboot_timeout),
         job_timeout=dt.timedelta(seconds=config.job_timeout),
         validate_timeout=dt.timedelta(seconds=config.validate_timeout), threads=config.threads,
+        provider=cloud_provider(config), reboot_via=config.reboot_via,
     )  # fmt: skip
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     worker = janitor.Janitor(st, api, settings, config.owner or common.default_owner("janitor"))
     _serve_until_signalled(worker, config.metrics_port)
+
+
+def cloud_provider(config: JanitorConfig) -> cloud.Provider | None:
+    """The configured provider (its credentials are looked up at the first call, except OCI's key file,
+    read here so a bad one stops the janitor at start)."""
+    endpoint = config.cloud_endpoint or ""
+    if config.cloud == "aws":
+        from workers.cloud import aws  # noqa: PLC0415
+
+        return aws.AWS(aws.Settings(region=config.aws_region or "", endpoint=endpoint))
+    if config.cloud == "gcp":
+        from workers.cloud import gcp  # noqa: PLC0415
+
+        return gcp.GCP(gcp.Settings(endpoint=endpoint or gcp.API))
+    if config.cloud == "azure":
+        from workers.cloud import azure  # noqa: PLC0415
+
+        return azure.Azure(azure.Settings(endpoint=endpoint or azure.Settings.endpoint))
+    if config.cloud == "oci":
+        from workers.cloud import oci  # noqa: PLC0415
+
+        return oci.OCI(
+            oci.Settings(config_file=config.oci_config, profile=config.oci_profile, endpoint=endpoint)
+        )
+    return None
 
 
 Worker = quarantine.QuarantineWorker | drainer.Drainer | remediation.Remediation | janitor.Janitor

@@ -108,6 +108,30 @@ def ensure_crds(api: client.ApiClient, directory: Path = CRD_DIR, *, timeout: fl
     return names
 
 
+def create_object(api: client.ApiClient, body: dict[str, Any]) -> tuple[str, bool]:
+    """Create an object of any served kind (an external remediator's CR): the plural and scope come from
+    API discovery. Returns (plural, namespaced); ApiException 409 when it exists; PermanentError when the
+    kind is not served."""
+    api_version, kind = str(body.get("apiVersion", "")), str(body.get("kind", ""))
+    if "/" not in api_version:
+        raise PermanentError(f"{kind} {api_version}: only kinds of an API group can be created this way")
+    group, version = api_version.split("/", 1)
+    found = read_json(api, custom(api).get_api_resources, group, version)
+    resource = next(
+        (r for r in found.get("resources", []) if r.get("kind") == kind and "/" not in r.get("name", "")),
+        None,
+    )
+    if resource is None:
+        raise PermanentError(f"the API server serves no kind {kind} in {api_version}")
+    plural, namespaced = str(resource["name"]), bool(resource.get("namespaced"))
+    if namespaced:
+        namespace = body.get("metadata", {}).get("namespace") or "default"
+        custom(api).create_namespaced_custom_object(group, version, namespace, plural, body)
+    else:
+        custom(api).create_cluster_custom_object(group, version, plural, body)
+    return plural, namespaced
+
+
 def rbac(api: client.ApiClient) -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(api)
 
