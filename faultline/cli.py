@@ -637,6 +637,8 @@ def worker_janitor(
     ] = None,
     oci_config: Annotated[Path, typer.Option(help="OCI API key config file.")] = Path("~/.oci/config"),
     oci_profile: Annotated[str, typer.Option(help="Profile in the OCI config file.")] = "DEFAULT",
+    lease: Annotated[str, typer.Option(help="Claim lease.")] = "30s",
+    poll: Annotated[str, typer.Option(help="Between looks at a node or Job.")] = "2s",
     metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
 ) -> None:
     """Carry out RemediationRequests (reboot / GPU reset Jobs, cloud provider calls), validate, record,
@@ -653,7 +655,8 @@ def worker_janitor(
             validate_timeout=_seconds(validate_timeout, "--validate-timeout"), metrics_port=metrics_port,
             cloud=cloud, reboot_via=reboot_via,  # type: ignore[arg-type]  # pydantic checks them
             cloud_endpoint=cloud_endpoint, aws_region=aws_region,
-            oci_config=oci_config, oci_profile=oci_profile,
+            oci_config=oci_config, oci_profile=oci_profile, lease=_seconds(lease, "--lease"),
+            poll=_seconds(poll, "--poll"),
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -166,6 +166,8 @@ class JanitorConfig(BaseModel):
     job_timeout: float = Field(default=600.0, gt=0, description="wait this long for a GPU reset Job")
     validate_timeout: float = Field(default=600.0, gt=0, description="wait this long for healthy reports")
     threads: int = Field(default=4, ge=1, le=64, description="repairs carried out at once")
+    lease: float = Field(default=30.0, gt=0, description="claim lease, renewed at a third of it")
+    poll: float = Field(default=2.0, gt=0, description="seconds between looks at a node or Job")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="port of /metrics; 0: off")
     owner: str | None = Field(default=None, description="this replica's name in leases (default host/pid)")
     cloud: Literal["none", "aws", "gcp", "azure", "oci"] = Field(

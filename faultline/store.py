@@ -212,19 +212,23 @@ class Store:
         return True
 
     def renew(self, claim: Claim, lease: dt.timedelta) -> Claim:
+        """Extend the lease. Only the lease document is written: FerretDB v1 updates a document by reading
+        it and writing it back whole, so a renewal written to the work document while the handler
+        updates it could undo the handler's change (seen: a pushed repair round lost)."""
         if self.leases.find_one({"_id": f"{claim.stage}/{claim.id}/{claim.n + 1}"}) is not None:
             raise LeaseLostError(f"{claim.stage} claim on {claim.id} was taken over")
         until = self.clock() + lease
         self.leases.update_one(
             {"_id": f"{claim.stage}/{claim.id}/{claim.n}"}, {"$set": {"until": _naive(until)}}
         )
-        self.db[claim.collection].update_one(
-            {"_id": claim.id}, {"$set": {f"{claim.stage}.lease_until": _naive(until)}}
-        )
         return Claim(claim.id, claim.stage, claim.owner, until, claim.doc, claim.n, claim.collection)
 
-    def complete(self, claim: Claim, state: str = DONE, error: str | None = None) -> None:
-        """Close the claim (`done`, `parked`, or `pending` to give it back); fenced by the next number."""
+    def complete(
+        self, claim: Claim, state: str = DONE, error: str | None = None, also: dict[str, Any] | None = None
+    ) -> None:
+        """Close the claim (`done`, `parked`, or `pending` to give it back); fenced by the next number.
+        `also`: more fields to set in the same update (the next stage's hand-over, so that stage cannot
+        claim the document while this one still writes it)."""
         if not self._take(claim.stage, claim.id, claim.n + 1, claim.owner, f"closed:{state}", None):
             raise LeaseLostError(f"{claim.stage} claim on {claim.id} is no longer held by {claim.owner}")
         self.db[claim.collection].update_one(
@@ -233,16 +237,21 @@ class Store:
                 f"{claim.stage}.state": state, f"{claim.stage}.seq": claim.n + 1,
                 f"{claim.stage}.lease_owner": None, f"{claim.stage}.lease_until": None,
                 f"{claim.stage}.updated_at": _naive(self.clock()), f"{claim.stage}.error": error,
+                **(also or {}),
             }},
         )  # fmt: skip
 
     def reap(self, stage: str, max_attempts: int, *, collection: str = "faults") -> tuple[int, int]:
-        """Take back expired claims: to pending, or parked once out of attempts; (requeued, parked)."""
+        """Take back expired claims: to pending, or parked once out of attempts; (requeued, parked).
+        A claim's expiry is in its lease document, which renewals extend."""
         now = self.clock()
         requeued = parked = 0
         coll = self.db[collection]
-        for doc in coll.find({f"{stage}.state": CLAIMED, f"{stage}.lease_until": {"$lt": _naive(now)}}):
+        for doc in coll.find({f"{stage}.state": CLAIMED}):
             n = int(doc[stage].get("seq", 0)) + 1
+            held = self.leases.find_one({"_id": f"{stage}/{doc['_id']}/{n - 1}"}, {"until": 1})
+            if held is not None and held.get("until") is not None and held["until"] >= _naive(now):
+                continue
             if not self._take(stage, doc["_id"], n, "reaper", "expired", None):
                 continue  # the owner completed it just now, or another reaper got there first
             out_of_attempts = int(doc[stage].get("attempts", 0)) >= max_attempts

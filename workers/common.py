@@ -79,14 +79,17 @@ def post_event(
         log.warning("could not post Event %s on %s: %s", reason, node, exc)
 
 
+Outcome = str | tuple[str, dict[str, Any]]  # the stage's final state, and fields set with it (a hand-over)
+
+
 class ClaimLoop:
     """`threads` workers each claim the next pending fault of `stage`, call `handle(claim)` (which returns
-    the stage's final state) while a renewer keeps the lease, and complete it. Idle claimers back off
-    from 50 ms to 1 s. A lost lease drops the result: whoever took over redoes it (actions are
-    idempotent)."""
+    the stage's final state, optionally with fields to set in the same write) while a renewer keeps the
+    lease, and complete it. Idle claimers back off from 50 ms to 1 s. A lost lease drops the result:
+    whoever took over redoes it (actions are idempotent)."""
 
     def __init__(
-        self, st: store.Store, stage: str, owner: str, handle: Callable[[store.Claim], str], *,
+        self, st: store.Store, stage: str, owner: str, handle: Callable[[store.Claim], Outcome], *,
         lease: dt.timedelta, threads: int, metrics: WorkerMetrics, collection: str = "faults",
         order: tuple[str, ...] = ("first_seen",), resync: Callable[[], None] | None = None,
         every: float = 5.0, max_attempts: int = 10,
@@ -187,8 +190,10 @@ class ClaimLoop:
 
         renewer = threading.Thread(target=renew, name=f"{self.stage}-renew", daemon=True)
         renewer.start()
+        also: dict[str, Any] | None = None
         try:
-            state = self.handle(claim)
+            outcome = self.handle(claim)
+            state, also = (outcome, None) if isinstance(outcome, str) else outcome
             error = None
         except Exception as exc:  # noqa: BLE001 - recorded on the fault; the claim goes back to pending
             log.warning("%s: %s failed: %s", self.stage, claim.id, exc)
@@ -202,7 +207,7 @@ class ClaimLoop:
             self.metrics.lease_losses.inc()
             return
         try:
-            self.store.complete(current[0], state, error)
+            self.store.complete(current[0], state, error, also)
         except LeaseLostError:
             self.metrics.lease_losses.inc()
 

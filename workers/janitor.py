@@ -100,7 +100,7 @@ class Janitor:
         return self.loop.start()
 
     # -- one repair ----------------------------------------------------------------------------------------
-    def _handle(self, claim: store.Claim) -> str:
+    def _handle(self, claim: store.Claim) -> common.Outcome:
         doc = claim.doc
         rounds = doc.get("rounds", [])
         if not rounds or rounds[-1].get("outcome"):
@@ -128,15 +128,17 @@ class Janitor:
             self._resolve_replaced(current.get("fault_keys", []), message)
         if outcome == "Succeeded":
             status(name, "Validating")
-            timeout = dt.timedelta(seconds=float(current["timeout"])) if external else None
-            outcome, message = self._validate(current.get("fault_keys", []), started, timeout)
+            if external:  # the external remediator may have finished before this janitor looked
+                since = common.as_utc(current.get("requested_at")) or started
+                timeout: dt.timedelta | None = dt.timedelta(seconds=float(current["timeout"]))
+            else:
+                since, timeout = started, None
+            outcome, message = self._validate(current.get("fault_keys", []), since, timeout)
         finished = self.store.clock()
         self.repairs.update_one({"_id": claim.id}, {"$set": {
             f"rounds.{index}.outcome": outcome, f"rounds.{index}.at": finished,
             f"rounds.{index}.message": message, f"rounds.{index}.started_at": started,
         }})  # fmt: skip
-        if outcome != "Succeeded":  # remediation decides the next round (an escalation)
-            self.repairs.update_one({"_id": claim.id}, {"$set": {"remediation.state": store.PENDING}})
         status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
                finished=finished, message=message)  # fmt: skip
         common.post_event(
@@ -144,6 +146,8 @@ class Janitor:
             action="Repair", warning=outcome != "Succeeded", worker=WORKER, owner=self.owner,
         )  # fmt: skip
         self.metrics.actions.labels(result=outcome).inc()
+        if outcome != "Succeeded":  # remediation decides the next round (an escalation), once this closes
+            return store.DONE, {"remediation.state": store.PENDING}
         return store.DONE
 
     def _run(

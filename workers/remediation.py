@@ -109,7 +109,7 @@ class Remediation:
             if d.get("state") == FaultState.OPEN and d.get("fatal")
         ]
 
-    def _handle(self, claim: store.Claim) -> str:
+    def _handle(self, claim: store.Claim) -> common.Outcome:
         doc, node = claim.doc, str(claim.doc["node"])
         faults = self._open_faults(node)
         if not faults:
@@ -147,15 +147,15 @@ class Remediation:
             self.metrics.actions.labels(result="contact-support").inc()
             return store.DONE
         what = self._request(name, node, decision, keys, gpus, round_)
-        self.repairs.update_one(
-            {"_id": claim.id},
-            {"$push": {"rounds": record}, "$set": {"janitor.state": store.PENDING, "janitor.attempts": 0}},
-        )
+        self.repairs.update_one({"_id": claim.id}, {"$push": {"rounds": record}})
         common.post_event(self.api, node, reason="FaultlineRemediationRequested",
                           note=f"{decision.step} ({decision.reason}); {what}", action="Remediate",
                           warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
         self.metrics.actions.labels(result=decision.step.lower()).inc()
-        return store.DONE
+        return store.DONE, {
+            "janitor.state": store.PENDING,
+            "janitor.attempts": 0,
+        }  # set when this claim closes
 
     def _request(self, name: str, node: str, decision: remedies.Decision, keys: list[str], gpus: list[str],
                  round_: int) -> str:  # fmt: skip

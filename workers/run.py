@@ -94,6 +94,7 @@ def janitor_main(config: JanitorConfig) -> None:
         job_timeout=dt.timedelta(seconds=config.job_timeout),
         validate_timeout=dt.timedelta(seconds=config.validate_timeout), threads=config.threads,
         provider=cloud_provider(config), reboot_via=config.reboot_via,
+        lease=dt.timedelta(seconds=config.lease), poll=config.poll,
     )  # fmt: skip
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)

@@ -17,9 +17,10 @@ import threading
 import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from workers.cloud import aws
@@ -409,3 +410,19 @@ def _aws_error(code: str, message: str) -> bytes:
 
 def _gce_op(name: str, status: str) -> dict[str, Any]:
     return {"kind": "compute#operation", "name": name, "status": status}
+
+
+def oci_config(directory: Path, key: rsa.RSAPrivateKey, *, passphrase: str | None = None) -> Path:
+    """An OCI config file and PEM key in `directory`, for the key id the fake accepts."""
+    encryption = (
+        serialization.BestAvailableEncryption(passphrase.encode())
+        if passphrase
+        else serialization.NoEncryption()
+    )
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    (directory / "key.pem").write_bytes(pem)
+    tenancy, user, fingerprint = OCI_KEY_ID.split("/")
+    lines = ["[DEFAULT]", f"user={user}", f"fingerprint={fingerprint}", f"tenancy={tenancy}", "region=us-ashburn-1",
+             "key_file=key.pem"] + ([f"pass_phrase={passphrase}"] if passphrase else [])  # fmt: skip
+    (directory / "config").write_text("\n".join(lines) + "\n")
+    return directory / "config"

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from faultline.errors import ConfigError, TransientError
@@ -192,28 +191,13 @@ def test_azure_restart_and_redeploy(fake: fakes.FakeCloud, tmp_path: Path) -> No
         msi.reboot(cloud.instance(f"azure://{AZ_VM}"))
 
 
-def _oci_config(tmp_path: Path, key: rsa.RSAPrivateKey, *, passphrase: str | None = None) -> Path:
-    encryption = (
-        serialization.BestAvailableEncryption(passphrase.encode())
-        if passphrase
-        else serialization.NoEncryption()
-    )
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-    (tmp_path / "key.pem").write_bytes(pem)
-    tenancy, user, fingerprint = fakes.OCI_KEY_ID.split("/")
-    lines = ["[DEFAULT]", f"user={user}", f"fingerprint={fingerprint}", f"tenancy={tenancy}", "region=us-ashburn-1",
-             "key_file=key.pem"] + ([f"pass_phrase={passphrase}"] if passphrase else [])  # fmt: skip
-    (tmp_path / "config").write_text("\n".join(lines) + "\n")
-    return tmp_path / "config"
-
-
 @pytest.fixture(scope="module")
 def oci_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
 def test_oci_reset_and_terminate_signed(oci_key: rsa.RSAPrivateKey, tmp_path: Path) -> None:
-    config = _oci_config(tmp_path, oci_key, passphrase="s3cret")
+    config = fakes.oci_config(tmp_path, oci_key, passphrase="s3cret")
     inst = cloud.instance(f"oci://{OCI_ID}")
     with fakes.FakeCloud(oci_public_key=oci_key.public_key()) as fake:
         provider = oci.OCI(oci.Settings(config_file=config, endpoint=fake.url))
@@ -223,7 +207,7 @@ def test_oci_reset_and_terminate_signed(oci_key: rsa.RSAPrivateKey, tmp_path: Pa
         (tmp_path / "other").mkdir()
         other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         impostor = oci.OCI(
-            oci.Settings(config_file=_oci_config(tmp_path / "other", other), endpoint=fake.url)
+            oci.Settings(config_file=fakes.oci_config(tmp_path / "other", other), endpoint=fake.url)
         )
         with pytest.raises(cloud.CloudError, match=r"NotAuthenticated.*does not verify"):
             impostor.reboot(inst)
@@ -231,7 +215,7 @@ def test_oci_reset_and_terminate_signed(oci_key: rsa.RSAPrivateKey, tmp_path: Pa
 
 
 def test_oci_config_errors_name_the_file_and_field(oci_key: rsa.RSAPrivateKey, tmp_path: Path) -> None:
-    config = _oci_config(tmp_path, oci_key)
+    config = fakes.oci_config(tmp_path, oci_key)
     with pytest.raises(ConfigError, match=r"no profile \[PROD\]"):
         oci.OCI(oci.Settings(config_file=config, profile="PROD"))
     config.write_text(config.read_text().replace("fingerprint=", "#fingerprint="))

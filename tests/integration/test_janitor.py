@@ -1,0 +1,314 @@
+"""The janitor on the real control plane and FerretDB: cloud reboots and replacements through the local
+provider fakes, a janitor killed mid-repair, and an external remediator's CR template."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from faultline import kube, store
+from faultline.dev import procs
+from faultline.dev.cluster import LocalCluster
+from faultline.dev.mongo import LocalMongo
+from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from tests.fakes import cloud as fakes
+from workers import janitor, remediation, remedies, templates
+from workers.cloud import aws, gcp, oci
+
+pytestmark = pytest.mark.integration
+FAST = {"lease": dt.timedelta(seconds=2), "threads": 2, "poll": 0.2}
+
+
+def _fault(node: str, code: str = "XID-79", action: Action = Action.RESTART_BM) -> Fault:
+    now = dt.datetime.now(dt.UTC)
+    return Fault(
+        id=fault_id(node, "GPU", "0000:3a:00", code), node=node, entity=Entity(type="GPU", id="0000:3a:00"),
+        code=code, component=Component.GPU, count=1, first_seen=now, last_seen=now, fatal=True, action=action,
+        state=FaultState.OPEN,
+    )  # fmt: skip
+
+
+def _repair(st: store.Store, node: str, step: str, fault: Fault, request: str) -> str:
+    """A repair round as the remediation worker leaves it for the janitor (and its RemediationRequest)."""
+    episode = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
+    key = f"{node}/{episode.isoformat()}"
+    st.db["repairs"].insert_one({
+        "_id": key, "node": node, "episode": episode, "first_seen": episode, "fatal": True,
+        "rounds": [{"step": step, "request": request, "fault_keys": [fault.id], "gpus": [fault.entity.id],
+                    "reason": "test", "requested_at": episode, "outcome": None, "at": None}],
+        "remediation": {"state": "idle", "attempts": 0}, "janitor": {"state": store.PENDING, "attempts": 0},
+    })  # fmt: skip
+    body = {"apiVersion": f"{kube.RR_GROUP}/{kube.RR_VERSION}", "kind": "RemediationRequest",
+            "metadata": {"name": request, "labels": {"faultline.io/node": node}},
+            "spec": {"node": node, "action": step, "gpus": [fault.entity.id], "reason": "test",
+                     "faultKeys": [fault.id], "step": 1}}  # fmt: skip
+    st_api = _API[0]
+    kube.custom(st_api).create_cluster_custom_object(kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, body)
+    return key
+
+
+_API: list[Any] = []
+
+
+@pytest.fixture
+def setup(api: Any) -> None:
+    _API[:] = [api]
+    kube.ensure_crds(api)
+    core = kube.core(api)
+    with contextlib.suppress(kube.ApiException):
+        core.create_namespace({"metadata": {"name": "faultline-system"}})
+    with contextlib.suppress(kube.ApiException):
+        core.create_namespaced_service_account(
+            "faultline-system", {"metadata": {"name": "faultline-janitor"}}
+        )
+
+
+def _provider_id(api: Any, node: str, provider_id: str) -> None:
+    """Nodes take a providerID once; the session's simulated nodes keep theirs across tests."""
+    current = kube.core(api).read_node(node).spec.provider_id
+    if current != provider_id:
+        assert not current, f"{node} already has providerID {current}"
+        kube.core(api).patch_node(node, {"spec": {"providerID": provider_id}})
+
+
+def _outcome(st: store.Store, key: str) -> str | None:
+    doc = st.db["repairs"].find_one({"_id": key}) or {}
+    return (doc.get("rounds") or [{}])[-1].get("outcome")
+
+
+def test_cloud_reboot_through_the_aws_api(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None
+) -> None:
+    node = cluster.node_names[2]
+    instance_id = "i-0feedfacecafe0002"
+    _provider_id(api, node, f"aws:///us-east-1a/{instance_id}")
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    fault = _fault(node)
+    st.write_fault(fault, 1)
+    with fakes.FakeCloud() as fake:
+        fake.on_reboot = lambda i: (
+            cluster.fakelet.reboot(node, down_seconds=1.0) if i == instance_id else None
+        )
+        env = {"AWS_ACCESS_KEY_ID": fakes.AWS_KEY, "AWS_SECRET_ACCESS_KEY": fakes.AWS_SECRET}
+        provider = aws.AWS(aws.Settings(endpoint=f"{fake.url}/aws/ec2/", env=env))
+        worker = janitor.Janitor(st, api, janitor.Settings(provider=provider, reboot_via="cloud",
+                                 reboot_timeout=dt.timedelta(seconds=30), **FAST), "j")  # fmt: skip
+        before = cluster.fakelet.nodes[node].boot_id
+        key = _repair(st, node, remedies.REBOOT, fault, "cloud-reboot-1")
+        worker.start()
+        try:
+            procs.wait_for("rebooted through EC2", lambda: cluster.fakelet.nodes[node].boot_id != before, 20)
+            st.write_fault(fault.model_copy(update={"state": FaultState.RESOLVED,
+                                                    "resolved_at": dt.datetime.now(dt.UTC)}), 2)  # fmt: skip
+            procs.wait_for("validated", lambda: _outcome(st, key) == "Succeeded", 30)
+        finally:
+            worker.stop.set()
+        assert fake.actions("aws") == [("RebootInstances", instance_id)]
+        jobs = kube.batch(api).list_namespaced_job(
+            "faultline-system", label_selector=f"faultline.io/node={node}"
+        )
+        assert jobs.items == []  # the provider rebooted it, no Job ran
+        rounds = st.db["repairs"].find_one({"_id": key})["rounds"]
+        assert "EC2 RebootInstances" in rounds[0]["cloud_call"]
+
+
+def test_replace_through_gcp_and_oci(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None, tmp_path: Path
+) -> None:
+    """GCE recreates a managed instance under the same name (a new boot); an OCI instance is terminated
+    and its Node removed. Either way the old hardware's faults are resolved by the janitor."""
+    from cryptography.hazmat.primitives.asymmetric import rsa  # noqa: PLC0415
+
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    core = kube.core(api)
+    same_name = cluster.node_names[1]
+    _provider_id(api, same_name, "gce://proj/us-central1-b/gke-gpu-pool-1-recreate")
+    gone = "replace-me-oci"
+    core.create_node(
+        {
+            "metadata": {"name": gone},
+            "spec": {"providerID": f"oci://ocid1.instance.oc1.iad.gone{os.getpid()}"},
+        }
+    )
+    faults = {n: _fault(n, "XID-48", Action.REPLACE_VM) for n in (same_name, gone)}
+    for f in faults.values():
+        st.write_fault(f, 1)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    with fakes.FakeCloud(oci_public_key=key.public_key()) as fake:
+        fake.gce_groups["gke-gpu-pool-1-recreate"] = (
+            "projects/1/zones/us-central1-b/instanceGroupManagers/gpu-grp"
+        )
+        fake.on_replace = lambda i: (cluster.fakelet.reboot(same_name, down_seconds=1.0)
+                                     if i == "gke-gpu-pool-1-recreate" else core.delete_node(gone))  # fmt: skip
+        providers: dict[str, Any] = {
+            same_name: gcp.GCP(gcp.Settings(endpoint=f"{fake.url}/compute/v1", poll=0.05,
+                                            env={"GCE_METADATA_HOST": fake.url.removeprefix("http://")})),
+            gone: oci.OCI(oci.Settings(config_file=fakes.oci_config(tmp_path, key), endpoint=fake.url)),
+        }  # fmt: skip
+        for node, provider in providers.items():
+            worker = janitor.Janitor(st, api, janitor.Settings(provider=provider,
+                                     reboot_timeout=dt.timedelta(seconds=30), **FAST), f"j-{node}")  # fmt: skip
+            repair = _repair(st, node, remedies.REPLACE, faults[node], f"replace-{node}")
+            worker.start()
+            try:
+                procs.wait_for(f"{node} replaced", lambda r=repair: _outcome(st, r) is not None, 30)
+            finally:
+                worker.stop.set()
+            assert _outcome(st, repair) == "Succeeded", st.db["repairs"].find_one({"_id": repair})
+            doc = st.faults.find_one({"_id": faults[node].id})
+            assert doc["state"] == FaultState.RESOLVED and doc["resolved_by"].startswith("janitor: ")
+        assert fake.actions("gcp") == [("recreate:gpu-grp", "gke-gpu-pool-1-recreate")]
+        assert [a for a, _ in fake.actions("oci")] == ["TERMINATE"]
+    with pytest.raises(kube.ApiException):
+        core.read_node(gone)
+
+
+def test_a_janitor_killed_mid_repair_is_taken_over(
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, mongo_db: Any, setup: None
+) -> None:
+    """Killed after the reboot Job rebooted the node, while validating: the next janitor does not reboot
+    again and validates against the boot id recorded before the repair."""
+    node = cluster.node_names[0]
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    fault = _fault(node)
+    st.write_fault(fault, 1)
+    before = cluster.fakelet.nodes[node].boot_id
+    key = _repair(st, node, remedies.REBOOT, fault, f"killed-{os.getpid()}")
+    argv = [sys.executable, "-m", "faultline", "worker", "janitor", "--mongodb-uri", mongo.uri, "--database",
+            mongo_db.name, "--kubeconfig", str(cluster.kubeconfig), "--lease", "2s", "--poll", "0.2s",
+            "--validate-timeout", "60s"]  # fmt: skip
+    first = subprocess.Popen(argv, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        procs.wait_for(
+            "the reboot Job rebooted the node", lambda: cluster.fakelet.nodes[node].boot_id != before, 40
+        )
+        rebooted = cluster.fakelet.nodes[node].boot_id
+        procs.wait_for("validating", lambda: kube.custom(api).get_cluster_custom_object(
+            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, f"killed-{os.getpid()}").get("status", {})
+            .get("phase") == "Validating", 20)  # fmt: skip
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+        recorded = st.db["repairs"].find_one({"_id": key})["rounds"][0]
+        assert recorded["boot_before"] == before and recorded["started_at"] is not None
+        st.write_fault(
+            fault.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": dt.datetime.now(dt.UTC)}), 2
+        )
+        second = janitor.Janitor(
+            st, api, janitor.Settings(reboot_timeout=dt.timedelta(seconds=20), **FAST), "second"
+        )
+        second.start()
+        try:
+            procs.wait_for("taken over and validated", lambda: _outcome(st, key) is not None, 30)
+        finally:
+            second.stop.set()
+        assert _outcome(st, key) == "Succeeded"
+        assert cluster.fakelet.nodes[node].boot_id == rebooted  # no second reboot
+        jobs = kube.batch(api).list_namespaced_job(
+            "faultline-system", label_selector=f"faultline.io/node={node}"
+        )
+        assert [j.metadata.name for j in jobs.items] == [f"killed-{os.getpid()}"]
+        kinds = [d["kind"] for d in mongo_db["leases"].find({"stage": janitor.STAGE}).sort("n", 1)]
+        assert kinds[:2] == ["claimed", "expired"]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+
+
+GPU_REPAIR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "gpurepairs.repair.example.com"},
+    "spec": {"group": "repair.example.com", "scope": "Namespaced",
+             "names": {"plural": "gpurepairs", "singular": "gpurepair", "kind": "GpuRepair"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}  # fmt: skip
+TEMPLATE = """
+apiVersion: repair.example.com/v1
+kind: GpuRepair
+metadata:
+  namespace: default
+  annotations: {requested-by: "faultline ${action} for ${node}"}
+spec:
+  target: ${node}
+  operation: ${action}
+  devices: ${gpus}
+  faults: ${faultKeys}
+  why: "${reason}"
+"""
+
+
+@pytest.fixture
+def crd_dir(tmp_path: Path) -> Path:
+    (tmp_path / "crds").mkdir()
+    (tmp_path / "crds" / "gpurepairs.yaml").write_text(yaml.safe_dump(GPU_REPAIR_CRD))
+    return tmp_path / "crds"
+
+
+def test_an_external_remediators_template(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None, crd_dir: Path, tmp_path: Path
+) -> None:
+    kube.ensure_crds(api, crd_dir)
+    node = cluster.node_names[4]
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    fault = _fault(node)
+    st.write_fault(fault, 1)
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    st.nodes.insert_one({"_id": node, "quarantined": True, "quarantined_at": now})
+    (tmp_path / "template.yaml").write_text(TEMPLATE)
+    template = templates.load(tmp_path / "template.yaml")
+    workers = [
+        remediation.Remediation(st, api, remediation.Settings(template=template, require_drain=False,
+                                external_timeout=dt.timedelta(seconds=30), resync_interval=0.2, **{k: v for k, v in FAST.items() if k != "poll"}), "r"),
+        janitor.Janitor(st, api, janitor.Settings(**FAST), "j"),
+    ]  # fmt: skip
+    custom = kube.custom(api)
+    try:
+        for w in workers:
+            w.start()
+        procs.wait_for("a GpuRepair", lambda: custom.list_namespaced_custom_object(
+            "repair.example.com", "v1", "default", "gpurepairs", label_selector=f"faultline.io/node={node}")["items"], 20)  # fmt: skip
+        made = custom.list_namespaced_custom_object("repair.example.com", "v1", "default", "gpurepairs",
+                                                    label_selector=f"faultline.io/node={node}")["items"]  # fmt: skip
+        assert len(made) == 1
+        spec = made[0]["spec"]
+        assert spec == {"target": node, "operation": "REBOOT", "devices": ["0000:3a:00"], "faults": [fault.id],
+                        "why": "from RESTART_BM"}  # fmt: skip
+        assert made[0]["metadata"]["annotations"]["requested-by"] == f"faultline REBOOT for {node}"
+        assert not custom.list_cluster_custom_object(kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL,
+                                                     label_selector=f"faultline.io/node={node}")["items"]  # fmt: skip
+        # the external remediator repairs the node; the node agent then reports it healthy
+        st.write_fault(
+            fault.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": dt.datetime.now(dt.UTC)}), 2
+        )
+        repair = lambda: st.db["repairs"].find_one({"node": node}) or {}  # noqa: E731
+        try:
+            procs.wait_for(
+                "validated", lambda: (repair().get("rounds") or [{}])[-1].get("outcome") is not None, 20
+            )
+        except Exception:
+            print("REPAIR", repair(), "FAULT", st.faults.find_one({"_id": fault.id}))
+            raise
+        assert [(r["step"], r["outcome"], r.get("external")) for r in repair()["rounds"]] == [
+            ("REBOOT", "Succeeded", True)
+        ]
+        jobs = kube.batch(api).list_namespaced_job(
+            "faultline-system", label_selector=f"faultline.io/node={node}"
+        )
+        assert jobs.items == []  # the janitor carried nothing out itself
+    finally:
+        for w in workers:
+            w.stop.set()
