@@ -1,6 +1,7 @@
 """End to end on the real control plane and FerretDB: a simulated XID 79 on a node running pods ->
 condition -> cordon + taint -> pods evicted (PDB respected) -> RemediationRequest -> reboot Job ->
-simulated reboot -> healthy report -> faults resolved -> uncordon, with every step's time recorded."""
+simulated reboot -> healthy report -> faults resolved -> uncordon, with every step's time recorded.
+Two replicas of every worker run side by side: each action must happen once."""
 
 from __future__ import annotations
 
@@ -47,40 +48,28 @@ def test_xid_to_repair_to_uncordon(
     st = store.Store(mongo_db)
     st.ensure_indexes()
     fast = {"lease": dt.timedelta(seconds=5), "threads": 2}
-    workers = [
-        quarantine.QuarantineWorker(
-            st,
-            api,
-            quarantine.Settings(
-                hold_down=dt.timedelta(seconds=1),
-                resync_interval=0.3,
-                breaker=breaker.BreakerConfig(max_share=None, max_count=None),
-                **fast,
-            ),
-            "q",
-        ),
-        drainer.Drainer(
-            st, api, drainer.Settings(poll=0.3, resync_interval=0.3, backoff_max=1.0, **fast), "d"
-        ),
-        remediation.Remediation(st, api, remediation.Settings(resync_interval=0.3, **fast), "r"),
-        janitor.Janitor(
-            st,
-            api,
-            janitor.Settings(
-                poll=0.3,
-                reboot_timeout=dt.timedelta(seconds=60),
-                validate_timeout=dt.timedelta(seconds=30),
-                **fast,
-            ),
-            "j",
-        ),
-    ]
+
+    def replicas(n: int) -> list[Any]:
+        return [
+            quarantine.QuarantineWorker(st, api, quarantine.Settings(
+                hold_down=dt.timedelta(seconds=1), resync_interval=0.3,
+                breaker=breaker.BreakerConfig(max_share=None, max_count=None), **fast), f"q{n}"),
+            drainer.Drainer(st, api, drainer.Settings(poll=0.3, resync_interval=0.3, backoff_max=1.0, **fast),
+                            f"d{n}"),
+            remediation.Remediation(st, api, remediation.Settings(resync_interval=0.3, **fast), f"r{n}"),
+            janitor.Janitor(st, api, janitor.Settings(poll=0.3, reboot_timeout=dt.timedelta(seconds=60),
+                                                      validate_timeout=dt.timedelta(seconds=30), **fast), f"j{n}"),
+        ]  # fmt: skip
+
+    workers = replicas(1) + replicas(2)
+    began = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    drainers = [w for w in workers if isinstance(w, drainer.Drainer)]
     agent = start_agent(cluster, mongo, node, mongo_db.name, tmp_path)
     times: dict[str, float] = {}
     try:
         for w in workers:
             w.start()
-        boot_before = janitor.Janitor._boot_id(workers[3], node)  # type: ignore[arg-type]
+        boot_before = janitor.Janitor._boot_id(workers[3], node)
         sim(tmp_path, node, "--gpu", "3", "--xid", "79")
         times["condition"] = poll(
             "GpuHealthy False", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "False", 10
@@ -95,7 +84,9 @@ def test_xid_to_repair_to_uncordon(
         )
         poll(
             "the budget refusing",
-            lambda: workers[1].metrics.actions.labels(result="eviction-refused")._value.get() > 0,
+            lambda: (
+                sum(d.metrics.actions.labels(result="eviction-refused")._value.get() for d in drainers) > 0
+            ),
             10,
         )
         assert len(pods_on(api, namespace, node)) == 1  # never deleted around the budget
@@ -123,6 +114,19 @@ def test_xid_to_repair_to_uncordon(
                                                            request["metadata"]["name"])["status"]  # fmt: skip
         assert status["phase"] == "Succeeded" and status["attempts"] == 1
         assert not any(t.key.startswith("faultline.io/") for t in core.read_node(node).spec.taints or [])
+        # two replicas of each worker, each action once
+        assert sum(d.metrics.actions.labels(result="evicted")._value.get() for d in drainers) == 2
+        jobs = kube.batch(api).list_namespaced_job(
+            "faultline-system", label_selector=f"faultline.io/node={node}"
+        )
+        assert len(jobs.items) == 1
+        assert len(kube.custom(api).list_cluster_custom_object(kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL,
+                   label_selector=f"faultline.io/node={node}")["items"]) == 1  # fmt: skip
+        assert mongo_db["repairs"].count_documents({"node": node}) == 1
+        events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+        reasons = [e.reason for e in events if e.metadata.creation_timestamp >= began]
+        for once in ("FaultlineQuarantined", "FaultlineRemediationRequested", "FaultlineRepairSucceeded"):
+            assert reasons.count(once) == 1, (once, reasons)
         print("\nstep times (s, each from the previous):", {k: round(v, 2) for k, v in times.items()})
     finally:
         for w in workers:
