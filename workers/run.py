@@ -82,7 +82,11 @@ def remediation_main(config: RemediationConfig) -> None:
     )  # fmt: skip
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
-    kube.ensure_crds(api)
+    try:
+        kube.ensure_crds(api)  # a local cluster; in a cluster the chart installs the CRD
+    except kube.ApiException as exc:
+        if exc.status != 403:
+            raise
     worker = remediation.Remediation(st, api, settings, config.owner or common.default_owner("remediation"))
     _serve_until_signalled(worker, config.metrics_port)
 

@@ -1,0 +1,187 @@
+"""The Helm chart: what it renders for each set of values, and that the RBAC it grants is enough for
+every component to do its job on the real control plane (and no more than asked: a few refusals are
+checked). The workers run here as the chart's ServiceAccounts, with tokens minted for them."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from faultline import kube, kubelite, store
+from faultline.dev import procs, tools
+from faultline.dev.cluster import LocalCluster
+from faultline.models import Action, FaultState
+from tests.integration.test_drainer import pod, pods_on
+from tests.integration.test_janitor import _fault
+from workers import breaker, drainer, janitor, quarantine, remediation
+
+pytestmark = pytest.mark.integration
+CHART = Path(__file__).resolve().parents[2] / "charts" / "faultline"
+NS = "faultline-chart"
+WORKERS = ("quarantine", "drain", "remediation", "janitor")
+ALL_ON = ["quarantine.enabled=true", "drain.enabled=true", "remediation.enabled=true", "janitor.enabled=true"]
+
+
+def render(*sets: str, namespace: str = NS) -> list[dict[str, Any]]:
+    argv = [str(tools.binary("helm")), "template", "fl", str(CHART), "--namespace", namespace,
+            "--set", "mongodb.uri=mongodb://mongo:27017"]  # fmt: skip
+    for s in sets:
+        argv += ["--set", s]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise ValueError(out.stderr.strip())
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def kinds(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def helm() -> None:
+    tools.ensure("helm")
+
+
+def test_defaults_monitor_only() -> None:
+    docs = render()
+    assert {k for k, _ in kinds(docs)} == {
+        "Secret",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+    }
+    agent = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    args = agent["containers"][0]["args"]
+    assert args[0] == "agent" and "--gpu-backend=nvml" in args
+    env = {e["name"]: e for e in agent["containers"][0]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-mongodb", "key": "uri"}
+
+
+def test_each_worker_is_switched_on_by_its_value() -> None:
+    for worker in ("quarantine", "drain", "remediation", "janitor"):
+        deployments = {n for k, n in kinds(render(f"{worker}.enabled=true")) if k == "Deployment"}
+        assert deployments == {f"fl-{worker}"}
+    docs = render(*ALL_ON, "quarantine.dryRun=true", "drain.defaultMode=AllowCompletion", "janitor.cloud=gcp",
+                  "janitor.rebootVia=cloud", "remediation.canReplace=true")  # fmt: skip
+    args = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
+            for d in docs if d["kind"] == "Deployment"}  # fmt: skip
+    assert "--dry-run" in args["fl-quarantine"]
+    assert "--default-mode=AllowCompletion" in args["fl-drain"]
+    assert "--can-replace" in args["fl-remediation"]
+    assert {"--cloud=gcp", "--reboot-via=cloud", f"--namespace={NS}", "--service-account=fl-repair"} <= set(
+        args["fl-janitor"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("sets", "error"),
+    [
+        (["mongodb.uri="], "mongodb.uri (or mongodb.existingSecret) is required"),
+        (["janitor.enabled=true", "janitor.cloud=ibm"], 'janitor.cloud: "ibm" is not one of'),
+        (["janitor.enabled=true", "janitor.rebootVia=cloud"], "rebootVia=cloud needs janitor.cloud"),
+    ],
+)
+def test_bad_values_are_refused_by_name(sets: list[str], error: str) -> None:
+    with pytest.raises(ValueError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        render(*sets)
+
+
+def _apply_identities(api: Any, docs: list[dict[str, Any]]) -> None:
+    """The chart's ServiceAccounts and RBAC (its workloads need images this machine cannot run)."""
+    core, rbac = kube.core(api), kube.rbac(api)
+    create = {
+        "ServiceAccount": lambda d: core.create_namespaced_service_account(d["metadata"]["namespace"], d),
+        "ClusterRole": rbac.create_cluster_role, "ClusterRoleBinding": rbac.create_cluster_role_binding,
+        "Role": lambda d: rbac.create_namespaced_role(d["metadata"]["namespace"], d),
+        "RoleBinding": lambda d: rbac.create_namespaced_role_binding(d["metadata"]["namespace"], d),
+    }  # fmt: skip
+    for doc in docs:
+        if doc["kind"] in create:
+            try:
+                create[doc["kind"]](doc)
+            except kube.ApiException as exc:
+                if exc.status != 409:  # made already by an earlier test in this session
+                    raise
+
+
+def test_the_charts_rbac_carries_a_repair_end_to_end(
+    cluster: LocalCluster, api: Any, mongo_db: Any, namespace: str
+) -> None:
+    """Every component as its chart ServiceAccount: the agent's calls, then a fault through quarantine,
+    drain, remediation and a janitor reboot Job to uncordon."""
+    core = kube.core(api)
+    with contextlib.suppress(kube.ApiException):
+        core.create_namespace({"metadata": {"name": NS}})
+    kube.ensure_crds(api)
+    _apply_identities(api, render(*ALL_ON))
+    as_sa = {w: cluster.service_account_kubeconfig(NS, f"fl-{w}") for w in ("agent", *WORKERS)}
+    node = cluster.node_names[3]
+
+    # the agent: read its Node, patch a condition, post an Event (its three calls)
+    agent = kubelite.Client.connect(as_sa["agent"])
+    try:
+        kubelite.read_node_status(agent, node)
+        kubelite.patch_node_conditions(agent, node, [{"type": "ChartRbacCheck", "status": "True", "reason": "Ok",
+                                                       "message": "agent RBAC"}], [])  # fmt: skip
+        kubelite.post_node_event(agent, node, reason="ChartRbacCheck", note="agent RBAC", action="Check",
+                                 warning=False, controller="faultline.io/agent", instance="test")  # fmt: skip
+    finally:
+        agent.close()
+    assert kube.node_conditions(api, node)["ChartRbacCheck"]["status"] == "True"
+    kube.write_node_conditions(api, node, [], ["ChartRbacCheck"])
+
+    clients = {w: kube.api_client(path) for w, path in as_sa.items() if w != "agent"}
+    with pytest.raises(kube.ApiException) as refused:  # the drainer may not cordon
+        kube.core(clients["drain"]).patch_node(node, {"spec": {"unschedulable": True}})
+    assert refused.value.status == 403
+    with pytest.raises(kube.ApiException) as refused:  # the janitor runs Jobs only in its own namespace
+        kube.batch(clients["janitor"]).create_namespaced_job("default", {"metadata": {"name": "x"}, "spec": {
+            "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "x", "image": "x"}]}}}})  # fmt: skip
+    assert refused.value.status == 403
+
+    core.create_namespaced_pod(namespace, pod("victim", node))
+    procs.wait_for(
+        "pod running", lambda: core.read_namespaced_pod("victim", namespace).status.phase == "Running", 20
+    )
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    fault = _fault(node, "XID-79", Action.RESTART_BM)
+    fast = {"lease": dt.timedelta(seconds=3), "threads": 2}
+    workers: list[Any] = [
+        quarantine.QuarantineWorker(st, clients["quarantine"], quarantine.Settings(
+            hold_down=dt.timedelta(seconds=0.5), resync_interval=0.3,
+            breaker=breaker.BreakerConfig(max_share=None, max_count=None), **fast), "q"),
+        drainer.Drainer(st, clients["drain"], drainer.Settings(poll=0.3, resync_interval=0.3, **fast), "d"),
+        remediation.Remediation(st, clients["remediation"], remediation.Settings(resync_interval=0.3, **fast), "r"),
+        janitor.Janitor(st, clients["janitor"], janitor.Settings(
+            namespace=NS, service_account="fl-repair", poll=0.3, reboot_timeout=dt.timedelta(seconds=30),
+            validate_timeout=dt.timedelta(seconds=20), **fast), "j"),
+    ]  # fmt: skip
+    before = cluster.fakelet.nodes[node].boot_id
+    try:
+        for w in workers:
+            w.start()
+        st.write_fault(fault, 1)
+        procs.wait_for("cordoned", lambda: bool(core.read_node(node).spec.unschedulable), 15)
+        procs.wait_for("drained", lambda: pods_on(api, namespace, node) == [], 30)
+        procs.wait_for("rebooted by the Job", lambda: cluster.fakelet.nodes[node].boot_id != before, 30)
+        st.write_fault(
+            fault.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": dt.datetime.now(dt.UTC)}), 2
+        )
+        procs.wait_for("uncordoned", lambda: not core.read_node(node).spec.unschedulable, 30)
+        repair = mongo_db["repairs"].find_one({"node": node})
+        assert [r["outcome"] for r in repair["rounds"]] == ["Succeeded"]
+        errors = sum(w.metrics.actions.labels(result="error")._value.get() for w in workers)
+        assert errors == 0  # no call was refused on the way
+    finally:
+        for w in workers:
+            w.stop.set()
+        core.patch_node(node, {"spec": {"unschedulable": None}})
