@@ -93,6 +93,7 @@ class ClaimLoop:
         lease: dt.timedelta, threads: int, metrics: WorkerMetrics, collection: str = "faults",
         order: tuple[str, ...] = ("first_seen",), resync: Callable[[], None] | None = None,
         every: float = 5.0, max_attempts: int = 10,
+        prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:  # fmt: skip
         self.store = st
         self.stage = stage
@@ -106,6 +107,7 @@ class ClaimLoop:
         self.resync = resync
         self.every = every
         self.max_attempts = max_attempts
+        self.prefetch = prefetch  # called with each new list of candidates, before any is handled
         self.stop = threading.Event()
         self.candidates: list[dict[str, Any]] = []
         self.candidates_lock = threading.Lock()
@@ -151,6 +153,8 @@ class ClaimLoop:
                     self.candidates_at = time.monotonic()
                     if not self.candidates:
                         return None
+                    if self.prefetch is not None:
+                        self.prefetch(self.candidates)
                 doc = self.candidates.pop()  # one list for all claimers: they never race for one document
             claim = self.store.try_claim(self.stage, doc, self.owner, self.lease, collection=self.collection)
             if claim is not None:

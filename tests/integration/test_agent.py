@@ -188,7 +188,8 @@ def test_xid_to_fault_document_and_condition_then_clear(
             "RESTART_BM",
             "open",
         )
-        assert doc["quarantine"]["state"] == "pending"
+        item = faults.database["queue"].find_one({"_id": f"quarantine/{fid}"})
+        assert item["quarantine"]["state"] == "pending"
         (event,) = list(faults.database["health_events"].find({"code": "XID-79"}))
         assert (event["node"], event["healthy"], event["check"], event["metadata"]) == (
             node, False, "xid", {"source": "nvml"}
@@ -215,7 +216,11 @@ def test_xid_to_fault_document_and_condition_then_clear(
 
         sim(tmp_path, node, "--gpu", "3", "--clear")
         poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)
-        poll("GpuHealthy True", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True", 10)
+        poll(
+            "GpuHealthy True",
+            lambda: kube.node_conditions(api, node).get("GpuHealthy", {}).get("status") == "True",
+            10,
+        )
 
 
 def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(

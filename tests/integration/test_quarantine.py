@@ -117,8 +117,8 @@ def test_fatal_fault_quarantines_and_resolution_releases(
     )
     held = mongo_db["nodes"].find_one({"_id": name})
     assert held["quarantined"] and held["quarantined_at"] is not None
-    procs.wait_for("the claim completed", lambda: mongo_db["faults"].find_one({"_id": fault(name).id})[
-        "quarantine"]["state"] == "done", 5)  # fmt: skip
+    procs.wait_for("the claim completed", lambda: mongo_db["queue"].find_one(
+        {"_id": f"quarantine/{fault(name).id}"})["quarantine"]["state"] == "done", 5)  # fmt: skip
 
     w.store.write_fault(fault(name, resolved=True), 2)
     procs.wait_for("release", lambda: not node_view(api, name)["cordoned"], 10)
@@ -155,9 +155,11 @@ def test_opt_out_dry_run_non_fatal_and_stale_faults_change_nothing(
     w.store.write_fault(fault(opted), 1)
     w.store.write_fault(fault(mild, "XID-13", fatal=False), 1)
     w.store.write_fault(fault(old, last_seen=dt.datetime.now(dt.UTC) - dt.timedelta(hours=3)), 1)
-    procs.wait_for("three claims done", lambda: mongo_db["faults"].count_documents(
+    procs.wait_for("three claims done", lambda: mongo_db["queue"].count_documents(
         {"quarantine.state": {"$in": ["done", "stale"]}}) == 3, 5)  # fmt: skip
-    assert mongo_db["faults"].find_one({"_id": fault(old).id})["quarantine"]["state"] == "stale"
+    assert (
+        mongo_db["queue"].find_one({"_id": f"quarantine/{fault(old).id}"})["quarantine"]["state"] == "stale"
+    )
     dry_worker = running(dry_run=True)
     w.stop.set()
     dry_worker.store.write_fault(fault(dry), 1)
@@ -186,7 +188,8 @@ def test_breaker_trips_in_a_storm_half_opens_and_never_blocks_release(
     assert len(held) == 2
     blocked = [n for n in storm if n not in held]
     procs.wait_for("the others held back", lambda: all(
-        mongo_db["faults"].find_one({"_id": fault(n).id})["quarantine"]["state"] == "blocked" for n in blocked
+        mongo_db["queue"].find_one({"_id": f"quarantine/{fault(n).id}"})["quarantine"]["state"] == "blocked"
+        for n in blocked
     ), 5)  # fmt: skip
     assert not any(node_view(api, n)["cordoned"] for n in blocked)
     w.store.write_fault(fault(held[0], resolved=True), 2)  # recovery goes ahead while it is open
@@ -206,7 +209,7 @@ def test_two_replicas_never_double_act(running: Any, nodes: Any, mongo_db: Any, 
         first.store.write_fault(fault(name, "XID-48"), 1)  # two faults per node: two claims, one node
     procs.wait_for("all cordoned", lambda: all(node_view(api, n)["cordoned"] for n in names), 10)
     procs.wait_for(
-        "claims done", lambda: mongo_db["faults"].count_documents({"quarantine.state": "done"}) == 12, 10
+        "claims done", lambda: mongo_db["queue"].count_documents({"quarantine.state": "done"}) == 12, 10
     )
     for name in names:  # one new quarantine each (a second fault may still update its taint's value)
         assert events(api, name, "FaultlineQuarantined") == 1, name

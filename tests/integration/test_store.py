@@ -83,42 +83,44 @@ def test_fault_writes_apply_in_revision_order_only(st: store.Store) -> None:
     assert doc["last_seen"] == (T0 + dt.timedelta(minutes=3)).replace(tzinfo=None)
     assert st.write_fault(fault(count=5, minute=4, resolved=True), revision=4)
     doc = st.faults.find_one({"_id": fault().id})
-    assert (doc["state"], doc["quarantine"]["state"]) == ("resolved", "pending")
+    item = st.queue.find_one({"_id": f"quarantine/{fault().id}"})
+    assert (doc["state"], item["quarantine"]["state"], item["node"]) == ("resolved", "pending", "n1")
+    assert "quarantine" not in doc  # work items live in `queue`, written by workers; faults only by agents
 
 
 def test_updates_keep_stage_progress(st: store.Store) -> None:
     st.write_fault(fault(), revision=1)
-    claim = st.claim("quarantine", "w1", dt.timedelta(minutes=5))
-    assert claim is not None
+    claim = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
+    assert claim is not None and claim.id == f"quarantine/{fault().id}"
     st.complete(claim)
     st.write_fault(fault(count=2), revision=2)
-    assert st.faults.find_one({"_id": fault().id})["quarantine"]["state"] == "done"
+    st.write_fault(fault(count=2), revision=2)  # a replay: no second item
+    assert st.queue.find_one({"_id": claim.id})["quarantine"]["state"] == "done"
+    assert st.queue.count_documents({}) == 1
 
 
 def test_claims_take_the_oldest_and_are_fenced(st: store.Store) -> None:
     st.write_fault(fault("n2", minute=2), revision=1)
     st.write_fault(fault("n1", minute=1), revision=1)
-    first = st.claim("quarantine", "w1", dt.timedelta(minutes=5))
-    second = st.claim("quarantine", "w2", dt.timedelta(minutes=5))
+    first = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
+    second = st.claim("quarantine", "w2", dt.timedelta(minutes=5), collection="queue")
     assert first is not None and second is not None
-    assert {first.id, second.id} == {fault("n1").id, fault("n2").id}
-    assert st.claim("quarantine", "w3", dt.timedelta(minutes=5)) is None
+    assert {first.id, second.id} == {f"quarantine/{fault(n).id}" for n in ("n1", "n2")}
+    assert st.claim("quarantine", "w3", dt.timedelta(minutes=5), collection="queue") is None
     st.renew(first, dt.timedelta(minutes=10))
     st.complete(first)
     with pytest.raises(LeaseLostError):
         st.complete(first)  # completing twice: the second finds its number taken
-    doc = st.faults.find_one({"_id": first.id})
-    assert (doc["quarantine"]["state"], doc["quarantine"]["attempts"], doc["drain"]["state"]) == (
-        "done",
-        1,
-        "pending",
-    )
+    doc = st.queue.find_one({"_id": first.id})
+    assert (doc["quarantine"]["state"], doc["quarantine"]["attempts"]) == ("done", 1)
 
 
 def test_claim_filters_by_equality(st: store.Store) -> None:
     st.write_fault(fault("n1"), revision=1)
-    assert st.claim("drain", "w1", dt.timedelta(minutes=1), {"node": "n2"}) is None
-    assert st.claim("drain", "w1", dt.timedelta(minutes=1), {"node": "n1"}) is not None
+    assert st.claim("quarantine", "w1", dt.timedelta(minutes=1), {"node": "n2"}, collection="queue") is None
+    assert (
+        st.claim("quarantine", "w1", dt.timedelta(minutes=1), {"node": "n1"}, collection="queue") is not None
+    )
 
 
 def test_concurrent_claimers_never_share_a_fault(st: store.Store, mongo: Any) -> None:
@@ -130,7 +132,7 @@ def test_concurrent_claimers_never_share_a_fault(st: store.Store, mongo: Any) ->
     def worker(name: str) -> None:
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)  # one connection pool each
         mine = store.Store(client[st.db.name], clock=st.clock)
-        while (c := mine.claim("remediation", name, dt.timedelta(minutes=5))) is not None:
+        while (c := mine.claim("quarantine", name, dt.timedelta(minutes=5), collection="queue")) is not None:
             with lock:
                 taken.append(c.id)
         client.close()
@@ -149,21 +151,21 @@ def test_reaper_requeues_expired_claims_and_parks_repeat_offenders(st: store.Sto
     assert isinstance(clock, Clock)
     st.write_fault(fault("n1"), revision=1)
     st.write_fault(fault("n2"), revision=1)
-    a = st.claim("drain", "w1", dt.timedelta(minutes=1))
+    a = st.claim("quarantine", "w1", dt.timedelta(minutes=1), collection="queue")
     assert a is not None
     clock.now += dt.timedelta(minutes=2)
-    assert st.reap("drain", max_attempts=3) == (1, 0)
+    assert st.reap("quarantine", max_attempts=3, collection="queue") == (1, 0)
     with pytest.raises(LeaseLostError):
         st.renew(a, dt.timedelta(minutes=1))  # the lease expired and was taken back
     with pytest.raises(LeaseLostError):
         st.complete(a)
     for _ in range(2):
-        c = st.claim("drain", "w2", dt.timedelta(minutes=1))
+        c = st.claim("quarantine", "w2", dt.timedelta(minutes=1), collection="queue")
         assert c is not None and c.id == a.id
         clock.now += dt.timedelta(minutes=2)
-        st.reap("drain", max_attempts=3)
-    doc = st.faults.find_one({"_id": a.id})
-    assert (doc["drain"]["state"], doc["drain"]["attempts"]) == ("parked", 3)
+        st.reap("quarantine", max_attempts=3, collection="queue")
+    doc = st.queue.find_one({"_id": a.id})
+    assert (doc["quarantine"]["state"], doc["quarantine"]["attempts"]) == ("parked", 3)
 
 
 def test_retention_deletes_old_events(st: store.Store) -> None:

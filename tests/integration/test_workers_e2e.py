@@ -72,7 +72,9 @@ def test_xid_to_repair_to_uncordon(
         boot_before = janitor.Janitor._boot_id(workers[3], node)
         sim(tmp_path, node, "--gpu", "3", "--xid", "79")
         times["condition"] = poll(
-            "GpuHealthy False", lambda: kube.node_conditions(api, node)["GpuHealthy"]["status"] == "False", 10
+            "GpuHealthy False",
+            lambda: kube.node_conditions(api, node).get("GpuHealthy", {}).get("status") == "False",
+            10,
         )
         times["cordoned"] = poll("cordoned", lambda: bool(core.read_node(node).spec.unschedulable), 10)
         taints = {(t.key, t.value) for t in core.read_node(node).spec.taints or []}
