@@ -212,9 +212,7 @@ class Janitor:
                 self.stop.wait(exc.delay)
         doc_id, here = where
         self.repairs.update_one({"_id": doc_id}, {"$set": {f"{here}.cloud_call": said}})
-        log.info(
-            "cloud call done", extra={"node": current.get("node"), "step": current.get("step"), "said": said}
-        )
+        log.info("cloud call done: %s", said, extra={"step": current.get("step"), "repair": doc_id})
         return said
 
     def _resolve_replaced(self, keys: list[str], message: str) -> None:
