@@ -165,11 +165,6 @@ class Drainer:
                 self.store.drains.update_one({"_id": node}, {"$set": {"pods": pods}})
             if not left:
                 self._finish(node, "drained")
-                faults = (self.store.nodes.find_one({"_id": node}, {"faults": 1}) or {}).get("faults", [])
-                self.store.faults.update_many(
-                    {"_id": {"$in": faults}, "drain.state": store.PENDING},
-                    {"$set": {"drain.state": store.DONE, "drain.updated_at": self.store.clock()}},
-                )  # the faults' own drain stage: done with their node
                 common.post_event(
                     self.api, node, reason="FaultlineDrained", note=f"drained: {len(pods)} pods moved",
                     action="Drain", warning=False, worker=WORKER, owner=self.owner,
