@@ -185,3 +185,6 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
         for w in workers:
             w.stop.set()
         core.patch_node(node, {"spec": {"unschedulable": None}})
+        kube.custom(api).delete_collection_cluster_custom_object(
+            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}"
+        )  # the node is shared with other tests of the session
