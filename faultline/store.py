@@ -123,9 +123,10 @@ class Store:
     def write_fault(self, fault: Fault, revision: int) -> bool:
         """Store the detector's view of a fault if `revision` is newer than what is stored.
 
-        An open fault gets a pending queue item for every fault-level stage the first time it is written
-        (a replay of the same write makes none twice, and one lost to a crash between the two writes is
-        made by the replay). Returns whether the fault's write applied."""
+        An open fault gets a pending queue item for every fault-level stage when it opens (a replay of
+        the same write makes none twice, and one lost to a crash between the two writes is made by the
+        replay); a resolved fault's items are removed, so a fault that comes back under the same key
+        gets new ones. Returns whether the fault's write applied."""
         doc = _fault_doc(fault)
         doc["revision"] = revision
         doc["updated_at"] = _naive(self.clock())
@@ -141,14 +142,24 @@ class Store:
                     "fatal": fault.fatal}  # fmt: skip
             for stage in STAGES:
                 self.enqueue(stage, fault.id, item)
+        elif applied or (self.faults.find_one({"_id": fault.id}, {"state": 1}) or {}).get("state") != "open":
+            # resolved (and not an old write replayed after a newer opening): its items go, so that the
+            # fault coming back under the same key is worked on again
+            self.queue.delete_many({"_id": {"$in": [f"{stage}/{fault.id}" for stage in STAGES]}})
         return applied
 
     def enqueue(self, stage: str, key: str, fields: dict[str, Any]) -> bool:
-        """A pending work item `<stage>/<key>` in `queue`, unless it exists (in any state); whether new."""
+        """A pending work item `<stage>/<key>` in `queue`, unless it exists (in any state); whether new.
+
+        An item made again after its fault resolved and came back must not reuse the lease numbers of
+        the one before (they exist in `leases`): its numbers start at the time of its making in
+        microseconds, past any number the earlier item reached (it would need a claim a microsecond)."""
+        now = self.clock()
         try:
             self.queue.insert_one({
                 "_id": f"{stage}/{key}", "key": key, **fields,
-                stage: {"state": PENDING, "attempts": 0, "updated_at": _naive(self.clock())},
+                stage: {"state": PENDING, "attempts": 0, "updated_at": _naive(now),
+                        "seq": int(now.timestamp() * 1_000_000)},
             })  # fmt: skip
         except DuplicateKeyError:
             return False

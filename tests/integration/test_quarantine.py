@@ -130,6 +130,10 @@ def test_fatal_fault_quarantines_and_resolution_releases(
     procs.wait_for("the Event", lambda: events(api, name, "FaultlineReleased") == 1, 5)
     procs.wait_for("the record", lambda: mongo_db["nodes"].find_one({"_id": name})["quarantined"] is False, 5)
 
+    w.store.write_fault(fault(name), 3)  # the same GPU faults again after its recovery
+    procs.wait_for("quarantined again", lambda: node_view(api, name)["cordoned"], 5)
+    procs.wait_for("a second Event", lambda: events(api, name, "FaultlineQuarantined") == 2, 5)
+
 
 def test_an_operators_cordon_and_taints_stay(running: Any, nodes: Any, api: Any) -> None:
     (name,) = nodes(1)

@@ -83,9 +83,29 @@ def test_fault_writes_apply_in_revision_order_only(st: store.Store) -> None:
     assert doc["last_seen"] == (T0 + dt.timedelta(minutes=3)).replace(tzinfo=None)
     assert st.write_fault(fault(count=5, minute=4, resolved=True), revision=4)
     doc = st.faults.find_one({"_id": fault().id})
-    item = st.queue.find_one({"_id": f"quarantine/{fault().id}"})
-    assert (doc["state"], item["quarantine"]["state"], item["node"]) == ("resolved", "pending", "n1")
-    assert "quarantine" not in doc  # work items live in `queue`, written by workers; faults only by agents
+    assert doc["state"] == "resolved" and "quarantine" not in doc  # work items live in `queue`
+    assert st.queue.find_one({"_id": f"quarantine/{fault().id}"}) is None  # resolved: no work left
+
+
+def test_a_fault_that_comes_back_gets_a_new_work_item(st: store.Store) -> None:
+    item = f"quarantine/{fault().id}"
+    st.write_fault(fault(), revision=1)
+    claim = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
+    assert claim is not None
+    st.complete(claim)
+    st.write_fault(fault(minute=2, resolved=True), revision=2)
+    assert st.queue.find_one({"_id": item}) is None
+    st.write_fault(fault(minute=1, resolved=True), revision=1)  # an old write replayed: nothing changes
+    clock = st.clock
+    assert isinstance(clock, Clock)
+    clock.now += dt.timedelta(minutes=5)
+    st.write_fault(fault(count=2, minute=5), revision=3)  # the same GPU faults again
+    assert st.queue.find_one({"_id": item})["quarantine"]["state"] == "pending"
+    again = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
+    assert again is not None and again.id == item  # numbered past the first item's leases
+    st.complete(again, store.PENDING)
+    st.write_fault(fault(minute=2, resolved=True), revision=2)  # a late replay of the old resolution
+    assert st.queue.find_one({"_id": item})["quarantine"]["state"] == "pending"  # kept: the fault is open
 
 
 def test_updates_keep_stage_progress(st: store.Store) -> None:
