@@ -2,13 +2,15 @@
 
     python benchmarks/drain.py                        # 2,000 pods on 200 simulated GPU nodes
     python benchmarks/drain.py --nodes 50 --pods 500  # a quicker look
+    python benchmarks/drain.py --store sqlite         # FerretDB on SQLite instead of PostgreSQL
 
 Pods (bare, grace period 0) are bound to simulated nodes run by the fakelet, which marks them Running and
 completes their deletion. All nodes are then recorded as quarantined (as the quarantine worker records
 them) and cordoned, and one drainer (`--threads` nodes at once, namespaces in Immediate mode) is started:
 the figure is pods / seconds from its start until it has evicted every pod (its own count, so that
 measuring loads nothing); the time until the simulated kubelet has removed them all is printed too. Printed beside the goal and
-NVSentinel's published figure (about 5 evictions/s) for context.
+NVSentinel's published figure (about 5 evictions/s) for context. The store is FerretDB on PostgreSQL
+unless `--store sqlite` (see benchmarks/quarantine.py for why the two differ).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pymongo
 
 from faultline import kube, store
 from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
+from faultline.dev.mongo import BACKENDS, LocalMongo
 from workers import drainer
 
 
@@ -38,8 +40,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--store", choices=BACKENDS, default="postgresql", help="where FerretDB stores")
     args = parser.parse_args()
-    with LocalCluster(nodes=args.nodes, node_prefix="drain") as cluster, LocalMongo() as mongo:
+    with (
+        LocalCluster(nodes=args.nodes, node_prefix="drain") as cluster,
+        LocalMongo(backend=args.store) as mongo,
+    ):
         api = cluster.api()
         core = kube.core(api)
         core.create_namespace({"metadata": {"name": "bench", "labels": {drainer.MODE_LABEL: "Immediate"}}})
@@ -108,7 +114,8 @@ def main() -> None:
             client.close()
     rate = args.pods / evicted_in
     print(
-        f"\ndrainer, {args.threads} nodes at once, Immediate mode, on the local control plane and FerretDB:"
+        f"\ndrainer, {args.threads} nodes at once, Immediate mode, on the local control plane and FerretDB"
+        f" ({args.store}):"
     )
     print(f"  {'':46} {'measured':>10} {'goal':>8} {'NVSentinel':>11}")
     label = f"{args.pods} pods on {len(nodes)} nodes: s until all evicted"

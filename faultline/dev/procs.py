@@ -30,8 +30,16 @@ def free_port() -> int:
 class Proc:
     """A named child process whose output goes to a log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        stop_signal: signal.Signals = signal.SIGTERM,
+    ) -> None:
         self.name = name
+        self.stop_signal = stop_signal
         self.argv = list(argv)
         self.log = log
         self._log = log.open("ab")
@@ -60,10 +68,10 @@ class Proc:
             return ""
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the whole process group, SIGKILL it if it lingers, reap it."""
+        """Signal the whole process group (SIGTERM unless told), SIGKILL it if it lingers, reap it."""
         try:
             if self.alive():
-                _signal_group(self.popen.pid, signal.SIGTERM)
+                _signal_group(self.popen.pid, self.stop_signal)
                 try:
                     self.popen.wait(timeout)
                 except subprocess.TimeoutExpired:

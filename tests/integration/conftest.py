@@ -19,7 +19,15 @@ from faultline.dev import procs
 from faultline.dev.cluster import LocalCluster
 from faultline.dev.mongo import LocalMongo
 
-INFRA = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "ferretdb")
+INFRA = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "ferretdb",
+    "postgres",
+    "runuser",
+)
 STARTED: list[int] = []
 
 
@@ -43,6 +51,16 @@ def mongo() -> Iterator[LocalMongo]:
     with LocalMongo() as m:
         assert m.proc is not None
         STARTED.append(m.proc.pid)
+        yield m
+
+
+@pytest.fixture(scope="session")
+def mongo_pg() -> Iterator[LocalMongo]:
+    """FerretDB storing in PostgreSQL (what the throughput benchmarks use): the store's contract is
+    tested on it too."""
+    with LocalMongo(backend="postgresql") as m:
+        assert m.proc is not None and m.postgres is not None and m.postgres.proc is not None
+        STARTED.extend((m.proc.pid, m.postgres.proc.pid))
         yield m
 
 

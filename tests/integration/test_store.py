@@ -7,13 +7,16 @@ import datetime as dt
 import subprocess
 import sys
 import threading
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pymongo
 import pytest
 
 from faultline import store
-from faultline.errors import LeaseLostError
+from faultline.dev.mongo import LocalMongo
+from faultline.errors import ConfigError, LeaseLostError
 from faultline.models import (
     Action,
     Component,
@@ -58,11 +61,21 @@ def event(i: int) -> HealthEvent:
     )  # fmt: skip
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def server(request: pytest.FixtureRequest) -> Any:
+    """FerretDB on each of its storage backends: the claims' guarantees must not depend on one."""
+    return request.getfixturevalue("mongo" if request.param == "sqlite" else "mongo_pg")
+
+
 @pytest.fixture
-def st(mongo_db: Any) -> store.Store:
-    s = store.Store(mongo_db, clock=Clock())
+def st(server: Any) -> Iterator[store.Store]:
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(server.uri, serverSelectionTimeoutMS=10_000)
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    s = store.Store(client[name], clock=Clock())
     s.ensure_indexes()
-    return s
+    yield s
+    client.drop_database(name)
+    client.close()
 
 
 def test_events_are_recorded_once(st: store.Store) -> None:
@@ -143,14 +156,14 @@ def test_claim_filters_by_equality(st: store.Store) -> None:
     )
 
 
-def test_concurrent_claimers_never_share_a_fault(st: store.Store, mongo: Any) -> None:
+def test_concurrent_claimers_never_share_a_fault(st: store.Store, server: Any) -> None:
     for i in range(40):
         st.write_fault(fault(f"n{i:02d}"), revision=1)
     taken: list[str] = []
     lock = threading.Lock()
 
     def worker(name: str) -> None:
-        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)  # one connection pool each
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(server.uri)  # one connection pool each
         mine = store.Store(client[st.db.name], clock=st.clock)
         while (c := mine.claim("quarantine", name, dt.timedelta(minutes=5), collection="queue")) is not None:
             with lock:
@@ -220,3 +233,8 @@ def test_retention_command_prunes_by_age_and_refuses_nonsense(mongo_db: Any, mon
     )
     assert bad.returncode == 2 and "--older-than" in bad.stderr
     assert st.events.count_documents({}) == 2
+
+
+def test_local_server_refuses_an_unknown_backend() -> None:
+    with pytest.raises(ConfigError, match=r"unknown FerretDB backend 'mysql' \(one of sqlite, postgresql\)"):
+        LocalMongo(backend="mysql")

@@ -18,6 +18,7 @@ import (
 func main() {
 	listen := flag.String("listen-addr", "127.0.0.1:27017", "TCP address to listen on")
 	sqlite := flag.String("sqlite-url", "file:data/", "SQLite URI of an existing directory")
+	postgres := flag.String("postgresql-url", "", "PostgreSQL URL (postgres://host:port/db); when set, used instead of SQLite")
 	level := flag.String("log-level", "warn", "debug, info, warn or error")
 	version := flag.Bool("version", false, "print the FerretDB version and exit")
 	flag.Parse()
@@ -31,12 +32,18 @@ func main() {
 		os.Exit(2)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	f, err := ferretdb.New(&ferretdb.Config{
+	config := &ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{TCP: *listen},
 		Logger:    logger,
 		Handler:   "sqlite",
 		SQLiteURL: *sqlite,
-	})
+	}
+	if *postgres != "" {
+		config.Handler = "postgresql"
+		config.PostgreSQLURL = *postgres
+		config.SQLiteURL = ""
+	}
+	f, err := ferretdb.New(config)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ferretdb:", err)
 		os.Exit(1)
