@@ -81,7 +81,7 @@ def main() -> None:
         st.ensure_indexes()
         settings = quarantine.Settings(
             breaker=breaker.BreakerConfig(max_share=None, max_count=None), threads=args.threads,
-            resync_interval=2.0, qps=1000.0, burst=1000,
+            qps=1000.0, burst=1000,
         )  # fmt: skip
         worker = quarantine.QuarantineWorker(st, api, settings, "bench")
         threads = worker.start()

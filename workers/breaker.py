@@ -22,6 +22,11 @@ class BreakerConfig:
     max_count: int | None = None  # nodes; None: no count limit
     cooldown: dt.timedelta = dt.timedelta(minutes=15)
 
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set (without one the breaker never opens by itself)."""
+        return self.max_share is not None or self.max_count is not None
+
     def limit(self, gpu_nodes: int) -> int:
         """How many quarantines a window may hold."""
         limits = []

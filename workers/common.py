@@ -94,6 +94,7 @@ class ClaimLoop:
         order: tuple[str, ...] = ("first_seen",), resync: Callable[[], None] | None = None,
         every: float = 5.0, max_attempts: int = 10,
         prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
+        refresh: float = CANDIDATES_MAX_AGE_S,
     ) -> None:  # fmt: skip
         self.store = st
         self.stage = stage
@@ -108,6 +109,7 @@ class ClaimLoop:
         self.every = every
         self.max_attempts = max_attempts
         self.prefetch = prefetch  # called with each new list of candidates, before any is handled
+        self.refresh = refresh  # seconds a list of candidates is used before it is read again
         self.stop = threading.Event()
         self.candidates: list[dict[str, Any]] = []
         self.candidates_lock = threading.Lock()
@@ -145,7 +147,7 @@ class ClaimLoop:
         candidate fails its claim (fencing) and is dropped."""
         while True:
             with self.candidates_lock:
-                if not self.candidates or time.monotonic() - self.candidates_at > CANDIDATES_MAX_AGE_S:
+                if not self.candidates or time.monotonic() - self.candidates_at > self.refresh:
                     self.candidates = self.store.pending(
                         self.stage, CANDIDATES, collection=self.collection, order=self.order
                     )

@@ -41,6 +41,10 @@ OWNED_ANNOTATION = "faultline.io/quarantine"
 BREAKER_ID = "breaker:quarantine"
 BREAKER_REFRESH_S = 1.0
 FULL_RESYNC_S = 60.0
+# Work items are taken in first-seen order, so newer work sorts after a list already read: reading the
+# list again before it runs out only drops items other replicas took (a failed claim shows that too),
+# and each read is three whole-collection scans on FerretDB (~150 ms of its CPU at 500 items).
+CANDIDATES_REFRESH_S = 5.0
 STALE, BLOCKED, OPTED_OUT, DRY_RUN, GONE = "stale", "blocked", "opted-out", "dry-run", "node-missing"
 
 
@@ -87,6 +91,7 @@ class QuarantineWorker:
             every=settings.resync_interval,
             prefetch=self._prefetch,
             collection="queue",
+            refresh=CANDIDATES_REFRESH_S,
         )
         self.stop = self.loop.stop
 
@@ -270,7 +275,9 @@ class QuarantineWorker:
             },
         }
         self.limiter.take()
-        self.core.patch_node(obj["metadata"]["name"], body, _content_type="application/merge-patch+json")
+        kube.send_json(
+            self.core.patch_node, obj["metadata"]["name"], body, _content_type="application/merge-patch+json"
+        )
 
     def _record(
         self, node: str, want: rules.Desired, p: rules.Plan, now: dt.datetime, faults: list[rules.OpenFault],
@@ -348,8 +355,13 @@ class QuarantineWorker:
         )
         state = breaker.current(stored, self.settings.breaker, now)
         since = _naive(breaker.counting_from(state, self.settings.breaker, now))
-        counted = {d["_id"] for d in self.store.nodes.find({"quarantined_at": {"$gte": since}}, {"_id": 1})}
-        return _BreakerView(now, stored, state, counted, set(), self._gpu_node_count())
+        counted: set[str] = set()
+        if self.settings.breaker.limited:  # with no limit there is nothing to count against
+            counted = {
+                d["_id"] for d in self.store.nodes.find({"quarantined_at": {"$gte": since}}, {"_id": 1})
+            }
+        gpu_nodes = self._gpu_node_count() if self.settings.breaker.limited else 0
+        return _BreakerView(now, stored, state, counted, set(), gpu_nodes)
 
 
 @dataclass

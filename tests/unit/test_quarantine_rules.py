@@ -127,3 +127,14 @@ def test_breaker_opens_half_opens_and_closes() -> None:
     ok, reopened = breaker.admit(state, cfg, half + dt.timedelta(minutes=1), recent=3, gpu_nodes=30)
     assert not ok and reopened.state == breaker.OPEN
     assert breaker.current(state, cfg, half + dt.timedelta(minutes=10)).state == breaker.CLOSED
+
+
+def test_breaker_without_limits_never_opens_by_itself() -> None:
+    wide = breaker.BreakerConfig(max_share=None, max_count=None)
+    assert not wide.limited and breaker.BreakerConfig(max_share=None, max_count=3).limited
+    assert breaker.BreakerConfig().limited  # the default limits a share of the GPU nodes
+    ok, state = breaker.admit(breaker.BreakerState(), wide, T0, recent=100_000, gpu_nodes=10)
+    assert ok and state.state == breaker.CLOSED
+    # an open state stored before the limits were lifted still waits out its cool-down
+    opened = breaker.BreakerState(breaker.OPEN, T0, "storm")
+    assert not breaker.admit(opened, wide, T0 + dt.timedelta(minutes=1), recent=0, gpu_nodes=10)[0]
