@@ -293,7 +293,18 @@ def post_node_event(
     instance: str,
 ) -> None:  # fmt: skip
     """An events.k8s.io/v1 Event about a Node (in `default`, where node events live)."""
-    body = {
+    body = node_event(
+        node, reason=reason, note=note, action=action, warning=warning, controller=controller,
+        instance=instance,
+    )  # fmt: skip
+    client.request("POST", "/apis/events.k8s.io/v1/namespaces/default/events", body)
+
+
+def node_event(
+    node: str, *, reason: str, note: str, action: str, warning: bool, controller: str, instance: str
+) -> dict[str, Any]:
+    """The body of an events.k8s.io/v1 Event about a Node (also sent by `faultline.kube`)."""
+    return {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         "metadata": {"name": f"{node}.{os.urandom(8).hex()}"},  # generateName may not end in "."
@@ -306,4 +317,3 @@ def post_node_event(
         "type": "Warning" if warning else "Normal",
         "regarding": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
     }
-    client.request("POST", "/apis/events.k8s.io/v1/namespaces/default/events", body)

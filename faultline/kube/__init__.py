@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.config import incluster_config
 
-from faultline import conditions
+from faultline import conditions, kubelite
 from faultline.errors import ConfigError, PermanentError
 
 ApiClient = client.ApiClient
@@ -177,19 +176,10 @@ def post_node_event(
 ) -> None:  # fmt: skip
     """An events.k8s.io/v1 Event about a Node (in `default`, where node events live). Sent and answered
     as plain JSON: building client models for the request and the answer cost more CPU than the call."""
-    body = {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": f"{node}.{uuid.uuid4().hex[:16]}"},  # generateName may not end in "."
-        "eventTime": micro_now().strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "reportingController": controller,
-        "reportingInstance": instance,
-        "action": action,
-        "reason": reason,
-        "note": note[:1024],
-        "type": "Warning" if warning else "Normal",
-        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-    }
+    body = kubelite.node_event(
+        node, reason=reason, note=note, action=action, warning=warning, controller=controller,
+        instance=instance,
+    )  # fmt: skip
     send_json(events_api(api).create_namespaced_event, "default", body)
 
 
