@@ -212,7 +212,8 @@ class Store:
         self, stage: str, doc: dict[str, Any], owner: str, lease: dt.timedelta, *, collection: str = "faults"
     ) -> Claim | None:
         """Claim `doc` as it was read: the next lease number after the one it shows. A stale copy (claimed,
-        completed or reaped since) names a number that exists already, so it fails: None."""
+        completed or reaped since) names a number that exists already, so it fails: None; so does a copy
+        of a document deleted since."""
         n = int(doc[stage].get("seq", 0)) + 1
         now = self.clock()
         until = now + lease
@@ -226,7 +227,8 @@ class Store:
             f"{stage}.lease_until": _naive(until),
             f"{stage}.updated_at": _naive(now),
         }
-        self.db[collection].update_one({"_id": doc["_id"]}, {"$set": fields})
+        if self.db[collection].update_one({"_id": doc["_id"]}, {"$set": fields}).matched_count == 0:
+            return None  # the item went after it was read (its fault resolved): nothing to claim
         doc = {**doc, stage: {**doc[stage], **{k.split(".", 1)[1]: v for k, v in fields.items()}}}
         return Claim(doc["_id"], stage, owner, until, doc, n, collection)
 

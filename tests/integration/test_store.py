@@ -121,6 +121,19 @@ def test_a_fault_that_comes_back_gets_a_new_work_item(st: store.Store) -> None:
     assert st.queue.find_one({"_id": item})["quarantine"]["state"] == "pending"  # kept: the fault is open
 
 
+def test_an_item_read_before_its_fault_resolved_cannot_be_claimed(st: store.Store) -> None:
+    st.write_fault(fault("n1"), revision=1)
+    st.write_fault(fault("n2"), revision=1)
+    read = st.pending("quarantine", 10, collection="queue")  # a worker's list of candidates
+    st.write_fault(fault("n1", minute=1, resolved=True), revision=2)  # n1's item goes meanwhile
+    lease = dt.timedelta(minutes=5)
+    gone, still = sorted(read, key=lambda d: d["node"])
+    assert st.try_claim("quarantine", gone, "w1", lease, collection="queue") is None
+    claim = st.try_claim("quarantine", still, "w1", lease, collection="queue")
+    assert claim is not None and claim.doc["node"] == "n2"
+    assert st.queue.find_one({"_id": gone["_id"]}) is None  # the failed claim made nothing back
+
+
 def test_updates_keep_stage_progress(st: store.Store) -> None:
     st.write_fault(fault(), revision=1)
     claim = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
