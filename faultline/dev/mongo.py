@@ -6,8 +6,8 @@ storing in a temporary SQLite directory (the default) or in a private PostgreSQL
 
 Why PostgreSQL as well: FerretDB 1.x on SQLite finds a document by `_id` with an expression its `_id`
 index does not cover, so every update scans the whole collection (measured: 23 ms per update at 1,000
-documents of 1.2 KB, 3.6 ms on PostgreSQL). Tests are correct on either; throughput benchmarks report
-the PostgreSQL figure beside the SQLite one. The PostgreSQL server comes from Debian's packages.
+documents of 1.2 KB, 3.6 ms on PostgreSQL). Tests are correct on either; the throughput benchmarks use
+PostgreSQL unless given `--store sqlite`. The PostgreSQL server comes from Debian's packages.
 """
 
 from __future__ import annotations
