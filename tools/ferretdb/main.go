@@ -1,5 +1,5 @@
-// Command ferretdb runs FerretDB v1 (a MongoDB wire-protocol server on SQLite) through its embeddable
-// package, so that a build from the Go module proxy needs none of FerretDB's generated version files.
+// Command ferretdb runs FerretDB v1 (a MongoDB wire-protocol server on SQLite or PostgreSQL) through its
+// embeddable package, so that a build from the Go module proxy needs none of its generated version files.
 // It is test infrastructure for faultline, not product code.
 package main
 
