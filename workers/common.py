@@ -114,6 +114,7 @@ class ClaimLoop:
         self.candidates: list[dict[str, Any]] = []
         self.candidates_lock = threading.Lock()
         self.candidates_at = 0.0
+        self.running: list[threading.Thread] = []
 
     def start(self) -> list[threading.Thread]:
         """The claimers, and one thread for the maintenance pass."""
@@ -124,7 +125,17 @@ class ClaimLoop:
         out.append(threading.Thread(target=self._maintain, name=f"{self.stage}-maintain", daemon=True))
         for thread in out:
             thread.start()
+        self.running.extend(out)
         return out
+
+    def halt(self, timeout: float = 30.0) -> bool:
+        """Stop claiming and wait up to `timeout` seconds in all for the threads to finish the claim in
+        hand (and record it), so nothing writes after the caller closes the store. True when all ended."""
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self.running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.running)
 
     def _maintain(self) -> None:
         """Every `every` seconds: the worker's resync pass, expired claims back to pending (parked past

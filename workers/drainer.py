@@ -95,6 +95,9 @@ class Drainer:
     def start(self) -> list[threading.Thread]:
         return self.loop.start()
 
+    def halt(self, timeout: float = 30.0) -> bool:
+        return self.loop.halt(timeout)
+
     def resync(self) -> None:
         """A drain document for each quarantine episode of each node faultline holds cordoned."""
         episodes = {d["_id"]: d.get("episode") for d in self.store.drains.find({}, {"episode": 1})}

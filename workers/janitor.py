@@ -99,6 +99,9 @@ class Janitor:
     def start(self) -> list[threading.Thread]:
         return self.loop.start()
 
+    def halt(self, timeout: float = 30.0) -> bool:
+        return self.loop.halt(timeout)
+
     # -- one repair ----------------------------------------------------------------------------------------
     def _handle(self, claim: store.Claim) -> common.Outcome:
         doc = claim.doc

@@ -99,6 +99,9 @@ class QuarantineWorker:
     def start(self) -> list[threading.Thread]:
         return self.loop.start()
 
+    def halt(self, timeout: float = 30.0) -> bool:
+        return self.loop.halt(timeout)
+
     def resync(self) -> None:
         """Revisit the held nodes that may be released (no open fault left) and the faults the breaker
         held back; every FULL_RESYNC_S, every held node (to put back what someone else changed). Found

@@ -81,6 +81,9 @@ class Remediation:
     def start(self) -> list[threading.Thread]:
         return self.loop.start()
 
+    def halt(self, timeout: float = 30.0) -> bool:
+        return self.loop.halt(timeout)
+
     def resync(self) -> None:
         """A repairs document for each quarantine episode that is ready for repair."""
         known = {d["_id"] for d in self.repairs.find({}, {"_id": 1})}

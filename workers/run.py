@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import signal
 import threading
 
@@ -21,6 +22,8 @@ from workers import (
     rules,
     templates,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _connect(uri: str, database: str) -> store.Store:
@@ -142,4 +145,5 @@ def _serve_until_signalled(worker: Worker, metrics_port: int) -> None:
         signal.signal(sig, lambda *_: stop.set())
     worker.start()
     stop.wait()
-    worker.stop.set()
+    if not worker.halt(20.0):  # inside Kubernetes' default 30 s grace period
+        log.warning("some claims still in hand after 20 s; their leases expire and others take them over")

@@ -183,7 +183,7 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
         assert errors == 0  # no call was refused on the way
     finally:
         for w in workers:
-            w.stop.set()
+            w.halt()
         core.patch_node(node, {"spec": {"unschedulable": None}})
         kube.custom(api).delete_collection_cluster_custom_object(
             kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}"

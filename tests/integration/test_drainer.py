@@ -137,7 +137,7 @@ def test_modes_budgets_and_daemonsets(api: Any, mongo_db: Any, held_node: str, n
         assert "evicted_at" not in next(r for r in record["pods"].values() if r["name"] == "job")
         assert [n for n in pods_on(api, imm, held_node) if n.startswith("agent-")]  # the DaemonSet pod stays
     finally:
-        d.stop.set()
+        d.halt()
 
 
 def test_a_drainer_killed_mid_drain_is_taken_over(
@@ -171,7 +171,7 @@ def test_a_drainer_killed_mid_drain_is_taken_over(
             procs.wait_for("taken over and drained", lambda: (st.drains.find_one({"_id": held_node}) or {})
                            .get("result") == "drained", 30)  # fmt: skip
         finally:
-            second.stop.set()
+            second.halt()
         assert pods_on(api, ns, held_node) == []
         assert owner != "second"
         assert second.metrics.claims._value.get() >= 1

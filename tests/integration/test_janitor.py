@@ -112,7 +112,7 @@ def test_cloud_reboot_through_the_aws_api(
                                                     "resolved_at": dt.datetime.now(dt.UTC)}), 2)  # fmt: skip
             procs.wait_for("validated", lambda: _outcome(st, key) == "Succeeded", 30)
         finally:
-            worker.stop.set()
+            worker.halt()
         assert fake.actions("aws") == [("RebootInstances", instance_id)]
         jobs = kube.batch(api).list_namespaced_job(
             "faultline-system", label_selector=f"faultline.io/node={node}"
@@ -164,7 +164,7 @@ def test_replace_through_gcp_and_oci(
             try:
                 procs.wait_for(f"{node} replaced", lambda r=repair: _outcome(st, r) is not None, 30)
             finally:
-                worker.stop.set()
+                worker.halt()
             assert _outcome(st, repair) == "Succeeded", st.db["repairs"].find_one({"_id": repair})
             doc = st.faults.find_one({"_id": faults[node].id})
             assert doc["state"] == FaultState.RESOLVED and doc["resolved_by"].startswith("janitor: ")
@@ -212,7 +212,7 @@ def test_a_janitor_killed_mid_repair_is_taken_over(
         try:
             procs.wait_for("taken over and validated", lambda: _outcome(st, key) is not None, 30)
         finally:
-            second.stop.set()
+            second.halt()
         assert _outcome(st, key) == "Succeeded"
         assert cluster.fakelet.nodes[node].boot_id == rebooted  # no second reboot
         jobs = kube.batch(api).list_namespaced_job(
@@ -311,4 +311,4 @@ def test_an_external_remediators_template(
         assert jobs.items == []  # the janitor carried nothing out itself
     finally:
         for w in workers:
-            w.stop.set()
+            w.halt()

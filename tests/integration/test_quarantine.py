@@ -94,7 +94,7 @@ def running(mongo_db: Any, api: Any) -> Iterator[Any]:
 
     yield start
     for w in started:
-        w.stop.set()
+        w.halt()
 
 
 FAULT_TAINT = ("faultline.io/fault", "XID-79", "NoSchedule")
@@ -165,7 +165,7 @@ def test_opt_out_dry_run_non_fatal_and_stale_faults_change_nothing(
         mongo_db["queue"].find_one({"_id": f"quarantine/{fault(old).id}"})["quarantine"]["state"] == "stale"
     )
     dry_worker = running(dry_run=True)
-    w.stop.set()
+    w.halt()
     dry_worker.store.write_fault(fault(dry), 1)
     procs.wait_for(
         "dry-run record", lambda: mongo_db["nodes"].find_one({"_id": f"dry-run:{dry}"}) is not None, 5

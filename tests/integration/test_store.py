@@ -27,6 +27,7 @@ from faultline.models import (
     event_id,
     fault_id,
 )
+from workers import common
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
@@ -190,6 +191,27 @@ def test_concurrent_claimers_never_share_a_fault(st: store.Store, server: Any) -
         t.join(60)
     assert len(taken) == 40
     assert len(set(taken)) == 40
+
+
+def test_a_halted_claim_loop_records_the_claim_in_hand_before_it_returns(st: store.Store) -> None:
+    """Stopping a worker waits for the item being handled to be recorded: nothing writes to the store
+    after its owner closes it (and the item is not left claimed until its lease runs out)."""
+    st.write_fault(fault("n0"), revision=1)
+    entered, release = threading.Event(), threading.Event()
+
+    def handle(claim: store.Claim) -> str:
+        entered.set()
+        release.wait(10)
+        return store.DONE
+
+    loop = common.ClaimLoop(st, "quarantine", "w0", handle, lease=dt.timedelta(minutes=1), threads=2,
+                            metrics=common.WorkerMetrics("halt_test"), collection="queue")  # fmt: skip
+    loop.start()
+    assert entered.wait(10)
+    threading.Timer(0.3, release.set).start()
+    assert loop.halt(10)
+    assert st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.DONE
+    assert not any(t.is_alive() for t in loop.running)
 
 
 def test_reaper_requeues_expired_claims_and_parks_repeat_offenders(st: store.Store) -> None:

@@ -135,7 +135,7 @@ def test_xid_to_repair_to_uncordon(
         print("\nstep times (s, each from the previous):", {k: round(v, 2) for k, v in times.items()})
     finally:
         for w in workers:
-            w.stop.set()
+            w.halt()
         stop_agent(agent)
         core.patch_node(node, {"spec": {"unschedulable": None}})
 
@@ -187,7 +187,7 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         assert {"FaultlineRepairTimedOut", "FaultlineContactSupport"} <= {e.reason for e in events}
     finally:
         for w in workers:
-            w.stop.set()
+            w.halt()
         st.write_fault(xid.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": now}), 2)
         core.patch_node(node, {"spec": {"unschedulable": None}})
         kube.write_node_conditions(api, node, [], ["FaultlineRemediation"])
