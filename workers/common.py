@@ -227,6 +227,9 @@ class ClaimLoop:
             self.store.complete(current[0], state, error, also)
         except LeaseLostError:
             self.metrics.lease_losses.inc()
+        except Exception as exc:  # noqa: BLE001 - the store unreachable: the lease runs out, the reaper requeues
+            log.warning("%s: recording %s failed (redone after its lease): %s", self.stage, claim.id, exc)
+            self.stop.wait(1.0)
 
 
 def as_utc(value: Any) -> dt.datetime | None:

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pymongo
+import pymongo.errors
 import pytest
 
 from faultline import store
+from faultline.dev import procs
 from faultline.dev.mongo import LocalMongo
 from faultline.errors import ConfigError, LeaseLostError
 from faultline.models import (
@@ -212,6 +214,37 @@ def test_a_halted_claim_loop_records_the_claim_in_hand_before_it_returns(st: sto
     assert loop.halt(10)
     assert st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.DONE
     assert not any(t.is_alive() for t in loop.running)
+
+
+def test_a_claimer_outlives_a_failed_completion_and_the_item_is_redone(st: store.Store) -> None:
+    """The store unreachable as a claim is recorded: the claimer thread lives on, and the item is
+    reaped once its lease runs out and handled again."""
+
+    class Flaky(store.Store):
+        failures = 1
+
+        def complete(self, *args: Any, **kwargs: Any) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise pymongo.errors.AutoReconnect("connection reset (test)")
+            super().complete(*args, **kwargs)
+
+    flaky = Flaky(st.db, clock=st.clock)
+    handled: list[str] = []
+    loop = common.ClaimLoop(flaky, "quarantine", "w0", lambda c: handled.append(c.id) or store.DONE,
+                            lease=dt.timedelta(minutes=1), threads=1, every=0.1,
+                            metrics=common.WorkerMetrics("flaky_test"), collection="queue")  # fmt: skip
+    st.write_fault(fault("n0"), revision=1)
+    loop.start()
+    try:
+        procs.wait_for("the failed completion", lambda: flaky.failures == 0 and len(handled) == 1, 10)
+        assert st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.CLAIMED
+        st.clock.now += dt.timedelta(minutes=2)  # type: ignore[attr-defined]  # the lease runs out
+        procs.wait_for("redone", lambda: st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.DONE,
+                       10)  # fmt: skip
+    finally:
+        assert loop.halt(10)
+    assert len(handled) == 2 and handled[0] == handled[1]
 
 
 def test_reaper_requeues_expired_claims_and_parks_repeat_offenders(st: store.Store) -> None:
