@@ -137,6 +137,11 @@ class Janitor:
             else:
                 since, timeout = started, None
             outcome, message = self._validate(current.get("fault_keys", []), since, timeout)
+        if outcome != "Succeeded" and self.stop.is_set():
+            # stopping mid-repair (its waits end early): no verdict and no escalation; whoever claims
+            # the round next continues it from the start, boot id and cloud call recorded above
+            log.info("stopping: round left for a takeover", extra={"step": step, "repair": claim.id})
+            return store.PENDING
         finished = self.store.clock()
         self.repairs.update_one({"_id": claim.id}, {"$set": {
             f"rounds.{index}.outcome": outcome, f"rounds.{index}.at": finished,

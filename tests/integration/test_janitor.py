@@ -122,6 +122,40 @@ def test_cloud_reboot_through_the_aws_api(
         assert "EC2 RebootInstances" in rounds[0]["cloud_call"]
 
 
+def test_a_janitor_stopped_mid_repair_leaves_the_round_open_for_a_takeover(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None
+) -> None:
+    """A janitor stopped (SIGTERM, a rolling update) while it waits for a node to come back gives no
+    verdict: no TimedOut round, no escalation, no Event; the round goes back to pending with its cloud
+    call recorded, so whoever takes it over does not reboot the node a second time."""
+    node = cluster.node_names[2]
+    instance_id = "i-0feedfacecafe0002"
+    _provider_id(api, node, f"aws:///us-east-1a/{instance_id}")
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    fault = _fault(node)
+    st.write_fault(fault, 1)
+    with fakes.FakeCloud() as fake:  # the reboot is accepted, the node never comes back
+        env = {"AWS_ACCESS_KEY_ID": fakes.AWS_KEY, "AWS_SECRET_ACCESS_KEY": fakes.AWS_SECRET}
+        provider = aws.AWS(aws.Settings(endpoint=f"{fake.url}/aws/ec2/", env=env))
+        worker = janitor.Janitor(st, api, janitor.Settings(provider=provider, reboot_via="cloud",
+                                 reboot_timeout=dt.timedelta(minutes=5), **FAST), "j")  # fmt: skip
+        key = _repair(st, node, remedies.REBOOT, fault, "stopped-reboot-1")
+        worker.start()
+        try:
+            procs.wait_for("the cloud call recorded", lambda: (mongo_db["repairs"].find_one({"_id": key})
+                           or {})["rounds"][0].get("cloud_call"), 20)  # fmt: skip
+        finally:
+            assert worker.halt(10)
+        assert fake.actions("aws") == [("RebootInstances", instance_id)]
+    doc = mongo_db["repairs"].find_one({"_id": key})
+    assert doc["rounds"][0]["outcome"] is None and len(doc["rounds"]) == 1
+    assert doc["janitor"]["state"] == store.PENDING
+    assert doc["remediation"]["state"] == "idle"  # nothing to escalate
+    got = kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    assert not [e.reason for e in got if "stopped-reboot-1" in (e.message or "")]
+
+
 def test_replace_through_gcp_and_oci(
     cluster: LocalCluster, api: Any, mongo_db: Any, setup: None, tmp_path: Path
 ) -> None:
