@@ -85,9 +85,8 @@ def _outcome(st: store.Store, key: str) -> str | None:
     return (doc.get("rounds") or [{}])[-1].get("outcome")
 
 
-def test_cloud_reboot_through_the_aws_api(
-    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None
-) -> None:
+def _aws_node(cluster: LocalCluster, api: Any, mongo_db: Any) -> tuple[str, str, store.Store, Fault]:
+    """A simulated node as an EC2 instance, with an open fault on it."""
     node = cluster.node_names[2]
     instance_id = "i-0feedfacecafe0002"
     _provider_id(api, node, f"aws:///us-east-1a/{instance_id}")
@@ -95,14 +94,28 @@ def test_cloud_reboot_through_the_aws_api(
     st.ensure_indexes()
     fault = _fault(node)
     st.write_fault(fault, 1)
+    return node, instance_id, st, fault
+
+
+def _aws_janitor(
+    st: store.Store, api: Any, fake: fakes.FakeCloud, reboot_timeout: dt.timedelta
+) -> janitor.Janitor:
+    """A janitor that reboots through the fake EC2 API."""
+    env = {"AWS_ACCESS_KEY_ID": fakes.AWS_KEY, "AWS_SECRET_ACCESS_KEY": fakes.AWS_SECRET}
+    provider = aws.AWS(aws.Settings(endpoint=f"{fake.url}/aws/ec2/", env=env))
+    return janitor.Janitor(st, api, janitor.Settings(provider=provider, reboot_via="cloud",
+                           reboot_timeout=reboot_timeout, **FAST), "j")  # fmt: skip
+
+
+def test_cloud_reboot_through_the_aws_api(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None
+) -> None:
+    node, instance_id, st, fault = _aws_node(cluster, api, mongo_db)
     with fakes.FakeCloud() as fake:
         fake.on_reboot = lambda i: (
             cluster.fakelet.reboot(node, down_seconds=1.0) if i == instance_id else None
         )
-        env = {"AWS_ACCESS_KEY_ID": fakes.AWS_KEY, "AWS_SECRET_ACCESS_KEY": fakes.AWS_SECRET}
-        provider = aws.AWS(aws.Settings(endpoint=f"{fake.url}/aws/ec2/", env=env))
-        worker = janitor.Janitor(st, api, janitor.Settings(provider=provider, reboot_via="cloud",
-                                 reboot_timeout=dt.timedelta(seconds=30), **FAST), "j")  # fmt: skip
+        worker = _aws_janitor(st, api, fake, dt.timedelta(seconds=30))
         before = cluster.fakelet.nodes[node].boot_id
         key = _repair(st, node, remedies.REBOOT, fault, "cloud-reboot-1")
         worker.start()
@@ -128,23 +141,14 @@ def test_a_janitor_stopped_mid_repair_leaves_the_round_open_for_a_takeover(
     """A janitor stopped (SIGTERM, a rolling update) while it waits for a node to come back gives no
     verdict: no TimedOut round, no escalation, no Event; the round goes back to pending with its cloud
     call recorded, so whoever takes it over does not reboot the node a second time."""
-    node = cluster.node_names[2]
-    instance_id = "i-0feedfacecafe0002"
-    _provider_id(api, node, f"aws:///us-east-1a/{instance_id}")
-    st = store.Store(mongo_db)
-    st.ensure_indexes()
-    fault = _fault(node)
-    st.write_fault(fault, 1)
+    node, instance_id, st, fault = _aws_node(cluster, api, mongo_db)
     with fakes.FakeCloud() as fake:  # the reboot is accepted, the node never comes back
-        env = {"AWS_ACCESS_KEY_ID": fakes.AWS_KEY, "AWS_SECRET_ACCESS_KEY": fakes.AWS_SECRET}
-        provider = aws.AWS(aws.Settings(endpoint=f"{fake.url}/aws/ec2/", env=env))
-        worker = janitor.Janitor(st, api, janitor.Settings(provider=provider, reboot_via="cloud",
-                                 reboot_timeout=dt.timedelta(minutes=5), **FAST), "j")  # fmt: skip
+        worker = _aws_janitor(st, api, fake, dt.timedelta(minutes=5))
         key = _repair(st, node, remedies.REBOOT, fault, "stopped-reboot-1")
         worker.start()
         try:
-            procs.wait_for("the cloud call recorded", lambda: (mongo_db["repairs"].find_one({"_id": key})
-                           or {})["rounds"][0].get("cloud_call"), 20)  # fmt: skip
+            procs.wait_for("the cloud call recorded",
+                           lambda: mongo_db["repairs"].find_one({"_id": key})["rounds"][0].get("cloud_call"), 20)  # fmt: skip
         finally:
             assert worker.halt(10)
         assert fake.actions("aws") == [("RebootInstances", instance_id)]
