@@ -32,8 +32,8 @@ from typing import Any
 
 import pymongo
 
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 from faultline.models import event_id, utc_from_epoch
 from sources import simulator
 

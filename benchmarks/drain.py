@@ -27,9 +27,9 @@ from typing import Any
 
 import pymongo
 
+from devtools.cluster import LocalCluster
+from devtools.mongo import BACKENDS, LocalMongo
 from faultline import kube, store
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import BACKENDS, LocalMongo
 from workers import drainer
 
 

@@ -38,10 +38,10 @@ from typing import Any
 
 import pymongo
 
+from devtools import fakelet
+from devtools.cluster import LocalCluster
+from devtools.mongo import BACKENDS, LocalMongo
 from faultline import kube, store
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import BACKENDS, LocalMongo
-from faultline.kube import fakelet
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from workers import breaker, common, quarantine
 

@@ -1,3 +1,5 @@
-from faultline.cli import main
+"""`python -m faultline`: the same entry point as the `faultline` console script (the CLI package)."""
+
+from cli.app import main
 
 main()

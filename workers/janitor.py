@@ -41,7 +41,7 @@ log = logging.getLogger("faultline.workers.janitor")
 WORKER = "janitor"
 GONE = "<node gone>"  # boot_before of a node that no longer exists
 STAGE = "janitor"
-SIM_ACTION = "faultline.io/sim-action"  # read by the simulated kubelet (faultline.kube.fakelet)
+SIM_ACTION = "faultline.io/sim-action"  # read by the simulated kubelet (devtools.fakelet)
 RESET_SCRIPT = (
     "if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q .; then "
     'echo "GPU processes still running; not resetting" >&2; exit 3; fi; '

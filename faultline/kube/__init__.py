@@ -73,7 +73,7 @@ def custom(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "faultline" / "crds"
+CRD_DIR = Path(__file__).resolve().parent / "crds"  # package data (the chart links to it)
 RR_GROUP, RR_VERSION, RR_PLURAL = "faultline.io", "v1alpha1", "remediationrequests"
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import pymongo
 import pytest
 
+from devtools import procs
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 from faultline import kube
-from faultline.dev import procs
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
 
 INFRA = (
     "etcd",

@@ -18,10 +18,10 @@ from typing import Any
 import pymongo
 import pytest
 
+from devtools import procs
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 from faultline import kube
-from faultline.dev import procs
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
 from faultline.models import fault_id
 from sources import simulator
 from tests.integration.test_journal import append

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools import procs, tools
+from devtools.cluster import LocalCluster
 from faultline import kube, kubelite, store
-from faultline.dev import procs, tools
-from faultline.dev.cluster import LocalCluster
 from faultline.models import Action, FaultState
 from tests.integration.test_drainer import pod, pods_on
 from tests.integration.test_janitor import _fault

@@ -11,7 +11,7 @@ from pathlib import Path
 import pymongo
 import pytest
 
-from faultline.dev import procs, tools
+from devtools import procs, tools
 
 pytestmark = pytest.mark.integration
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from devtools import procs
+from devtools.cluster import LocalCluster
+from devtools.fakelet import RUN_SECONDS
+from devtools.mongo import LocalMongo
 from faultline import kube, store
-from faultline.dev import procs
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
-from faultline.kube.fakelet import RUN_SECONDS
 from workers import drainer
 
 pytestmark = pytest.mark.integration

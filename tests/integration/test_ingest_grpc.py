@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 import pytest
 
+from devtools import procs
+from devtools.certs import LocalPKI
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 from faultline.api import health_pb2, health_pb2_grpc
-from faultline.dev import procs
-from faultline.dev.certs import LocalPKI
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
 from faultline.models import fault_id
 from tests.integration.test_agent import poll, running_agent
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools import procs
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 from faultline import kube, store
-from faultline.dev import procs
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from tests.fakes import cloud as fakes
 from workers import janitor, remediation, remedies, templates

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from faultline.dev import procs
+from devtools import procs
 from patterns import compiler, loader
 from sources import journal
 

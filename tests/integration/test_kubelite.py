@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.cluster import LocalCluster
 from faultline import conditions, kube, kubelite
-from faultline.dev.cluster import LocalCluster
 from faultline.errors import ConfigError
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from devtools import procs, tools
+from devtools.cluster import LocalCluster
 from faultline import kube
-from faultline.dev import procs, tools
-from faultline.dev.cluster import LocalCluster
 from faultline.errors import ConfigError
 
 pytestmark = pytest.mark.integration

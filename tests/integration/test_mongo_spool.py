@@ -11,7 +11,7 @@ import pymongo
 import pytest
 
 from dataflows.node import NodeUpdate
-from faultline.dev.mongo import LocalMongo
+from devtools.mongo import LocalMongo
 from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id, fault_id
 from sinks.mongo import MongoSink, Spool
 

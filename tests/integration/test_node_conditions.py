@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from devtools import procs
+from devtools.cluster import LocalCluster
 from faultline import conditions, kube
-from faultline.dev import procs
-from faultline.dev.cluster import LocalCluster
 from tests.unit.test_conditions import fault
 
 pytestmark = pytest.mark.integration

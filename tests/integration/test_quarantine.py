@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from devtools import procs
 from faultline import kube, store
-from faultline.dev import procs
 from faultline.kube import fakelet
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from workers import breaker, quarantine

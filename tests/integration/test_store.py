@@ -15,9 +15,9 @@ import pymongo
 import pymongo.errors
 import pytest
 
+from devtools import procs
+from devtools.mongo import LocalMongo
 from faultline import store
-from faultline.dev import procs
-from faultline.dev.mongo import LocalMongo
 from faultline.errors import ConfigError, LeaseLostError
 from faultline.models import (
     Action,

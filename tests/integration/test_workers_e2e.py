@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 from faultline import kube, store
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from tests.integration.test_agent import poll, sim, start_agent, stop_agent
 from tests.integration.test_drainer import pdb, pod, pods_on

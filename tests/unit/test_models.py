@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from faultline import models
 
-TOP_LEVEL = ("faultline", "sources", "patterns", "dataflows", "sinks")
+TOP_LEVEL = ("faultline", "sources", "patterns", "dataflows", "sinks", "workers", "cli", "devtools")
 
 
 def test_ids_are_deterministic_and_distinct() -> None:

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from faultline.dev import kubeconfig
+from devtools import kubeconfig
 
 VALID_FOR = dt.timedelta(days=2)
 

@@ -22,8 +22,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from faultline import kube
 
 log = logging.getLogger("faultline.fakelet")
@@ -160,7 +158,7 @@ class Fakelet:
     def _register(self, node: SimNode) -> None:
         try:
             self.core.create_node(node_manifest(node, self.gpus))
-        except ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status != 409:
                 raise
 
@@ -228,7 +226,7 @@ class Fakelet:
         }
         try:
             self.leases.patch_namespaced_lease(node.name, "kube-node-lease", {"spec": spec})
-        except ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status != 404:
                 raise
             body = {
@@ -239,7 +237,7 @@ class Fakelet:
             }
             try:
                 self.leases.create_namespaced_lease("kube-node-lease", body)
-            except ApiException as create_exc:
+            except kube.ApiException as create_exc:
                 if create_exc.status not in (404, 409):  # namespace not created yet, or a race: next beat
                     raise
 
@@ -349,7 +347,7 @@ class Fakelet:
             # grace 0 in the body: the client drops a zero grace_period_seconds query parameter
             body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta.uid}}
             self.core.delete_namespaced_pod(meta.name, meta.namespace, body=body)
-        except ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status not in (404, 409):  # gone already, or replaced by a pod of the same name
                 raise
         self._finishing.pop(meta.uid, None)
@@ -359,7 +357,7 @@ class Fakelet:
             self.core.patch_namespaced_pod_status(
                 pod.metadata.name, pod.metadata.namespace, {"status": status}
             )
-        except ApiException as exc:
+        except kube.ApiException as exc:
             if exc.status not in (404, 409):
                 raise
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from faultline.dev import procs, tools
+from devtools import procs, tools
 from faultline.errors import ConfigError
 
 BACKENDS = ("sqlite", "postgresql")

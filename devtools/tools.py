@@ -9,7 +9,7 @@ from pathlib import Path
 
 from faultline.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "tools" / "build.sh"
 TOOLS = {
     "kubernetes": ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),

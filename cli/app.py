@@ -700,7 +700,7 @@ def cluster_up(
 
     Prints `KUBECONFIG=<path>` and `MONGODB_URI=<uri>` once ready.
     """
-    from faultline.dev import session  # noqa: PLC0415
+    from devtools import session  # noqa: PLC0415
 
     def emit(line: str) -> None:
         print(line, flush=True)  # noqa: T201 - the contract is plain lines on stdout
@@ -711,7 +711,7 @@ def cluster_up(
 @cluster_app.command("down")
 def cluster_down() -> None:
     """Stop a dev cluster left running in the background."""
-    from faultline.dev import session  # noqa: PLC0415
+    from devtools import session  # noqa: PLC0415
 
     out.print(session.down(), markup=False)
 

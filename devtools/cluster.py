@@ -22,8 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from faultline.dev import kubeconfig, procs, tools
-from faultline.dev.certs import LocalPKI
+from devtools import kubeconfig, procs, tools
+from devtools.certs import LocalPKI
 
 CONTROLLERS = (
     "garbage-collector-controller",
@@ -170,7 +170,7 @@ class LocalCluster:
                 "--profiling=false",
             ],
         )
-        from faultline.kube.fakelet import Fakelet  # noqa: PLC0415 - imports the Kubernetes client
+        from devtools.fakelet import Fakelet  # noqa: PLC0415 - imports the Kubernetes client
 
         self.fakelet = Fakelet(self.api(), self.node_names)
         self.fakelet.start()

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from faultline.dev import procs
-from faultline.dev.cluster import LocalCluster
-from faultline.dev.mongo import LocalMongo
+from devtools import procs
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 
 STATE = Path(tempfile.gettempdir()) / f"faultline-dev-cluster-{os.getuid()}.json"
 

@@ -1,0 +1,1 @@
+"""The `faultline` command line: the composition root (top layer; nothing imports it)."""
