@@ -21,11 +21,11 @@ from faultline.errors import FaultlineError, PackError
 if TYPE_CHECKING:
     from bytewax.recovery import RecoveryConfig
 
-    from dataflows.node import LogInput
     from faultline.config import AgentConfig
     from patterns.compiler import CompiledPacks
     from sources.files import FileInfo
     from sources.gpu import GpuBackend
+    from sources.inputs import LogInput
 
 app = typer.Typer(
     help="faultline: GPU fault detection, quarantine and remediation for Kubernetes.",
@@ -310,12 +310,13 @@ def agent(
 
 
 def _run_agent(config: AgentConfig) -> None:
-    from bytewax.testing import run_main  # noqa: PLC0415
-
     from dataflows import node as node_flow  # noqa: PLC0415
+    from dataflows import runner  # noqa: PLC0415
     from sinks.kube import KubeSink  # noqa: PLC0415
     from sinks.mongo import MongoSink  # noqa: PLC0415
     from sources import ingest, simulator  # noqa: PLC0415
+    from sources.gpu_source import GpuPolling  # noqa: PLC0415
+    from sources.inputs import LogInput  # noqa: PLC0415
 
     compiled = _compile(list(config.packs))
     backend: GpuBackend
@@ -341,14 +342,12 @@ def _run_agent(config: AgentConfig) -> None:
         ),
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }
-    polling = node_flow.GpuPolling(
-        config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after
-    )
+    polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after)
     logs = _log_inputs(config, compiled)
     spool = None
     if config.ingest_socket or config.ingest_tcp:
         spool = ingest.IngestSpool(config.state_dir / "ingest")
-        logs.append(node_flow.LogInput("grpc", "grpc", ingest.IngestSource(spool)))
+        logs.append(LogInput("grpc", "grpc", ingest.IngestSource(spool)))
     flow = node_flow.build(config.node, backend, compiled, sinks, logs=logs, polling=polling,
                            gpu_source="dcgm" if config.gpu_backend == "dcgm" else "nvml")  # fmt: skip
     if config.metrics_port:
@@ -370,9 +369,8 @@ def _run_agent(config: AgentConfig) -> None:
         )
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     try:
-        run_main(  # type: ignore[no-untyped-call]
-            flow, epoch_interval=dt.timedelta(seconds=config.snapshot_interval), recovery_config=recovery
-        )
+        if runner.run(flow, epoch_interval=dt.timedelta(seconds=config.snapshot_interval), recovery=recovery):
+            err.print("agent: stopped by signal", markup=False)
     finally:
         if server is not None:
             server.stop(grace=2).wait()
@@ -390,8 +388,8 @@ def _recovery(directory: Path) -> RecoveryConfig:
 
 
 def _log_inputs(config: AgentConfig, compiled: CompiledPacks) -> list[LogInput]:
-    from dataflows.node import LogInput  # noqa: PLC0415
     from sources.follow import LogFollowSource  # noqa: PLC0415
+    from sources.inputs import LogInput  # noqa: PLC0415
     from sources.journal import JournalSource  # noqa: PLC0415
 
     logs = []

@@ -5,8 +5,9 @@ detection -> MongoDB and Kubernetes.
       ── match (each batch as its pack source) ── key ── detect (NodeDetector) ──┬── MongoDB sink
                                                                                  └── Kubernetes sink
 
-All sources sit behind one input partition that sleeps until a source's thread notifies it (see
-`Inputs`), so an idle agent costs little CPU and a queued fault is taken at once.
+All sources sit behind one input partition that sleeps until a source's thread notifies it
+(`sources.inputs`), so an idle agent costs little CPU and a queued fault is taken at once; the GPU
+backend's source is `sources.gpu_source`.
 
 The detector shell emits, after each batch, every fault of the node and the ones that changed with a
 revision number, so both sinks stay idempotent under replays. Step ids are constants.
@@ -17,110 +18,27 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import itertools
-import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow
-from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from bytewax.inputs import FixedPartitionedSource
 from bytewax.outputs import DynamicSink
 
 from faultline import metrics
-from faultline.models import Action, Component, Entity, Fault, HealthEvent, event_id, utc_from_epoch
+from faultline.models import Action, Component, Entity, HealthEvent, NodeUpdate, event_id, utc_from_epoch
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
-from sources import gpu, scan, wake
+from sources import gpu, scan
+from sources.gpu_source import GpuEventSource, GpuPolling
+from sources.inputs import Inputs, LogInput
 from sources.journal import Entry
 
 FLOW_ID = "node"
-STEP_INPUT = "inputs"  # one Bytewax input holding every source (see Inputs); recovery keys below
+STEP_INPUT = "inputs"  # one Bytewax input holding every source (sources.inputs); recovery keys below
 STEP_GPU = "gpu"
-
-
-@dataclass(frozen=True)
-class LogInput:
-    """A kernel-log input of the node flow: its step id (a recovery contract), the pack source its
-    lines are (journal, syslog or kmsg) and the Bytewax source emitting `Entry` items."""
-
-    step_id: str
-    kind: str
-    source: FixedPartitionedSource[Entry, Any]
-
-
-class _InputsPartition(StatefulSourcePartition[tuple[int, list[Any]], dict[str, Any]]):
-    """Every input of the agent behind one partition: each call asks each input for its batch and hands
-    the non-empty ones over as (input position, batch) items.
-
-    While nothing is pending it blocks in `wake.wait` (the GIL released) until an input's thread
-    notifies, a timed input is due, or MAX_WAIT_S passes, instead of letting Bytewax poll the inputs:
-    an idle agent then wakes a few times a second, not a thousand. After handing a batch over it first
-    answers SPIN_CALLS empty calls without blocking, so the worker carries that batch through the
-    downstream steps before it looks again (and sleeps if nothing came). Inputs marked `notifies`
-    (their threads call `wake.notify()`) are not scheduled by time. The snapshot holds each input's
-    own snapshot under its step id."""
-
-    def __init__(self, parts: list[tuple[str, StatefulSourcePartition[Any, Any]]]) -> None:
-        self.parts = parts
-        self.spin = 0  # empty answers left before the inputs are looked at again
-
-    def next_batch(self) -> list[tuple[int, list[Any]]]:
-        if self.spin > 0 and not wake.pending():
-            self.spin -= 1  # the worker is carrying the last batch downstream
-            return []
-        wake.clear()  # before looking: a notify after the look ends the wait below at once
-        out = []
-        for position, (_step_id, part) in enumerate(self.parts):
-            batch = part.next_batch()
-            if batch:
-                out.append((position, list(batch)))
-        if out:
-            self.spin = SPIN_CALLS
-            return out
-        now = dt.datetime.now(dt.UTC)
-        due = [
-            awake for _, part in self.parts
-            if not getattr(part, "notifies", False) and (awake := part.next_awake()) is not None
-        ]  # fmt: skip
-        timeout = min([MAX_WAIT_S, *((d - now).total_seconds() for d in due)])
-        if timeout > 0:
-            wake.wait(timeout)
-        return []
-
-    def next_awake(self) -> dt.datetime | None:
-        return None  # next_batch paces itself
-
-    def snapshot(self) -> dict[str, Any]:
-        return {step_id: part.snapshot() for step_id, part in self.parts}
-
-    def close(self) -> None:
-        for _, part in self.parts:
-            part.close()
-
-
-class Inputs(FixedPartitionedSource[tuple[int, list[Any]], dict[str, Any]]):
-    """Single-partition sources (by step id, in order) as one source; see `_InputsPartition`."""
-
-    def __init__(self, sources: list[tuple[str, FixedPartitionedSource[Any, Any]]]) -> None:
-        self.sources = sources
-
-    def list_parts(self) -> list[str]:
-        return ["inputs"]
-
-    def build_part(
-        self, step_id: str, for_part: str, resume_state: dict[str, Any] | None
-    ) -> _InputsPartition:
-        resume = resume_state or {}
-        parts = []
-        for inner_id, source in self.sources:
-            names = source.list_parts()
-            if len(names) != 1:
-                raise ValueError(f"input {inner_id} has partitions {names}; the agent's inputs have one each")
-            parts.append((inner_id, source.build_part(inner_id, names[0], resume.get(inner_id))))
-        return _InputsPartition(parts)
 
 
 def _entry_matcher(
@@ -152,127 +70,8 @@ STEP_MATCH = "match"
 STEP_DETECT = "detect"
 STEP_MONGO = "mongo_out"
 STEP_KUBE = "kube_out"
-WAIT_S = 0.5
-MAX_WAIT_S = 0.25  # the longest an idle agent sleeps (metrics heartbeat, monitor watchdog)
 RESEND_S = 60.0  # the detector re-sends the node's state this often (see DetectLogic.on_notify)
 RESTART_GAP = 1 << 32  # added to the match sequence on restore (see DetectLogic)
-SPIN_CALLS = 8  # empty calls answered without blocking after a batch (see _InputsPartition)
-
-
-@dataclass(frozen=True)
-class NodeUpdate:
-    """A node's faults after a batch, and those that changed (with their new revision)."""
-
-    node: str
-    faults: list[Fault]
-    changed: list[tuple[Fault, int]]
-    events: list[HealthEvent] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class GpuPolling:
-    """How the GPU source polls health fields and judges its own health (AgentConfig holds the values)."""
-
-    interval: float = 1.0
-    hung_after: float = 10.0
-    unresponsive_after: float = 300.0
-
-
-GpuResume = tuple[int | None, dict[int, dict[str, int]]]
-
-
-class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
-    """Two threads block in the backend (events, field polls); `next_batch` hands over what they found
-    and checks the poll thread is not stuck. Resume state: the replay position of the backend (the
-    simulator's) and the last fields read, so a restart reports only what changed meanwhile."""
-
-    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling, resume: GpuResume | None) -> None:
-        self.backend = backend
-        self.polling = polling
-        self.notifies = True  # its threads call wake.notify() after queueing
-        self.position, self.fields = resume if resume is not None else (None, {})
-        if self.position is not None:
-            backend.resume(self.position)  # before the waiting thread starts
-        self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
-        self.stop = threading.Event()
-        self.watch = gpu.MonitorWatch(polling.hung_after, polling.unresponsive_after)
-        self.call_started: float | None = None
-        self.failure: str | None = None
-        self.latest = self.fields
-        self.threads = [
-            threading.Thread(target=self._wait, name="gpu-events", daemon=True),
-            threading.Thread(target=self._poll, name="gpu-fields", daemon=True),
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def _wait(self) -> None:  # the backend blocks; Bytewax's next_batch must not
-        while not self.stop.is_set():
-            with metrics.BACKEND_WAIT.time():
-                events = self.backend.wait_events(WAIT_S)
-            for event in events:
-                self.queue.put(event)
-            if events:
-                wake.notify()
-
-    def _poll(self) -> None:
-        previous = self.fields
-        while not self.stop.is_set():
-            self.call_started = time.monotonic()
-            try:
-                with metrics.FIELD_READ.time():
-                    current = self.backend.read_fields()
-            except Exception as exc:  # noqa: BLE001 - any backend failure is the monitor's health, reported
-                self.failure = f"{type(exc).__name__}: {exc}"[:200]
-            else:
-                self.failure = None
-                for event in gpu.field_changes(previous, current, time.time()):
-                    self.queue.put(event)
-                previous = self.latest = current
-                self.queue.put(gpu.GpuEvent(time.time(), -1, "fields", 0))  # a marker: the read is done
-                wake.notify()
-            finally:
-                self.call_started = None
-            self.stop.wait(self.polling.interval)
-
-    def next_batch(self) -> list[gpu.GpuEvent]:
-        metrics.beat()  # asked at least every MAX_WAIT_S: a stalled dataflow stops beating
-        out: list[gpu.GpuEvent] = []
-        while len(out) < 1000:
-            try:
-                event = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if event.kind == "fields":
-                self.fields = self.latest  # what the snapshot says was last read
-                continue
-            out.append(event)
-            if event.position is not None:
-                self.position = event.position
-        out += self.watch.observe(time.monotonic(), self.call_started, self.failure, ts=time.time())
-        return out
-
-    def next_awake(self) -> dt.datetime | None:
-        return None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=MAX_WAIT_S)
-
-    def snapshot(self) -> GpuResume:
-        return self.position, self.fields
-
-    def close(self) -> None:
-        self.stop.set()
-        self.backend.close()
-
-
-class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, GpuResume]):
-    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling | None = None) -> None:
-        self.backend = backend
-        self.polling = polling or GpuPolling()
-
-    def list_parts(self) -> list[str]:
-        return ["gpu"]
-
-    def build_part(self, step_id: str, for_part: str, resume_state: GpuResume | None) -> _GpuPartition:
-        return _GpuPartition(self.backend, self.polling, resume_state)
 
 
 def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:

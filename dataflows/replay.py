@@ -18,8 +18,8 @@ from typing import Any
 import bytewax.operators as op
 from bytewax.dataflow import Dataflow
 from bytewax.outputs import DynamicSink
-from bytewax.testing import cluster_main, run_main
 
+from dataflows import runner
 from faultline.models import Fault
 from patterns.compiler import CompiledPacks
 from patterns.detectors import Counters, NodeDetector
@@ -142,10 +142,9 @@ def run(
     started = time.perf_counter()
     timeouts_before = compiled.timeouts
     epoch = timedelta(seconds=EPOCH_INTERVAL_S)
-    if workers <= 1:
-        run_main(flow, epoch_interval=epoch)  # type: ignore[no-untyped-call]
-    else:
-        cluster_main(flow, [], 0, epoch_interval=epoch, worker_count_per_proc=workers)  # type: ignore[no-untyped-call]
+    runner.run(
+        flow, workers=max(1, workers), epoch_interval=epoch, handle_signals=False
+    )  # Ctrl-C: interrupted
     result.seconds = time.perf_counter() - started
     result.regex_timeouts = compiled.timeouts - timeouts_before
     result.stats.files = sum(len(g) for g in groups)

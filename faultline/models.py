@@ -7,6 +7,8 @@ restart produces the same ids and the store's unique indexes absorb duplicates.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -117,6 +119,18 @@ class Fault(BaseModel):
     @property
     def key(self) -> tuple[str, str, str, str]:
         return fault_key(self.node, self.entity.type, self.entity.id, self.code)
+
+
+@dataclass(frozen=True)
+class NodeUpdate:
+    """What the node agent's detector hands its sinks after a batch: every fault of the node, the ones
+    that changed (each with its revision: the store keeps the newest), and the batch's health events.
+    A plain dataclass: it is built once per batch and never crosses a process."""
+
+    node: str
+    faults: list[Fault]
+    changed: list[tuple[Fault, int]]
+    events: list[HealthEvent] = dc_field(default_factory=list)
 
 
 def fault_key(node: str, entity_type: str, entity_id: str, code: str) -> tuple[str, str, str, str]:

@@ -4,27 +4,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, TypeVar
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
+T = TypeVar("T")
 
-class _Partition(StatelessSinkPartition[Any]):
-    def __init__(self, fn: Callable[[list[Any]], None], lock: threading.Lock) -> None:
+
+class _Partition(StatelessSinkPartition[T], Generic[T]):
+    def __init__(self, fn: Callable[[list[T]], None], lock: threading.Lock) -> None:
         self.fn = fn
         self.lock = lock
 
-    def write_batch(self, items: list[Any]) -> None:
+    def write_batch(self, items: list[T]) -> None:
         with self.lock:
             self.fn(items)
 
 
-class CallbackSink(DynamicSink[Any]):
+class CallbackSink(DynamicSink[T], Generic[T]):
     """Calls `fn(items)` for every batch, serialised across workers by one lock."""
 
-    def __init__(self, fn: Callable[[list[Any]], None]) -> None:
+    def __init__(self, fn: Callable[[list[T]], None]) -> None:
         self.fn = fn
         self.lock = threading.Lock()
 
-    def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition[T]:
         return _Partition(self.fn, self.lock)

@@ -20,12 +20,11 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from faultline import conditions, kubelite
-from faultline.models import Fault
+from faultline.models import Fault, NodeUpdate
 
 CONTROLLER = "faultline.io/agent"
 RESYNC_S = 60.0
@@ -34,7 +33,7 @@ BACKLOG_MAX = 1000  # updates; past it the oldest go (their Events; newer update
 log = logging.getLogger("faultline.agent.kube")
 
 
-class _Partition(StatelessSinkPartition[Any]):
+class _Partition(StatelessSinkPartition[NodeUpdate]):
     def __init__(
         self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str], *, background: bool = True
     ) -> None:
@@ -44,7 +43,7 @@ class _Partition(StatelessSinkPartition[Any]):
         self.limiter = conditions.EventLimiter()
         self.current: dict[str, dict[str, dict[str, str]]] = {}  # node -> its conditions as last seen
         self.read_at: dict[str, float] = {}
-        self.backlog: list[tuple[Any, int]] = []  # (update, how many of its Events were posted)
+        self.backlog: list[tuple[NodeUpdate, int]] = []  # (update, how many of its Events were posted)
         self.failures = 0
         self.lock = threading.Lock()
         self.wake = threading.Event()
@@ -70,7 +69,7 @@ class _Partition(StatelessSinkPartition[Any]):
         if patched is not None:
             self.current[node] = kubelite.node_conditions(patched)
 
-    def write_batch(self, items: list[Any]) -> None:
+    def write_batch(self, items: list[NodeUpdate]) -> None:
         """Queue the updates for the sink's thread: API calls never hold up the dataflow."""
         with self.lock:
             self.backlog = [*self.backlog, *((update, 0) for update in items)][-BACKLOG_MAX:]
@@ -131,7 +130,7 @@ class _Partition(StatelessSinkPartition[Any]):
         self.client.close()
 
 
-class KubeSink(DynamicSink[Any]):
+class KubeSink(DynamicSink[NodeUpdate]):
     def __init__(
         self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str] | None = None
     ) -> None:

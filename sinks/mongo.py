@@ -16,7 +16,7 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
 from faultline import metrics, store
 from faultline.errors import TransientError
-from faultline.models import Fault, HealthEvent
+from faultline.models import Fault, HealthEvent, NodeUpdate
 
 SPOOL_MAX_ITEMS = 100_000
 
@@ -65,13 +65,13 @@ class Spool:
         self.path.unlink(missing_ok=True)
 
 
-class _Partition(StatelessSinkPartition[Any]):
+class _Partition(StatelessSinkPartition[NodeUpdate]):
     def __init__(self, uri: str, database: str, spool: Spool, timeout: float) -> None:
         self.store = store.connect(uri, database, timeout=timeout)
         self.spool = spool
         self.indexed = False
 
-    def write_batch(self, items: list[Any]) -> None:
+    def write_batch(self, items: list[NodeUpdate]) -> None:
         writes = [(fault, revision) for update in items for fault, revision in update.changed]
         events = [event for update in items for event in update.events]
         try:
@@ -95,7 +95,7 @@ class _Partition(StatelessSinkPartition[Any]):
         self.store.db.client.close()
 
 
-class MongoSink(DynamicSink[Any]):
+class MongoSink(DynamicSink[NodeUpdate]):
     def __init__(self, uri: str, database: str = "faultline", *, spool: Path, timeout: float = 2.0) -> None:
         self.uri = uri
         self.database = database

@@ -10,7 +10,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from dataflows.node import NodeUpdate
+from faultline.models import NodeUpdate
 from devtools.mongo import LocalMongo
 from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id, fault_id
 from sinks.mongo import MongoSink, Spool

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dataflows.node import NodeUpdate
+from faultline.models import NodeUpdate
 from faultline import conditions, kubelite
 from faultline.models import Component
 from sinks import kube as kube_sink

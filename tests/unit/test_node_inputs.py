@@ -11,7 +11,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from dataflows import node
 from patterns import compiler, loader
-from sources import formats, wake
+from sources import formats, inputs, wake
 from sources.journal import Entry
 
 
@@ -98,13 +98,13 @@ class _Source(FixedPartitionedSource[Any, Any]):
 
 
 def _drain_spin(part: Any) -> None:
-    for _ in range(node.SPIN_CALLS):
+    for _ in range(inputs.SPIN_CALLS):
         assert part.next_batch() == []
 
 
 def test_inputs_sleep_until_notified_and_tag_batches_by_position() -> None:
     queued, timed = _Source(_Queue), _Source(lambda _r: _Timed(0.2))
-    part = node.Inputs([("q", queued), ("t", timed)]).build_part("inputs", "inputs", {"q": 5})
+    part = inputs.Inputs([("q", queued), ("t", timed)]).build_part("inputs", "inputs", {"q": 5})
     assert queued.built.taken == 5  # resume state handed to the input under its step id
     part.next_batch()  # first look: nothing queued, the timed input polled once
     wake.clear()
@@ -122,14 +122,14 @@ def test_inputs_sleep_until_notified_and_tag_batches_by_position() -> None:
 
 def test_inputs_wake_for_timed_inputs_and_cap_the_sleep() -> None:
     timed = _Source(lambda _r: _Timed(0.1))
-    part = node.Inputs([("t", timed)]).build_part("inputs", "inputs", None)
+    part = inputs.Inputs([("t", timed)]).build_part("inputs", "inputs", None)
     wake.clear()
     started = time.monotonic()
     for _ in range(4):
         part.next_batch()
     elapsed = time.monotonic() - started
     assert timed.built.polls >= 3  # woken for each due time, not only at the cap
-    assert elapsed < 4 * node.MAX_WAIT_S
+    assert elapsed < 4 * inputs.MAX_WAIT_S
 
 
 def test_detector_resends_its_state_after_a_restore_and_counts_past_old_revisions() -> None:

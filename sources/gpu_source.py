@@ -1,0 +1,126 @@
+"""The GPU backend (NVML, DCGM or the simulator) as a Bytewax source: its blocking waits and field polls
+run on their own threads and hand events over a bounded queue; the partition's resume state is the
+backend's replay position and the last fields read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+from faultline import metrics
+from sources import gpu, wake
+from sources.inputs import MAX_WAIT_S
+
+WAIT_S = 0.5  # the longest one backend wait for events blocks (the thread checks for stop between)
+
+
+@dataclass(frozen=True)
+class GpuPolling:
+    """How the GPU source polls health fields and judges its own health (AgentConfig holds the values)."""
+
+    interval: float = 1.0
+    hung_after: float = 10.0
+    unresponsive_after: float = 300.0
+
+
+GpuResume = tuple[int | None, dict[int, dict[str, int]]]
+
+
+class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
+    """Two threads block in the backend (events, field polls); `next_batch` hands over what they found
+    and checks the poll thread is not stuck. Resume state: the replay position of the backend (the
+    simulator's) and the last fields read, so a restart reports only what changed meanwhile."""
+
+    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling, resume: GpuResume | None) -> None:
+        self.backend = backend
+        self.polling = polling
+        self.notifies = True  # its threads call wake.notify() after queueing
+        self.position, self.fields = resume if resume is not None else (None, {})
+        if self.position is not None:
+            backend.resume(self.position)  # before the waiting thread starts
+        self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
+        self.stop = threading.Event()
+        self.watch = gpu.MonitorWatch(polling.hung_after, polling.unresponsive_after)
+        self.call_started: float | None = None
+        self.failure: str | None = None
+        self.latest = self.fields
+        self.threads = [
+            threading.Thread(target=self._wait, name="gpu-events", daemon=True),
+            threading.Thread(target=self._poll, name="gpu-fields", daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _wait(self) -> None:  # the backend blocks; Bytewax's next_batch must not
+        while not self.stop.is_set():
+            with metrics.BACKEND_WAIT.time():
+                events = self.backend.wait_events(WAIT_S)
+            for event in events:
+                self.queue.put(event)
+            if events:
+                wake.notify()
+
+    def _poll(self) -> None:
+        previous = self.fields
+        while not self.stop.is_set():
+            self.call_started = time.monotonic()
+            try:
+                with metrics.FIELD_READ.time():
+                    current = self.backend.read_fields()
+            except Exception as exc:  # noqa: BLE001 - any backend failure is the monitor's health, reported
+                self.failure = f"{type(exc).__name__}: {exc}"[:200]
+            else:
+                self.failure = None
+                for event in gpu.field_changes(previous, current, time.time()):
+                    self.queue.put(event)
+                previous = self.latest = current
+                self.queue.put(gpu.GpuEvent(time.time(), -1, "fields", 0))  # a marker: the read is done
+                wake.notify()
+            finally:
+                self.call_started = None
+            self.stop.wait(self.polling.interval)
+
+    def next_batch(self) -> list[gpu.GpuEvent]:
+        metrics.beat()  # asked at least every MAX_WAIT_S: a stalled dataflow stops beating
+        out: list[gpu.GpuEvent] = []
+        while len(out) < 1000:
+            try:
+                event = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if event.kind == "fields":
+                self.fields = self.latest  # what the snapshot says was last read
+                continue
+            out.append(event)
+            if event.position is not None:
+                self.position = event.position
+        out += self.watch.observe(time.monotonic(), self.call_started, self.failure, ts=time.time())
+        return out
+
+    def next_awake(self) -> dt.datetime | None:
+        return None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=MAX_WAIT_S)
+
+    def snapshot(self) -> GpuResume:
+        return self.position, self.fields
+
+    def close(self) -> None:
+        self.stop.set()
+        self.backend.close()
+
+
+class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, GpuResume]):
+    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling | None = None) -> None:
+        self.backend = backend
+        self.polling = polling or GpuPolling()
+
+    def list_parts(self) -> list[str]:
+        return ["gpu"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: GpuResume | None) -> _GpuPartition:
+        return _GpuPartition(self.backend, self.polling, resume_state)
