@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup tools replay check test bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
+.PHONY: setup system-deps tools replay check test bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -53,7 +53,11 @@ proto-check: setup
 tools:
 	bash tools/build.sh
 
-test: check tools
+# The Debian packages the tests need (systemd-journal-remote, PostgreSQL), installed when missing.
+system-deps:
+	bash tools/system-deps.sh
+
+test: system-deps check tools
 	$(BIN)/pytest
 
 # A local control plane with 4 simulated GPU nodes and FerretDB, in the foreground until Ctrl-C.

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite needs when they are missing (the README's `make test` and
+# CI run this first, so both need the same machine): systemd-journal-remote writes the real journal files
+# the journal tests follow; PostgreSQL is the second storage backend FerretDB is tested on (and the
+# benchmarks' store). Needs root (or passwordless sudo) only when something is missing.
+set -euo pipefail
+need=()
+[ -x /lib/systemd/systemd-journal-remote ] || need+=(systemd-journal-remote)
+command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+sudo=()
+if [ "$(id -u)" != 0 ]; then
+  if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    sudo=(sudo -n)
+  else
+    echo "error: the tests need the Debian packages: ${need[*]}; install them as root:" >&2
+    echo "  apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+fi
+echo "system-deps: installing ${need[*]}"
+"${sudo[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}"
