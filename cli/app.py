@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -16,12 +15,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cli import options
+from faultline import config
 from faultline.errors import FaultlineError, PackError
 
 if TYPE_CHECKING:
     from bytewax.recovery import RecoveryConfig
 
-    from faultline.config import AgentConfig
     from patterns.compiler import CompiledPacks
     from sources.files import FileInfo
     from sources.gpu import GpuBackend
@@ -244,72 +244,14 @@ def patterns_test(
     _pack_command(dirs or [], builtin, run_examples=True)
 
 
-@app.command()
-def agent(
-    node: Annotated[
-        str, typer.Option(envvar="NODE_NAME", help="This node's name (downward API: spec.nodeName).")
-    ],
-    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
-    kubeconfig: Annotated[
-        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
-    ] = None,
-    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-    gpu_backend: Annotated[str, typer.Option(help="GPU backend: sim, nvml or dcgm.")] = "sim",
-    dcgm_host: Annotated[str, typer.Option(help="DCGM host engine (dcgm backend).")] = "localhost:5555",
-    sim_dir: Annotated[Path | None, typer.Option(help="Simulator control directory.")] = None,
-    sim_scenario: Annotated[Path | None, typer.Option(help="Simulator scenario YAML.")] = None,
-    pack: Annotated[
-        list[Path] | None, typer.Option("--pack", help="Extra pack directory (repeatable).")
-    ] = None,
-    journal_file: Annotated[
-        Path | None, typer.Option(help="Follow this journal file's kernel messages.")
-    ] = None,
-    journal_dir: Annotated[Path | None, typer.Option(help="Follow the journal in this directory.")] = None,
-    state_dir: Annotated[
-        Path | None, typer.Option(help="The agent's files (MongoDB spool); default: a directory in /tmp.")
-    ] = None,
-    metrics_port: Annotated[int, typer.Option(help="Serve /metrics and /healthz on this port (0: off).")] = 0,
-    syslog_file: Annotated[
-        Path | None, typer.Option(help="Follow this syslog file (across rotations).")
-    ] = None,
-    kmsg: Annotated[Path | None, typer.Option(help="Read kernel messages from this kmsg device.")] = None,
-    sysfs_root: Annotated[
-        Path | None, typer.Option(help="Poll NIC ports under this sysfs root (/sys).")
-    ] = None,
-    nic_interval: Annotated[float, typer.Option(min=0.05, help="Seconds between NIC polls.")] = 1.0,
-    gpu_poll_interval: Annotated[float, typer.Option(help="Seconds between GPU health reads.")] = 1.0,
-    gpu_hung_after: Annotated[
-        float, typer.Option(help="A GPU call running this long: the monitor is unhealthy.")
-    ] = 10.0,
-    gpu_unresponsive_after: Annotated[
-        float, typer.Option(help="Unhealthy this long: the GPU driver is unresponsive (a node fault).")
-    ] = 300.0,
-    ingest_socket: Annotated[
-        Path | None, typer.Option(help="Serve gRPC HealthIngest on this Unix socket (mode 0600).")
-    ] = None,
-    ingest_tcp: Annotated[str | None, typer.Option(help="Also serve it on HOST:PORT (TLS only).")] = None,
-    ingest_tls_cert: Annotated[Path | None, typer.Option(help="TLS certificate for --ingest-tcp.")] = None,
-    ingest_tls_key: Annotated[Path | None, typer.Option(help="TLS key for --ingest-tcp.")] = None,
-    ingest_tls_client_ca: Annotated[
-        Path | None, typer.Option(help="Require client certificates from this CA on --ingest-tcp.")
-    ] = None,
-) -> None:
+@options.command(app, "agent", config.AgentConfig)
+def agent(cfg: config.AgentConfig) -> None:
     """Run the node agent: GPU events (and the kernel journal) -> pattern packs -> faults in MongoDB and
     node conditions."""
-    from faultline.config import AgentConfig  # noqa: PLC0415
-
-    values = dict(locals())  # every option, by its AgentConfig name (pack -> packs)
-    values.pop("AgentConfig")
-    values["packs"] = tuple(values.pop("pack") or [])
-    values["state_dir"] = state_dir or Path(tempfile.gettempdir()) / f"faultline-agent-{node}"
-    try:
-        config = AgentConfig.model_validate(values)
-    except ValueError as exc:  # pydantic's ValidationError names each bad setting
-        raise typer.BadParameter(str(exc)) from exc
-    _run_agent(config)
+    _run_agent(cfg)
 
 
-def _run_agent(config: AgentConfig) -> None:
+def _run_agent(config: config.AgentConfig) -> None:
     from dataflows import node as node_flow  # noqa: PLC0415
     from dataflows import runner  # noqa: PLC0415
     from sinks.kube import KubeSink  # noqa: PLC0415
@@ -387,7 +329,7 @@ def _recovery(directory: Path) -> RecoveryConfig:
     return RecoveryConfig(str(directory))  # type: ignore[no-untyped-call]
 
 
-def _log_inputs(config: AgentConfig, compiled: CompiledPacks) -> list[LogInput]:
+def _log_inputs(config: config.AgentConfig, compiled: CompiledPacks) -> list[LogInput]:
     from sources.follow import LogFollowSource  # noqa: PLC0415
     from sources.inputs import LogInput  # noqa: PLC0415
     from sources.journal import JournalSource  # noqa: PLC0415
@@ -443,238 +385,67 @@ def sim_inject(
     out.print(f"injected {what} on {node} GPU {gpu} ({path})", markup=False)
 
 
-@store_app.command("retention")
-def store_retention(
-    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
-    older_than: Annotated[
-        str, typer.Option(help="Delete health events older than this (e.g. 14d, 12h).")
-    ] = "14d",
-    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-) -> None:
+@options.command(store_app, "retention", config.RetentionConfig)
+def store_retention(cfg: config.RetentionConfig) -> None:
     """Delete old health events (run periodically, e.g. by a CronJob: FerretDB and DocumentDB have no TTL
     indexes). Faults are kept: they hold the state of open problems and their remediation."""
     from faultline import store  # noqa: PLC0415
-    from patterns.schema import parse_duration  # noqa: PLC0415
 
-    try:
-        age = parse_duration(older_than)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--older-than") from exc
-    if age < 3600:
-        raise typer.BadParameter("keep at least one hour of events", param_hint="--older-than")
-    st = store.connect(mongodb_uri, database)
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
         with store.unreachable_is_transient("pruning health events"):
-            deleted = st.prune_events(dt.timedelta(seconds=age))
+            deleted = st.prune_events(cfg.older_than)
     finally:
         st.db.client.close()
+    older_than = options.format_value(cfg.older_than)
     out.print(f"deleted {deleted} health events older than {older_than}", markup=False)
 
 
-def _seconds(text: str, option: str) -> float:
-    from patterns.schema import parse_duration  # noqa: PLC0415
-
-    try:
-        return float(parse_duration(text))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=option) from exc
-
-
-@worker_app.command("quarantine")
-def worker_quarantine(
-    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
-    kubeconfig: Annotated[
-        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
-    ] = None,
-    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-    rules: Annotated[Path | None, typer.Option(help="Quarantine rules YAML (default: built-in).")] = None,
-    dry_run: Annotated[bool, typer.Option(help="Record what would be done; change nothing.")] = False,
-    hold_down: Annotated[str, typer.Option(help="Release this long after the last fault resolved.")] = "60s",
-    max_fault_age: Annotated[str, typer.Option(help="Older faults are recorded, not acted on.")] = "1h",
-    breaker_window: Annotated[str, typer.Option(help="Circuit breaker window.")] = "10m",
-    breaker_max_share: Annotated[
-        float | None, typer.Option(help="Open past this share of GPU nodes quarantined in the window.")
-    ] = 0.1,
-    breaker_max_count: Annotated[
-        int | None, typer.Option(help="Open past this many nodes quarantined in the window.")
-    ] = None,
-    breaker_cooldown: Annotated[str, typer.Option(help="Half-open after this long.")] = "15m",
-    threads: Annotated[int, typer.Option(help="Claims worked on at once.")] = 16,
-    qps: Annotated[float, typer.Option(help="Kubernetes API writes per second.")] = 200.0,
-    burst: Annotated[int, typer.Option(help="Kubernetes API write burst.")] = 400,
-    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
-) -> None:
+@options.command(worker_app, "quarantine", config.QuarantineConfig)
+def worker_quarantine(cfg: config.QuarantineConfig) -> None:
     """Cordon, taint and label nodes with open faults per the rules; release them when resolved."""
-    from pydantic import SecretStr  # noqa: PLC0415
-
-    from faultline.config import QuarantineConfig  # noqa: PLC0415
-
-    try:
-        config = QuarantineConfig(
-            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig, rules=rules,
-            dry_run=dry_run, hold_down=_seconds(hold_down, "--hold-down"),
-            max_fault_age=_seconds(max_fault_age, "--max-fault-age"),
-            breaker_window=_seconds(breaker_window, "--breaker-window"), breaker_max_share=breaker_max_share,
-            breaker_max_count=breaker_max_count,
-            breaker_cooldown=_seconds(breaker_cooldown, "--breaker-cooldown"),
-            threads=threads, qps=qps, burst=burst, metrics_port=metrics_port,
-        )  # fmt: skip
-    except ValueError as exc:  # pydantic's ValidationError names each bad setting
-        raise typer.BadParameter(str(exc)) from exc
     from workers import run  # noqa: PLC0415
 
     err.print("quarantine: started", markup=False)
-    run.quarantine_main(config)
+    run.quarantine_main(cfg)
 
 
-@worker_app.command("drain")
-def worker_drain(
-    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
-    kubeconfig: Annotated[
-        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
-    ] = None,
-    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-    default_mode: Annotated[
-        str, typer.Option(help="Immediate, AllowCompletion or DeleteAfterTimeout, for unlabelled namespaces.")
-    ] = "Immediate",
-    delete_after: Annotated[
-        str, typer.Option(help="DeleteAfterTimeout: delete this long after eviction.")
-    ] = "10m",
-    gpu_only: Annotated[bool, typer.Option(help="Move only pods that request GPUs.")] = False,
-    threads: Annotated[int, typer.Option(help="Nodes drained at once.")] = 8,
-    lease: Annotated[str, typer.Option(help="Claim lease.")] = "30s",
-    poll: Annotated[str, typer.Option(help="Between looks at a node being drained.")] = "1s",
-    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
-) -> None:
+@options.command(worker_app, "drain", config.DrainConfig)
+def worker_drain(cfg: config.DrainConfig) -> None:
     """Evict the pods of the nodes faultline quarantined, per namespace mode, respecting PDBs."""
-    from pydantic import SecretStr  # noqa: PLC0415
-
-    from faultline.config import DrainConfig  # noqa: PLC0415
-
-    try:
-        config = DrainConfig(
-            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig,
-            default_mode=default_mode,  # type: ignore[arg-type]  # pydantic checks it
-            delete_after=_seconds(delete_after, "--delete-after"), gpu_only=gpu_only, threads=threads,
-            lease=_seconds(lease, "--lease"), poll=_seconds(poll, "--poll"), metrics_port=metrics_port,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
     from workers import run  # noqa: PLC0415
 
     err.print("drain: started", markup=False)
-    run.drain_main(config)
+    run.drain_main(cfg)
 
 
-@worker_app.command("remediation")
-def worker_remediation(
-    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
-    kubeconfig: Annotated[
-        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
-    ] = None,
-    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-    require_drain: Annotated[bool, typer.Option(help="Repair only nodes the drainer emptied.")] = True,
-    max_attempts_per_fault: Annotated[int, typer.Option(help="Repairs per fault before the last step.")] = 3,
-    repeat_offender: Annotated[int, typer.Option(help="More repairs in the window: last step.")] = 3,
-    window: Annotated[str, typer.Option(help="Repeat-offender window.")] = "7d",
-    can_replace: Annotated[bool, typer.Option(help="A cloud provider can replace nodes.")] = False,
-    template: Annotated[
-        Path | None,
-        typer.Option(help="An external remediator's CR template (YAML) instead of RemediationRequests."),
-    ] = None,
-    external_timeout: Annotated[
-        str, typer.Option(help="Template CRs: wait this long for the faults to clear.")
-    ] = "30m",
-    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
-) -> None:
+@options.command(worker_app, "remediation", config.RemediationConfig)
+def worker_remediation(cfg: config.RemediationConfig) -> None:
     """Decide each drained node's repair (with escalation) and write a RemediationRequest for it."""
-    from pydantic import SecretStr  # noqa: PLC0415
-
-    from faultline.config import RemediationConfig  # noqa: PLC0415
-
-    try:
-        config = RemediationConfig(
-            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig,
-            require_drain=require_drain, max_attempts_per_fault=max_attempts_per_fault,
-            repeat_offender=repeat_offender, window=_seconds(window, "--window"), can_replace=can_replace,
-            template=template, external_timeout=_seconds(external_timeout, "--external-timeout"),
-            metrics_port=metrics_port,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
     from workers import run  # noqa: PLC0415
 
     err.print("remediation: started", markup=False)
-    run.remediation_main(config)
+    run.remediation_main(cfg)
 
 
-@worker_app.command("janitor")
-def worker_janitor(
-    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
-    kubeconfig: Annotated[
-        Path | None, typer.Option(envvar="KUBECONFIG", help="kubeconfig (default: in-cluster).")
-    ] = None,
-    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-    namespace: Annotated[str, typer.Option(help="Where repair Jobs run.")] = "faultline-system",
-    service_account: Annotated[
-        str, typer.Option(help="The repair Jobs' ServiceAccount.")
-    ] = "faultline-janitor",
-    image: Annotated[str, typer.Option(help="The repair Jobs' image.")] = "ghcr.io/faultline/janitor:latest",
-    reboot_timeout: Annotated[str, typer.Option(help="Wait for a new boot id and Ready.")] = "20m",
-    validate_timeout: Annotated[str, typer.Option(help="Wait for healthy reports.")] = "10m",
-    cloud: Annotated[
-        str,
-        typer.Option(help="Cloud provider API for REPLACE (and cloud reboots): none, aws, gcp, azure, oci."),
-    ] = "none",
-    reboot_via: Annotated[
-        str, typer.Option(help="Reboot by a Job on the node (job) or the provider (cloud).")
-    ] = "job",
-    cloud_endpoint: Annotated[str | None, typer.Option(help="The provider API's base URL.")] = None,
-    aws_region: Annotated[
-        str | None, typer.Option(help="AWS region (default: from the node's zone).")
-    ] = None,
-    oci_config: Annotated[Path, typer.Option(help="OCI API key config file.")] = Path("~/.oci/config"),
-    oci_profile: Annotated[str, typer.Option(help="Profile in the OCI config file.")] = "DEFAULT",
-    lease: Annotated[str, typer.Option(help="Claim lease.")] = "30s",
-    poll: Annotated[str, typer.Option(help="Between looks at a node or Job.")] = "2s",
-    metrics_port: Annotated[int, typer.Option(help="Serve /metrics on this port (0: off).")] = 0,
-) -> None:
+@options.command(worker_app, "janitor", config.JanitorConfig)
+def worker_janitor(cfg: config.JanitorConfig) -> None:
     """Carry out RemediationRequests (reboot / GPU reset Jobs, cloud provider calls), validate, record,
     escalate on failure."""
-    from pydantic import SecretStr  # noqa: PLC0415
-
-    from faultline.config import JanitorConfig  # noqa: PLC0415
-
-    try:
-        config = JanitorConfig(
-            mongodb_uri=SecretStr(mongodb_uri), database=database, kubeconfig=kubeconfig, namespace=namespace,
-            service_account=service_account, image=image,
-            reboot_timeout=_seconds(reboot_timeout, "--reboot-timeout"),
-            validate_timeout=_seconds(validate_timeout, "--validate-timeout"), metrics_port=metrics_port,
-            cloud=cloud, reboot_via=reboot_via,  # type: ignore[arg-type]  # pydantic checks them
-            cloud_endpoint=cloud_endpoint, aws_region=aws_region,
-            oci_config=oci_config, oci_profile=oci_profile, lease=_seconds(lease, "--lease"),
-            poll=_seconds(poll, "--poll"),
-        )  # fmt: skip
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
     from workers import run  # noqa: PLC0415
 
     err.print("janitor: started", markup=False)
-    run.janitor_main(config)
+    run.janitor_main(cfg)
 
 
-@app.command()
-def status(
-    mongodb_uri: Annotated[str, typer.Option(envvar="MONGODB_URI", help="MongoDB connection string.")],
-    database: Annotated[str, typer.Option(help="MongoDB database.")] = "faultline",
-) -> None:
+@options.command(app, "status", config.StatusConfig)
+def status(cfg: config.StatusConfig) -> None:
     """The quarantine circuit breaker and the nodes faultline holds."""
     from rich.table import Table  # noqa: PLC0415
 
     from faultline import store  # noqa: PLC0415
 
-    st = store.connect(mongodb_uri, database)
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
         with store.unreachable_is_transient("reading status"):
             brk = st.nodes.find_one({"_id": "breaker:quarantine"}) or {}

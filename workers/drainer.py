@@ -24,10 +24,9 @@ import datetime as dt
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from faultline import kube, store
+from faultline import config, kube, store
 from workers import common
 
 log = logging.getLogger("faultline.workers.drainer")
@@ -38,19 +37,12 @@ MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
-@dataclass(frozen=True)
-class Settings:
-    default_mode: str = "Immediate"
-    delete_after: dt.timedelta = dt.timedelta(minutes=10)
-    gpu_only: bool = False
-    lease: dt.timedelta = dt.timedelta(seconds=30)
-    threads: int = 8
-    poll: float = 1.0  # seconds between looks at a node being drained
-    backoff_max: float = 30.0  # the longest wait before retrying an eviction a budget refused
-    resync_interval: float = 2.0
-    namespace_ttl: float = 30.0
-    qps: float = 200.0
-    burst: int = 400
+class Settings(config.DrainTuning):
+    """The drainer's tunables, defined once in `DrainConfig`."""
+
+    @classmethod
+    def from_config(cls, cfg: config.DrainConfig) -> Settings:
+        return config.part(cfg, cls)
 
 
 def evictable(pod: dict[str, Any], gpu_only: bool) -> bool:
@@ -88,7 +80,7 @@ class Drainer:
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection="drains", order=("-fatal", "first_seen"), resync=self.resync,
-            every=settings.resync_interval, max_attempts=20,
+            every=settings.resync_interval.total_seconds(), max_attempts=20,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -133,7 +125,7 @@ class Drainer:
     def _mode(self, namespace: str) -> str:
         with self.modes_lock:
             cached = self.modes.get(namespace)
-        if cached is not None and time.monotonic() - cached[0] < self.settings.namespace_ttl:
+        if cached is not None and time.monotonic() - cached[0] < self.settings.namespace_ttl.total_seconds():
             return cached[1]
         try:
             labels = (
@@ -173,7 +165,7 @@ class Drainer:
                     action="Drain", warning=False, worker=WORKER, owner=self.owner,
                 )  # fmt: skip
                 return store.DONE
-            self.stop.wait(self.settings.poll)
+            self.stop.wait(self.settings.poll.total_seconds())
         return store.PENDING  # stopping: another replica (or this one, restarted) continues
 
     def _finish(self, node: str, result: str) -> None:
@@ -235,7 +227,9 @@ class Drainer:
             if exc.status == 429:  # a PodDisruptionBudget says not now: back off, never delete around it
                 tries = int(record.get("refused", 0)) + 1
                 record["refused"] = tries
-                retry_at[uid] = time.monotonic() + min(self.settings.backoff_max, 0.5 * 2**tries)
+                retry_at[uid] = time.monotonic() + min(
+                    self.settings.backoff_max.total_seconds(), 0.5 * 2**tries
+                )
                 self.metrics.actions.labels(result="eviction-refused").inc()
                 return
             raise

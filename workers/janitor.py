@@ -29,10 +29,11 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from faultline import kube, store
+from pydantic import SkipValidation, field_validator
+
+from faultline import config, kube, store
 from faultline.errors import TransientError
 from faultline.models import FaultState
 from workers import cloud, common, remedies
@@ -49,34 +50,22 @@ RESET_SCRIPT = (
 )
 
 
-@dataclass(frozen=True)
-class Settings:
-    namespace: str = "faultline-system"
-    service_account: str = "faultline-janitor"
-    image: str = "ghcr.io/faultline/janitor:latest"
-    reboot_command: tuple[str, ...] = (
-        "nsenter",
-        "-t",
-        "1",
-        "-m",
-        "-u",
-        "-i",
-        "-n",
-        "--",
-        "systemctl",
-        "reboot",
-    )
-    reset_command: tuple[str, ...] = ("sh", "-c", RESET_SCRIPT, "gpu-reset")
-    reboot_timeout: dt.timedelta = dt.timedelta(minutes=20)
-    job_timeout: dt.timedelta = dt.timedelta(minutes=10)
-    validate_timeout: dt.timedelta = dt.timedelta(minutes=10)
-    poll: float = 2.0
-    lease: dt.timedelta = dt.timedelta(seconds=30)
-    threads: int = 4
-    job_annotations: dict[str, str] = field(default_factory=dict)
-    provider: cloud.Provider | None = None  # REPLACE, and REBOOT with reboot_via="cloud"
-    reboot_via: Literal["job", "cloud"] = "job"
-    cloud_retries: int = 3  # provider calls that fail transiently are tried this often
+_Provider = cloud.Provider | None
+
+
+class Settings(config.JanitorTuning):
+    """The janitor's tunables (defined once, in `JanitorConfig`) and the cloud provider built from it."""
+
+    provider: SkipValidation[_Provider] = None  # REPLACE, and REBOOT with reboot_via="cloud"
+
+    @field_validator("reset_command")
+    @classmethod
+    def _builtin_reset(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        return command or ("sh", "-c", RESET_SCRIPT, "gpu-reset")
+
+    @classmethod
+    def from_config(cls, cfg: config.JanitorConfig, provider: cloud.Provider | None) -> Settings:
+        return config.part(cfg, cls, provider=provider)
 
 
 class Janitor:
@@ -293,7 +282,7 @@ class Janitor:
                 raise
             if boot and boot != before and ready:
                 return "Succeeded", f"back with boot id {boot}"
-            self.stop.wait(self.settings.poll)
+            self.stop.wait(self.settings.poll.total_seconds())
         what = "no new boot id and Ready" + (" and the Node not removed" if gone_ok else "")
         return "TimedOut", f"{what} within {self.settings.reboot_timeout}"
 
@@ -306,7 +295,7 @@ class Janitor:
                 return "Succeeded", "the Job succeeded"
             if status.get("failed"):
                 return "Failed", "the Job failed (GPU processes still running, or the reset failed)"
-            self.stop.wait(self.settings.poll)
+            self.stop.wait(self.settings.poll.total_seconds())
         return "TimedOut", f"the Job did not finish within {self.settings.job_timeout}"
 
     def _validate(
@@ -330,7 +319,7 @@ class Janitor:
                 return "Succeeded", "the node agent reports the GPUs healthy again"
             if self.store.clock() >= deadline:
                 return "NotCleared", f"still open after the repair: {', '.join(open_)}"
-            self.stop.wait(self.settings.poll)
+            self.stop.wait(self.settings.poll.total_seconds())
         return "NotCleared", "the janitor stopped while validating"
 
     def _noop_status(self, name: str, phase: str, **_: Any) -> None:

@@ -29,7 +29,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from faultline import kube, store
+from pydantic import SkipValidation
+
+from faultline import config, kube, store
 from faultline.errors import PermanentError
 from faultline.models import FaultState
 from workers import breaker, common, rules
@@ -48,19 +50,23 @@ CANDIDATES_REFRESH_S = 5.0
 STALE, BLOCKED, OPTED_OUT, DRY_RUN, GONE = "stale", "blocked", "opted-out", "dry-run", "node-missing"
 
 
-@dataclass(frozen=True)
-class Settings:
-    rules: tuple[rules.Rule, ...] = rules.DEFAULT_RULES
-    breaker: breaker.BreakerConfig = breaker.DEFAULT
-    hold_down: dt.timedelta = dt.timedelta(seconds=60)
-    max_fault_age: dt.timedelta = dt.timedelta(hours=1)
-    dry_run: bool = False
-    lease: dt.timedelta = dt.timedelta(seconds=30)
-    threads: int = 16
-    resync_interval: float = 5.0
-    gpu_count_ttl: float = 30.0
-    qps: float = 200.0
-    burst: int = 400
+_Rules = tuple[rules.Rule, ...]
+_Breaker = breaker.BreakerConfig
+
+
+class Settings(config.QuarantineTuning):
+    """The worker's tunables (defined once, in `QuarantineConfig`) and what is loaded from the rest of it."""
+
+    rules: SkipValidation[_Rules] = rules.DEFAULT_RULES
+    breaker: SkipValidation[_Breaker] = breaker.DEFAULT
+
+    @classmethod
+    def from_config(cls, cfg: config.QuarantineConfig) -> Settings:
+        limits = breaker.BreakerConfig(
+            window=cfg.breaker_window, max_share=cfg.breaker_max_share, max_count=cfg.breaker_max_count,
+            cooldown=cfg.breaker_cooldown,
+        )  # fmt: skip
+        return config.part(cfg, cls, rules=rules.load_rules(cfg.rules), breaker=limits)
 
 
 class QuarantineWorker:
@@ -88,7 +94,7 @@ class QuarantineWorker:
             threads=settings.threads,
             metrics=self.metrics,
             resync=self.resync,
-            every=settings.resync_interval,
+            every=settings.resync_interval.total_seconds(),
             prefetch=self._prefetch,
             collection="queue",
             refresh=CANDIDATES_REFRESH_S,
@@ -316,7 +322,7 @@ class QuarantineWorker:
     def _gpu_node_count(self) -> int:
         at, count = self.gpu_nodes
         now = self.store.clock().timestamp()
-        if now - at > self.settings.gpu_count_ttl:
+        if now - at > self.settings.gpu_count_ttl.total_seconds():
             nodes = kube.read_json(self.api, self.core.list_node)["items"]
             count = sum(_gpus(n) > 0 for n in nodes)
             self.gpu_nodes = (now, count)

@@ -22,10 +22,9 @@ import datetime as dt
 import hashlib
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
-from faultline import kube, store
+from faultline import config, kube, store
 from faultline.models import Action, FaultState
 from workers import common, remedies, templates
 
@@ -36,15 +35,16 @@ CONDITION = "FaultlineRemediation"
 _SEVERITY = {a: i for i, a in enumerate(Action)}
 
 
-@dataclass(frozen=True)
-class Settings:
-    caps: remedies.Caps = field(default_factory=remedies.Caps)
-    require_drain: bool = True
+class Settings(config.RemediationTuning):
+    """The worker's tunables (defined once, in `RemediationConfig`) and what is loaded from the rest of it."""
+
+    caps: remedies.Caps = remedies.Caps()
     template: dict[str, Any] | None = None  # an external remediator's CR; None: RemediationRequest
-    external_timeout: dt.timedelta = dt.timedelta(minutes=30)  # for the faults to clear after a template CR
-    lease: dt.timedelta = dt.timedelta(seconds=30)
-    threads: int = 4
-    resync_interval: float = 2.0
+
+    @classmethod
+    def from_config(cls, cfg: config.RemediationConfig) -> Settings:
+        template = templates.load(cfg.template) if cfg.template else None
+        return config.part(cfg, cls, caps=config.part(cfg, remedies.Caps), template=template)
 
 
 def request_name(node: str, episode: Any, round_: int) -> str:
@@ -74,7 +74,7 @@ class Remediation:
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"), resync=self.resync,
-            every=settings.resync_interval,
+            every=settings.resync_interval.total_seconds(),
         )  # fmt: skip
         self.stop = self.loop.stop
 

@@ -20,18 +20,14 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from faultline import config
 from faultline.models import Action
 
 GPU_RESET, REBOOT, REPLACE, CONTACT_SUPPORT = "GPU_RESET", "REBOOT", "REPLACE", "CONTACT_SUPPORT"
 FAILED_OUTCOMES = frozenset({"Failed", "TimedOut", "NotCleared"})
 
 
-@dataclass(frozen=True)
-class Caps:
-    max_attempts_per_fault: int = 3
-    repeat_offender: int = 3  # more repairs than this on one node inside `window`: straight to the end
-    window: dt.timedelta = dt.timedelta(days=7)
-    can_replace: bool = False  # a cloud provider that can replace the node is configured
+Caps = config.RepairCaps  # the ladder's limits, defined once with the remediation settings
 
 
 @dataclass(frozen=True)

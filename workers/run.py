@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import signal
 import threading
@@ -11,16 +10,12 @@ from faultline import kube, store
 from faultline.config import DrainConfig, JanitorConfig, QuarantineConfig, RemediationConfig
 from faultline.metrics import serve
 from workers import (
-    breaker,
     cloud,
     common,
     drainer,
     janitor,
     quarantine,
     remediation,
-    remedies,
-    rules,
-    templates,
 )
 
 log = logging.getLogger(__name__)
@@ -33,22 +28,8 @@ def _connect(uri: str, database: str) -> store.Store:
     return st
 
 
-def quarantine_settings(config: QuarantineConfig) -> quarantine.Settings:
-    return quarantine.Settings(
-        rules=rules.load_rules(config.rules),
-        breaker=breaker.BreakerConfig(
-            window=dt.timedelta(seconds=config.breaker_window), max_share=config.breaker_max_share,
-            max_count=config.breaker_max_count, cooldown=dt.timedelta(seconds=config.breaker_cooldown),
-        ),
-        hold_down=dt.timedelta(seconds=config.hold_down),
-        max_fault_age=dt.timedelta(seconds=config.max_fault_age),
-        dry_run=config.dry_run, lease=dt.timedelta(seconds=config.lease), threads=config.threads,
-        resync_interval=config.resync_interval, qps=config.qps, burst=config.burst,
-    )  # fmt: skip
-
-
 def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
-    settings = quarantine_settings(config)  # rules are checked before anything connects
+    settings = quarantine.Settings.from_config(config)  # rules are checked before anything connects
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     return quarantine.QuarantineWorker(st, api, settings, config.owner or common.default_owner("quarantine"))
@@ -59,11 +40,7 @@ def quarantine_main(config: QuarantineConfig) -> None:
 
 
 def drain_worker(config: DrainConfig) -> drainer.Drainer:
-    settings = drainer.Settings(
-        default_mode=config.default_mode, delete_after=dt.timedelta(seconds=config.delete_after),
-        gpu_only=config.gpu_only, lease=dt.timedelta(seconds=config.lease), threads=config.threads,
-        poll=config.poll, qps=config.qps, burst=config.burst,
-    )  # fmt: skip
+    settings = drainer.Settings.from_config(config)
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     return drainer.Drainer(st, api, settings, config.owner or common.default_owner("drain"))
@@ -74,15 +51,7 @@ def drain_main(config: DrainConfig) -> None:
 
 
 def remediation_main(config: RemediationConfig) -> None:
-    settings = remediation.Settings(
-        caps=remedies.Caps(
-            max_attempts_per_fault=config.max_attempts_per_fault, repeat_offender=config.repeat_offender,
-            window=dt.timedelta(seconds=config.window), can_replace=config.can_replace,
-        ),
-        require_drain=config.require_drain, threads=config.threads,
-        template=templates.load(config.template) if config.template else None,
-        external_timeout=dt.timedelta(seconds=config.external_timeout),
-    )  # fmt: skip
+    settings = remediation.Settings.from_config(config)  # the template is checked before connecting
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     try:
@@ -95,14 +64,7 @@ def remediation_main(config: RemediationConfig) -> None:
 
 
 def janitor_main(config: JanitorConfig) -> None:
-    settings = janitor.Settings(
-        namespace=config.namespace, service_account=config.service_account, image=config.image,
-        reboot_timeout=dt.timedelta(seconds=config.reboot_timeout),
-        job_timeout=dt.timedelta(seconds=config.job_timeout),
-        validate_timeout=dt.timedelta(seconds=config.validate_timeout), threads=config.threads,
-        provider=cloud_provider(config), reboot_via=config.reboot_via,
-        lease=dt.timedelta(seconds=config.lease), poll=config.poll,
-    )  # fmt: skip
+    settings = janitor.Settings.from_config(config, cloud_provider(config))
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     worker = janitor.Janitor(st, api, settings, config.owner or common.default_owner("janitor"))

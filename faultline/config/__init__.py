@@ -1,0 +1,36 @@
+"""Typed configuration: one frozen pydantic-settings model per component, resolved only in the CLI (file <
+environment < flags, `cli.settings`) and handed down as objects. `COMPONENTS` names them for the CLI and
+`faultline config show`."""
+
+from __future__ import annotations
+
+from faultline.config.agent import AgentConfig
+from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
+from faultline.config.commands import RetentionConfig, StatusConfig
+from faultline.config.workers import (
+    DrainConfig,
+    DrainTuning,
+    JanitorConfig,
+    JanitorTuning,
+    QuarantineConfig,
+    QuarantineTuning,
+    RemediationConfig,
+    RemediationTuning,
+    RepairCaps,
+)
+
+COMPONENTS: dict[str, type[Component]] = {
+    "agent": AgentConfig,
+    "quarantine": QuarantineConfig,
+    "drain": DrainConfig,
+    "remediation": RemediationConfig,
+    "janitor": JanitorConfig,
+    "status": StatusConfig,
+    "retention": RetentionConfig,
+}
+
+__all__ = [
+    "COMPONENTS", "AgentConfig", "Component", "DrainConfig", "DrainTuning", "Duration", "Flag",
+    "JanitorConfig", "JanitorTuning", "QuarantineConfig", "QuarantineTuning", "RemediationConfig",
+    "RemediationTuning", "RepairCaps", "RetentionConfig", "Seconds", "StatusConfig", "parse_seconds", "part",
+]  # fmt: skip

@@ -1,0 +1,84 @@
+"""The node agent's settings (`faultline agent`)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from faultline.config.base import Component, Flag, KubeFields, Seconds, StoreFields, alias
+
+
+class AgentConfig(Component, StoreFields, KubeFields):
+    """The node agent (`faultline agent`). Its intervals are float seconds (they feed its polling loops)
+    but are written like any duration ("500ms", "5s")."""
+
+    node: str = Field(
+        min_length=1, validation_alias=alias("node", "NODE_NAME"),
+        description="the Node this agent watches (downward API spec.nodeName)",
+    )  # fmt: skip
+    gpu_backend: Literal["sim", "nvml", "dcgm"] = Field(
+        default="sim", description="where GPU events come from"
+    )
+    dcgm_host: str = Field(default="localhost:5555", description="DCGM host engine HOST:PORT (dcgm backend)")
+    sim_dir: Path | None = Field(default=None, description="simulator control directory (sim backend)")
+    sim_scenario: Path | None = Field(default=None, description="simulator scenario YAML file (sim backend)")
+    gpus: int = Field(default=8, ge=1, le=16, description="simulated GPUs (count, sim backend)")
+    packs: Annotated[tuple[Path, ...], Flag("--pack")] = Field(
+        default=(), description="extra pattern pack directories (repeatable); they override built-ins by id"
+    )
+    journal_file: Path | None = Field(default=None, description="follow this journal file's kernel messages")
+    journal_dir: Path | None = Field(default=None, description="follow the journal in this directory")
+    state_dir: Path = Field(
+        description="the agent's own files: MongoDB spool, recovery snapshots (a hostPath in a DaemonSet); "
+        "unset: faultline-agent-<node> in the temporary directory"
+    )
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="TCP port of /metrics and /healthz; 0: not served"
+    )
+    syslog_file: Path | None = Field(default=None, description="follow this syslog file across rotations")
+    kmsg: Path | None = Field(default=None, description="read kernel messages from this kmsg device")
+    sysfs_root: Path | None = Field(
+        default=None, description="poll NIC ports under this sysfs root (e.g. /sys)"
+    )
+    nic_interval: Seconds = Field(default=1.0, ge=0.05, description="between NIC polls (duration)")
+    snapshot_interval: Seconds = Field(
+        default=5.0, gt=0, le=60,
+        description="between recovery snapshots (duration): what a restarted agent replays at most",
+    )  # fmt: skip
+    gpu_poll_interval: Seconds = Field(
+        default=1.0, gt=0, le=300, description="between GPU health reads (duration)"
+    )
+    gpu_hung_after: Seconds = Field(
+        default=10.0,
+        gt=0,
+        description="a GPU backend call running this long (duration) makes the monitor unhealthy",
+    )
+    gpu_unresponsive_after: Seconds = Field(
+        default=300.0, gt=0,
+        description="unhealthy this long (duration): the driver is unresponsive (a node fault)",
+    )  # fmt: skip
+    ingest_socket: Path | None = Field(
+        default=None, description="serve gRPC HealthIngest on this Unix socket (mode 0600); unset: off"
+    )
+    ingest_tcp: str | None = Field(default=None, description="also serve it on HOST:PORT, with TLS only")
+    ingest_tls_cert: Path | None = Field(default=None, description="TLS certificate file for ingest_tcp")
+    ingest_tls_key: Path | None = Field(default=None, description="TLS private key file for ingest_tcp")
+    ingest_tls_client_ca: Path | None = Field(
+        default=None, description="require client certificates signed by this CA file on ingest_tcp"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_state_dir(cls, values: Any) -> Any:
+        if isinstance(values, dict) and values.get("state_dir") is None and values.get("node"):
+            return {**values, "state_dir": Path(tempfile.gettempdir()) / f"faultline-agent-{values['node']}"}
+        return values
+
+    @model_validator(mode="after")
+    def _tls_for_tcp(self) -> AgentConfig:
+        if self.ingest_tcp and not (self.ingest_tls_cert and self.ingest_tls_key):
+            raise ValueError("ingest_tcp needs ingest_tls_cert and ingest_tls_key (plain TCP is not offered)")
+        return self

@@ -1,0 +1,128 @@
+"""What every component's settings model is made of: the base class, durations and the shared fields.
+
+A component's model is one frozen pydantic-settings class. The CLI (`cli.settings`) resolves it from three
+sources over the defaults, each overriding the one before: the YAML config file (`--config`), the
+environment (`FAULTLINE_<FIELD>`, plus the unprefixed names pods already set: `MONGODB_URI`, `KUBECONFIG`,
+`NODE_NAME`), then the command-line flags (`--<field>`), which the CLI generates from these fields. So a
+setting is defined once, here, with its unit and its reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AliasChoices, BaseModel, BeforeValidator, Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "FAULTLINE_"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_seconds(value: object) -> float:
+    """`"10m"` -> 600.0: a number of seconds, or a string with an optional ms/s/m/h/d unit (no unit:
+    seconds), or a timedelta. Bounds (positive, at least ...) are each field's own."""
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool):  # a bool is an int to Python, never a duration to a person
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and (m := _DURATION.match(value)):
+        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    raise ValueError(f"not a duration: {value!r} (write e.g. 30s, 10m, 7d, or a number of seconds)")
+
+
+def _timedelta(value: object) -> dt.timedelta:
+    return dt.timedelta(seconds=parse_seconds(value))
+
+
+Duration = Annotated[dt.timedelta, BeforeValidator(_timedelta)]
+"""A duration: "30s", "10m", "7d", "250ms" or a number of seconds."""
+
+Seconds = Annotated[float, BeforeValidator(parse_seconds)]
+"""A duration kept as float seconds (the agent's intervals, read on its hot paths): same spellings."""
+
+
+def alias(name: str, *unprefixed: str) -> AliasChoices:
+    """Environment names of a field: `FAULTLINE_<NAME>` first, then established unprefixed names (such as
+    `MONGODB_URI`); the field's own name stays valid in files and flags (`populate_by_name`)."""
+    return AliasChoices(f"{ENV_PREFIX}{name}".lower(), *(u.lower() for u in unprefixed))
+
+
+class Flag:
+    """Field metadata: the command-line flag, where it is not `--<field-name>` (e.g. `--pack` for `packs`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Component(BaseSettings):
+    """Base of each component's settings. Frozen; unknown keys are errors (a typo must not be ignored).
+    Built only through `cli.settings.resolve`, which reads the file and the environment with
+    pydantic-settings' sources and records where each value came from; building the model directly
+    validates exactly the values given (no hidden environment reads)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", populate_by_name=True, case_sensitive=False,
+        validate_default=True,
+    )  # fmt: skip
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:  # fmt: skip
+        del settings_cls, env_settings, dotenv_settings, file_secret_settings  # read by cli.settings
+        return (init_settings,)
+
+
+class Part(BaseModel):
+    """A part of a component's settings that is handed down on its own (a worker's tunables)."""
+
+    # arbitrary types: a worker's Settings extend its part with objects loaded from the rest (a provider)
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+P = TypeVar("P", bound=BaseModel)
+
+
+def part(config: BaseModel, model: type[P], **extra: Any) -> P:
+    """`model` built from the fields of `config` that `model` declares, plus `extra` (objects the caller
+    loaded from the settings: rules, templates, a cloud provider): nothing is copied by hand."""
+    values = {name: getattr(config, name) for name in model.model_fields if name in type(config).model_fields}
+    return model(**{**values, **extra})  # what was loaded from a setting replaces it (rules: file -> rules)
+
+
+# Shared fields: each defined here once and inherited by the components that have them.
+
+
+class StoreFields(BaseModel):
+    mongodb_uri: SecretStr = Field(
+        validation_alias=alias("mongodb_uri", "MONGODB_URI"),
+        description="MongoDB connection string (mongodb://...); masked in dumps: it may hold a password",
+    )
+    database: str = Field(default="faultline", min_length=1, description="MongoDB database name")
+
+
+class KubeFields(BaseModel):
+    kubeconfig: Path | None = Field(
+        default=None, validation_alias=alias("kubeconfig", "KUBECONFIG"),
+        description="kubeconfig file (path); unset: the pod's in-cluster credentials",
+    )  # fmt: skip
+
+
+class WorkerFields(BaseModel):
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="TCP port of /metrics and /healthz; 0: not served"
+    )
+    owner: str | None = Field(
+        default=None,
+        description="this replica's name in claim leases; unset: host/pid (unique per process, so a "
+        "restarted replica never mistakes another's lease for its own)",
+    )

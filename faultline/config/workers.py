@@ -1,0 +1,220 @@
+"""The workers' settings: for each, the `...Tuning` part its worker class takes (`workers.<name>.Settings`
+extends it with the objects loaded from the rest) and the component model the CLI resolves."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from faultline.config.base import Component, Duration, KubeFields, Part, StoreFields, WorkerFields
+
+_SECOND = dt.timedelta(seconds=1)
+_ZERO = dt.timedelta(0)
+
+
+def _lease() -> Duration:
+    return Field(
+        default=dt.timedelta(seconds=30), ge=_SECOND,
+        description="claim lease (duration), renewed at a third of it: a replica that dies holds its work "
+        "this long before another takes it over",
+    )  # fmt: skip
+
+
+def _qps() -> float:
+    return Field(
+        default=200.0,
+        gt=0,
+        description="Kubernetes API writes per second, sustained (protects the API server)",
+    )
+
+
+def _burst() -> int:
+    return Field(default=400, ge=1, description="Kubernetes API writes allowed at once above the rate")
+
+
+class QuarantineTuning(Part):
+    hold_down: Duration = Field(
+        default=dt.timedelta(seconds=60), ge=_ZERO,
+        description="release a node this long (duration) after its last fault resolved (flapping faults)",
+    )  # fmt: skip
+    max_fault_age: Duration = Field(
+        default=dt.timedelta(hours=1), gt=_ZERO,
+        description="faults last seen longer ago (duration) when first claimed are recorded, not acted on "
+        "(a backlog after an outage)",
+    )  # fmt: skip
+    dry_run: bool = Field(default=False, description="record what would be done, change no node")
+    lease: Duration = _lease()
+    threads: int = Field(default=16, ge=1, le=256, description="claims worked on at once (threads)")
+    resync_interval: Duration = Field(
+        default=dt.timedelta(seconds=5), gt=_ZERO,
+        description="revisit held nodes and reread the work list this often (duration)",
+    )  # fmt: skip
+    gpu_count_ttl: Duration = Field(
+        default=dt.timedelta(seconds=30), gt=_ZERO,
+        description="reuse the count of GPU nodes (the breaker's denominator) this long (duration)",
+    )  # fmt: skip
+    qps: float = _qps()
+    burst: int = _burst()
+
+
+class QuarantineConfig(Component, StoreFields, KubeFields, WorkerFields, QuarantineTuning):
+    """The quarantine worker (`faultline worker quarantine`)."""
+
+    rules: Path | None = Field(
+        default=None, description="quarantine rules YAML file; unset: the built-in rules"
+    )
+    breaker_window: Duration = Field(
+        default=dt.timedelta(minutes=10), gt=_ZERO,
+        description="circuit breaker's sliding window (duration) over which quarantines are counted",
+    )  # fmt: skip
+    breaker_max_share: float | None = Field(
+        default=0.1, gt=0, le=1,
+        description="open the breaker past this share (0-1) of GPU nodes quarantined in the window; "
+        "null: no share limit",
+    )  # fmt: skip
+    breaker_max_count: int | None = Field(
+        default=None, ge=1, description="open the breaker past this many nodes quarantined in the window"
+    )
+    breaker_cooldown: Duration = Field(
+        default=dt.timedelta(minutes=15), gt=_ZERO,
+        description="an open breaker half-opens after this long (duration)",
+    )  # fmt: skip
+
+
+class DrainTuning(Part):
+    default_mode: Literal["Immediate", "AllowCompletion", "DeleteAfterTimeout"] = Field(
+        default="Immediate", description="drain mode of namespaces without the faultline.io/drain-mode label"
+    )
+    delete_after: Duration = Field(
+        default=dt.timedelta(minutes=10), gt=_ZERO,
+        description="DeleteAfterTimeout: delete pods this long (duration) after their eviction was asked",
+    )  # fmt: skip
+    gpu_only: bool = Field(default=False, description="move only pods that request nvidia.com/gpu")
+    lease: Duration = _lease()
+    threads: int = Field(default=8, ge=1, le=256, description="nodes drained at once (threads)")
+    poll: Duration = Field(
+        default=dt.timedelta(seconds=1),
+        gt=_ZERO,
+        description="between looks at a node being drained (duration)",
+    )
+    backoff_max: Duration = Field(
+        default=dt.timedelta(seconds=30), gt=_ZERO,
+        description="longest wait (duration) before retrying an eviction a PodDisruptionBudget refused",
+    )  # fmt: skip
+    resync_interval: Duration = Field(
+        default=dt.timedelta(seconds=2), gt=_ZERO, description="reread the work list this often (duration)"
+    )
+    namespace_ttl: Duration = Field(
+        default=dt.timedelta(seconds=30), gt=_ZERO,
+        description="reuse a namespace's drain-mode label this long (duration)",
+    )  # fmt: skip
+    qps: float = _qps()
+    burst: int = _burst()
+
+
+class DrainConfig(Component, StoreFields, KubeFields, WorkerFields, DrainTuning):
+    """The drainer (`faultline worker drain`)."""
+
+
+class RemediationTuning(Part):
+    require_drain: bool = Field(default=True, description="repair only nodes the drainer emptied")
+    external_timeout: Duration = Field(
+        default=dt.timedelta(minutes=30), gt=_ZERO,
+        description="template CRs: wait this long (duration) for the faults to clear, then escalate",
+    )  # fmt: skip
+    lease: Duration = _lease()
+    threads: int = Field(default=4, ge=1, le=64, description="claims worked on at once (threads)")
+    resync_interval: Duration = Field(
+        default=dt.timedelta(seconds=2), gt=_ZERO, description="reread the work list this often (duration)"
+    )
+
+
+class RepairCaps(Part):
+    """The repair ladder's limits (`workers.remedies.Caps`)."""
+
+    max_attempts_per_fault: int = Field(
+        default=3, ge=1, description="repairs per fault (count) before the last step of the ladder"
+    )
+    repeat_offender: int = Field(
+        default=3, ge=1, description="a node repaired more often (count) in the window gets the last step"
+    )
+    window: Duration = Field(
+        default=dt.timedelta(days=7), gt=_ZERO, description="repeat-offender window (duration)"
+    )
+    can_replace: bool = Field(
+        default=False, description="a cloud provider can replace nodes (last step REPLACE)"
+    )
+
+
+class RemediationConfig(Component, StoreFields, KubeFields, WorkerFields, RemediationTuning, RepairCaps):
+    """The remediation worker (`faultline worker remediation`)."""
+
+    template: Path | None = Field(
+        default=None,
+        description="an external remediator's CR template (YAML file) written instead of RemediationRequests",
+    )
+
+
+_REBOOT = ("nsenter", "-t", "1", "-m", "-u", "-i", "-n", "--", "systemctl", "reboot")
+
+
+class JanitorTuning(Part):
+    namespace: str = Field(default="faultline-system", min_length=1, description="where repair Jobs run")
+    service_account: str = Field(default="faultline-janitor", description="the repair Jobs' ServiceAccount")
+    image: str = Field(default="ghcr.io/faultline/janitor:latest", description="the repair Jobs' image")
+    reboot_command: tuple[str, ...] = Field(
+        default=_REBOOT, min_length=1, description="the reboot Job's command (run in the host's namespaces)"
+    )
+    reset_command: tuple[str, ...] = Field(
+        default=(),
+        validate_default=True,
+        description="the GPU reset Job's command, given the GPUs' bus ids; empty: the built-in script",
+    )
+    reboot_timeout: Duration = Field(
+        default=dt.timedelta(minutes=20), gt=_ZERO,
+        description="wait this long (duration) for a new boot id and Ready after a reboot",
+    )  # fmt: skip
+    job_timeout: Duration = Field(
+        default=dt.timedelta(minutes=10),
+        gt=_ZERO,
+        description="wait this long (duration) for a GPU reset Job",
+    )
+    validate_timeout: Duration = Field(
+        default=dt.timedelta(minutes=10), gt=_ZERO,
+        description="wait this long (duration) for healthy reports after a repair",
+    )  # fmt: skip
+    poll: Duration = Field(
+        default=dt.timedelta(seconds=2), gt=_ZERO, description="between looks at a node or Job (duration)"
+    )
+    lease: Duration = _lease()
+    threads: int = Field(default=4, ge=1, le=64, description="repairs carried out at once (threads)")
+    job_annotations: dict[str, str] = Field(default_factory=dict, description="annotations on repair Jobs")
+    reboot_via: Literal["job", "cloud"] = Field(
+        default="job", description="reboot by a Job on the node, or by the provider's API (for hung nodes)"
+    )
+    cloud_retries: int = Field(
+        default=3, ge=1, description="tries (count) of a provider call that fails transiently"
+    )
+
+
+class JanitorConfig(Component, StoreFields, KubeFields, WorkerFields, JanitorTuning):
+    """The janitor (`faultline worker janitor`)."""
+
+    cloud: Literal["none", "aws", "gcp", "azure", "oci"] = Field(
+        default="none", description="the cloud provider API that replaces (and may reboot) nodes"
+    )
+    cloud_endpoint: str | None = Field(
+        default=None, description="the provider API's base URL (other partitions, sovereign clouds, proxies)"
+    )
+    aws_region: str | None = Field(default=None, description="AWS region; unset: from the node's zone")
+    oci_config: Path = Field(default=Path("~/.oci/config"), description="OCI API key config file")
+    oci_profile: str = Field(default="DEFAULT", description="profile in the OCI config file")
+
+    @model_validator(mode="after")
+    def _cloud_reboot_needs_cloud(self) -> JanitorConfig:
+        if self.reboot_via == "cloud" and self.cloud == "none":
+            raise ValueError("reboot_via=cloud needs a cloud provider (cloud)")
+        return self
