@@ -15,9 +15,7 @@ revision number, so both sinks stay idempotent under replays. Step ids are const
 
 from __future__ import annotations
 
-import bisect
 import datetime as dt
-import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +29,7 @@ from faultline import metrics
 from faultline.models import Action, Component, Entity, HealthEvent, NodeUpdate, event_id, utc_from_epoch
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
-from sources import gpu, scan
+from sources import entry_match, gpu, scan
 from sources.gpu_source import GpuEventSource, GpuPolling
 from sources.inputs import Inputs, LogInput
 from sources.journal import Entry
@@ -45,20 +43,14 @@ def _entry_matcher(
     compiled: CompiledPacks, kind: str, position: int
 ) -> Callable[[list[Entry]], list[scan.Timed]]:
     lag = metrics.SOURCE_LAG.labels(source=kind)
+    untrusted = metrics.UNTRUSTED_LINES.labels(source=kind)
+    matcher = entry_match.EntryMatcher(compiled, kind, position)  # prefilter, records, origins
 
     def match_entries(entries: list[Entry]) -> list[scan.Timed]:
-        """The packs' literal prefilter runs once over the whole batch (messages joined by newlines;
-        no literal holds one); only the messages it points at are matched one by one."""
-        encoded = [entry.record.message.encode("utf-8", "replace") for entry in entries]
-        starts = list(itertools.accumulate((len(m) + 1 for m in encoded[:-1]), initial=0))
-        chosen = sorted(
-            {bisect.bisect_right(starts, s) - 1 for s, _ in compiled.candidate_lines(b"\n".join(encoded))}
-        )
-        out = []
-        for index in chosen:
-            rec = entries[index].record
-            for hit in compiled.match(kind, rec.message):
-                out.append(scan.Timed(rec.ts, (position, 0), hit, rec.message, rec.boot, kind))
+        before = matcher.untrusted
+        out = matcher(entries)
+        if matcher.untrusted != before:
+            untrusted.inc(matcher.untrusted - before)
         if entries:
             lag.set(max(0.0, time.time() - entries[-1].record.ts))
         return out

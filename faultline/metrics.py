@@ -17,6 +17,9 @@ EVENTS = Counter("faultline_events", "Matches by fault code", ["code"], registry
 FAULTS_OPEN = Gauge("faultline_faults_open", "Open faults by component", ["component"], registry=REGISTRY)
 SOURCE_LAG = Gauge("faultline_source_lag_seconds", "Processing time minus event time, last item", ["source"],
                    registry=REGISTRY)  # fmt: skip
+UNTRUSTED_LINES = Counter("faultline_untrusted_kernel_lines",
+                          "Kernel-looking log lines that user space wrote (never a fault)", ["source"],
+                          registry=REGISTRY)  # fmt: skip
 SPOOL_DEPTH = Gauge("faultline_spool_depth", "Writes waiting in the MongoDB spool", registry=REGISTRY)
 BACKEND_WAIT = Histogram("faultline_gpu_backend_call_seconds", "Duration of GPU backend waits and calls",
                          registry=REGISTRY, buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30))  # fmt: skip

@@ -9,6 +9,10 @@ Three stages, each cheaper than the next is expensive:
 3. The rule's own `regex` (with a timeout) only on messages the set confirmed, to extract named groups.
 
 Results are cached per (source, message): floods of one identical message cost a dict look-up.
+
+Origins: a pattern of origin `kernel` (the default) concludes nothing on a line that says it comes from
+user space; `match_line` drops those hits and reports the line as untrusted. Record patterns (`record:`)
+run only on assembled records (`match_line(..., records=True)`); the others only on single records.
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ class CompiledPattern:
         self.spec: Pattern = p
         self.kind = p.kind
         self.sources = frozenset(p.sources)
+        self.kernel_only = p.origin == "kernel"
+        self.record = p.record
         flags = regex.IGNORECASE if p.ignore_case else 0
         try:
             self.regex = regex.compile(p.regex, flags | regex.VERSION0)
@@ -142,6 +148,15 @@ class CompiledPattern:
         self.message = self._template(p.message, groups, loaded, "message") if p.message else None
         self.steps: list[_Step] = []
         self.tables_used = [s.table for s in p.classify if isinstance(s, TableStep)]
+        # descriptions may name groups (`GPC {gpc}`): compiled here, rendered in `conclude`
+        self.described: dict[str, Template] = {}
+        for step in p.classify:
+            rows = [step.set] if isinstance(step, SetStep) else list(tables.get(step.table, {}).values())
+            for row in rows:
+                if row.description and "{" in row.description and row.description not in self.described:
+                    self.described[row.description] = self._template(
+                        row.description, groups, loaded, "classify description"
+                    )
         for step in p.classify:
             if isinstance(step, SetStep):
                 self.steps.append(_Step(step.set, None, None, False))
@@ -201,7 +216,10 @@ class CompiledPattern:
             fatal = row.fatal if row.fatal is not None else fatal
             action = row.action.value if row.action is not None else action
             component = row.component.value if row.component is not None else component
-            description = row.description if row.description is not None else description
+            if row.description is not None:
+                template = self.described.get(row.description)
+                rendered = template.render(groups) if template is not None else row.description
+                description = rendered if rendered is not None else description
             escalate = row.escalate if row.escalate is not None else escalate
             ignore = row.ignore if row.ignore is not None else ignore
         if ignore:
@@ -280,6 +298,11 @@ class CompiledPacks:
         self.horizons = _horizons(self.patterns, packs.tables)
         self.timeouts = 0
         self._cache: dict[tuple[str, str], tuple[Hit, ...]] = {}
+        self._kernel_only = [p.kernel_only for p in self.patterns]
+        records = [p.record for p in self.patterns if p.record is not None]
+        self.record_starts = tuple(sorted({lit for r in records for lit in r.start}))
+        self.record_lines = max((r.lines for r in records), default=1)
+        self.record_within = max((r.within for r in records), default=0.0)
         self._set = re2.Set.SearchSet(_RE2_OPTIONS)
         self._set_index: list[int] = []
         self._unset: list[CompiledPattern] = []
@@ -289,7 +312,7 @@ class CompiledPacks:
             else:
                 self._unset.append(p)
         self._set.Compile()
-        literal_parts = set()
+        literal_parts = {_byte_literal(lit) for lit in self.record_starts}
         for p in self.patterns:
             for lit in p.literals:
                 part = _byte_literal(lit)
@@ -298,7 +321,19 @@ class CompiledPacks:
         self.scanner = re2.compile(alternation, _BYTE_OPTIONS)
         # The same search widened to whole lines, so a match's span is the candidate line itself.
         self._line_scanner = re2.compile(b"[^\n]*(?:" + alternation + b")[^\n]*", _BYTE_OPTIONS)
-        self.literals = sorted({lit for p in self.patterns for lit in p.literals})
+        self.literals = sorted({lit for p in self.patterns for lit in p.literals} | set(self.record_starts))
+        self._record_scanner = (
+            re2.compile(b"|".join(_byte_literal(lit) for lit in self.record_starts), _BYTE_OPTIONS)
+            if self.record_starts
+            else None
+        )
+
+    def record_start(self, message: str) -> bool:
+        """Whether a record pattern's record could begin with this message."""
+        return any(lit in message for lit in self.record_starts)
+
+    def record_start_bytes(self, line: bytes) -> bool:
+        return self._record_scanner is not None and self._record_scanner.search(line) is not None
 
     def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]:
         """(start, end) of every line in `data` that holds a prefilter literal, end excluding the newline."""
@@ -332,15 +367,27 @@ class CompiledPacks:
                 found.append(p)
         return found
 
-    def match(self, source: str, message: str) -> tuple[Hit, ...]:
-        """Every rule's conclusion about one message from `source` (cached)."""
-        key = (source, message)
+    def match_line(
+        self, source: str, message: str, kernel: bool = True, *, records: bool = False
+    ) -> tuple[tuple[Hit, ...], bool]:
+        """`match`, less the conclusions of kernel-origin patterns when the line is not the kernel's;
+        the flag says some were dropped (an untrusted kernel-looking line)."""
+        hits = self.match(source, message, records=records)
+        if kernel or not hits:
+            return hits, False
+        kept = tuple(h for h in hits if not self._kernel_only[h.pattern])
+        return kept, len(kept) != len(hits)
+
+    def match(self, source: str, message: str, *, records: bool = False) -> tuple[Hit, ...]:
+        """Every rule's conclusion about one message from `source` (cached): the single-record rules,
+        or with `records` the rules that match assembled multi-line records."""
+        key = (source if not records else source + "\x00record", message)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
         hits: list[Hit] = []
         for p in self.candidates(message):
-            if source not in p.sources:
+            if source not in p.sources or (p.record is not None) != records:
                 continue
             groups = self.extract(p, message)
             if groups is not None:

@@ -131,6 +131,26 @@ class SuppressedBy(_Strict):
     within: Duration
 
 
+class Record(_Strict):
+    """The pattern matches a record the driver writes over several log lines (each line its own syslog
+    line or journal entry): a line holding one of `start` opens it, and the lines that follow on the same
+    node and source within `within`, beginning with the first line's driver prefix (`NVRM: `), continue
+    it, up to `lines` lines. The pattern's regex runs on the joined record (prefixes dropped, one space
+    between lines), never on its lines alone. Records the kernel itself marks as one (dmesg's indented
+    lines, kmsg's escaped newlines, a journal message with newlines) are joined for every pattern."""
+
+    start: list[str] = Field(min_length=1, description="literals the record's first line holds")
+    lines: int = Field(default=4, ge=2, le=16)
+    within: Duration = 2.0
+
+    @field_validator("start")
+    @classmethod
+    def _long_enough(cls, value: list[str]) -> list[str]:
+        if any(len(v) < 3 for v in value):
+            raise ValueError("record start literals must be at least 3 characters")
+        return value
+
+
 class ExpectedMatch(_Strict):
     line: str
     expect: dict[str, Any] = Field(default_factory=dict)
@@ -146,6 +166,12 @@ class Pattern(_Strict):
     description: str
     kind: Literal["fault", "clear", "boot"] = "fault"
     sources: list[LogSource] = Field(default_factory=lambda: list(LOG_SOURCES))
+    origin: Literal["kernel", "any"] = Field(
+        default="kernel",
+        description="kernel: only lines the kernel wrote match (not a syslog tag, app-name, journal "
+        "transport or identifier of user space); any: lines from any writer (user-space messages)",
+    )
+    record: Record | None = None
     regex: str
     ignore_case: bool = False
     prefilter: list[str] | None = Field(

@@ -9,15 +9,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[a-z_]+)*)\}")
-_PCI = re.compile(r"^(?:PCI:)?(?:([0-9A-Fa-f]{4,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.([0-7]))?$")
+_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)((?:\|[a-z_][a-z0-9_]*)*)\}")
+_PCI = re.compile(r"^(?:PCI:)?(?:([0-9A-Fa-f]{1,8}):)?([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})(?:\.([0-7]))?$")
 
 
 def _pci(value: str, *, function: bool) -> str:
     m = _PCI.match(value.strip())
     if not m:
         return value.lower()
-    domain = (m.group(1) or "0000")[-4:]  # 8-digit domains (nvidia-smi) keep their low 4 digits
+    # any domain width: `0:3b:00`, `0000:3b:00`, `00000000:3b:00` (nvidia-smi) are one GPU; a VMD
+    # domain above ffff (`10000:e1:00`) keeps all its digits
+    domain = f"{int(m.group(1) or '0', 16):04x}"
     bus = f"{domain}:{m.group(2)}:{m.group(3)}"
     return (f"{bus}.{m.group(4) or '0'}" if function else bus).lower()
 
@@ -39,7 +41,50 @@ def _int(value: str) -> str:
         return value
 
 
+# XID 74 (NVLink 3/4): what the set bits of its seven registers mean, per NVIDIA's Xid catalogue
+# (`WORKFLOW_NVLINK_ERR`); registers counted from 1. Categories in order of precedence.
+_XID74_BITS: dict[int, dict[str, frozenset[int]]] = {
+    1: {
+        "hardware": frozenset({8, 9, 12, 16, 17, 24, 28}),
+        "signal": frozenset({21, 22}),
+        "ecc": frozenset({4, 5}),
+        "repeat": frozenset({27, 29}),
+        "sympathetic": frozenset({1, 20}),
+        "ignore": frozenset({0, 23, 30}),
+    },
+    3: {
+        "report": frozenset({13}),
+        "hardware": frozenset({16, 19}),
+        "ecc": frozenset({0, 1, 2, 6}),
+        "repeat": frozenset({17, 18}),
+    },
+    4: {"fabric": frozenset({18}), "sympathetic": frozenset({16, 17})},
+    5: {"ecc": frozenset({18, 19, 21, 22, 24, 25, 27, 28}), "threshold": frozenset({20, 23, 26, 29})},
+}
+_XID74_ORDER = (
+    "hardware", "report", "signal", "fabric", "ecc", "repeat", "sympathetic", "threshold", "ignore",
+)  # fmt: skip
+
+
+def xid74_category(registers: str) -> str:
+    """`0x100000, 0x0, ...` (XID 74's registers) -> the catalogue's category for its set bits, the most
+    severe first; `report` for a bit the catalogue does not list, `none` when no bit is set."""
+    found: set[str] = set()
+    for number, word in enumerate(re.split(r"[\s,]+", registers.strip()), start=1):
+        try:
+            value = int(word, 16)
+        except ValueError:
+            continue
+        meaning = _XID74_BITS.get(number, {})
+        for bit in range(64):
+            if value >> bit & 1:
+                found.add(next((c for c, bits in meaning.items() if bit in bits), "report"))
+    return next((c for c in _XID74_ORDER if c in found), "none")
+
+
 FILTERS: dict[str, Callable[[str], str]] = {
+    "present": lambda _value: "yes",  # a table key that exists when the group took part in the match
+    "xid74": xid74_category,
     "bus": pci_bus,
     "func": pci_function,
     "int": _int,

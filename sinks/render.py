@@ -93,6 +93,7 @@ def summary(
         f"skipped {stats.skipped:,} as unparseable (not a log line {stats.unparseable:,}, "
         f"binary {stats.binary:,}, too long {stats.oversize:,})",
         f"invalid UTF-8 {stats.invalid_utf8:,}",
+        f"untrusted kernel-looking lines {getattr(stats, 'untrusted', 0):,} (not written by the kernel)",
         f"faults {len(faults)} ({len(open_faults)} open, {fatal} fatal)",
         f"{rate:,.0f} lines/s ({seconds:.2f} s)",
     ]

@@ -12,6 +12,15 @@ that format.  Time is the line's own time as float epoch seconds (UTC):
 - `dmesg`    `[ 1108.858286] msg` (seconds since boot), `[Tue Dec  1 10:00:00 2026] msg` (`dmesg -T`),
   `2026-12-01T10:00:00,123456+00:00 msg` (`dmesg --time-format iso`)
 - `kmsg`     `/dev/kmsg` records `6,1234,1108858286,-;msg` (microseconds since boot)
+
+Origin (`Parsed.kernel`): False when the line itself says it is not the kernel's: a syslog tag or RFC 5424
+app-name other than `kernel` (or none), a syslog priority whose facility is not kern (0), a journal
+`_TRANSPORT` (else `SYSLOG_IDENTIFIER`) other than `kernel`, a kmsg record of another facility. dmesg
+lines carry no origin and are the kernel's.
+
+Records the writer split over lines inside one entry are joined here (`join_lines`): a journal MESSAGE
+with newlines, rsyslog's `#012` escapes, kmsg's `\x0a` escapes. dmesg's indented continuation lines
+are joined by the scanner (`sources.scan`), which sees the neighbouring lines.
 """
 
 from __future__ import annotations
@@ -41,6 +50,39 @@ class Parsed(NamedTuple):
     host: str | None
     message: str
     boot: float | None  # boot time, when the line says how long the node has been up
+    kernel: bool = True  # False: the line names another origin than the kernel (see the module doc)
+
+
+MAX_PREFIX = 64  # a driver prefix (`NVRM: `, `mlx5_core 0000:5e:00.0: `) is at most this long
+
+
+def driver_prefix(message: str) -> str:
+    """The text up to and including the first `: ` (`NVRM: `), which continuation lines repeat; ''
+    when there is none within MAX_PREFIX characters."""
+    i = message.find(": ", 0, MAX_PREFIX)
+    return message[: i + 2] if i > 0 else ""
+
+
+def one_line(rec: Parsed) -> Parsed:
+    """The record with a multi-line message (a journal entry holding newlines) joined for matching."""
+    if "\n" not in rec.message:
+        return rec
+    return rec._replace(message=join_lines(rec.message.rstrip("\n").split("\n")))
+
+
+def join_lines(lines: list[str]) -> str:
+    """One kernel record from its lines: continuation lines lose leading blanks and the first line's
+    driver prefix, and are joined with single spaces (`NVRM: a` + `NVRM: b` -> `NVRM: a b`)."""
+    first = lines[0].rstrip()
+    prefix = driver_prefix(first)
+    parts = [first]
+    for raw in lines[1:]:
+        line = raw.strip()
+        if prefix and line.startswith(prefix):
+            line = line[len(prefix) :].lstrip()
+        if line:
+            parts.append(line)
+    return " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -102,12 +144,21 @@ def iso_epoch(text: str) -> float | None:
     return whole + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
-def _split_tag(rest: str) -> str:
-    """`kernel: [ 12.5] msg` -> `[ 12.5] msg` (the message after the syslog tag)."""
+def _split_tag(rest: str) -> tuple[str | None, str]:
+    """`kernel: [ 12.5] msg` -> (`kernel`, `[ 12.5] msg`): the syslog tag and the message after it."""
     i = rest.find(": ")
     if i < 0 or " " in rest[:i].rstrip(":"):
-        return rest
-    return rest[i + 2 :]
+        return None, rest
+    return rest[:i], rest[i + 2 :]
+
+
+def _syslog_message(message: str) -> str:
+    """rsyslog escapes control characters as `#ooo`: a record's newlines arrive as `#012`."""
+    if "#01" in message:
+        message = message.replace("#011", " ")
+        if "#012" in message:
+            return join_lines(message.split("#012"))
+    return message
 
 
 def _strip_uptime(message: str, ts: float) -> tuple[str, float | None]:
@@ -119,16 +170,19 @@ def _strip_uptime(message: str, ts: float) -> tuple[str, float | None]:
     return message, None
 
 
-def _strip_pri(line: str) -> str | None:
-    """`<13>rest` -> `rest`; None when a `<` opens no priority."""
+def _strip_pri(line: str) -> tuple[str | None, bool]:
+    """`<13>rest` -> (`rest`, whether the facility is kern); (None, False) when a `<` opens no priority."""
     if not line.startswith("<"):
-        return line
+        return line, True
     end = line.find(">", 1, 5)
-    return line[end + 1 :] if end > 0 else None
+    if end <= 0:
+        return None, False
+    pri = line[1:end]
+    return line[end + 1 :], pri.isdigit() and int(pri) >> 3 == 0
 
 
 def parse_rfc3164(line: str, ctx: Context) -> Parsed | None:
-    stripped = _strip_pri(line)
+    stripped, kern_facility = _strip_pri(line)
     if stripped is None:
         return None
     line = stripped
@@ -153,8 +207,9 @@ def parse_rfc3164(line: str, ctx: Context) -> Parsed | None:
     host, _, rest = line[16:].partition(" ")
     if not host:
         return None
-    message, boot = _strip_uptime(_split_tag(rest), ts)
-    return Parsed(ts, host, message, boot)
+    tag, text = _split_tag(rest)
+    message, boot = _strip_uptime(_syslog_message(text), ts)
+    return Parsed(ts, host, message, boot, kern_facility and tag == "kernel")
 
 
 def parse_iso(line: str, ctx: Context) -> Parsed | None:
@@ -168,12 +223,13 @@ def parse_iso(line: str, ctx: Context) -> Parsed | None:
     host, _, rest = rest.partition(" ")
     if not host or not rest:
         return None
-    message, boot = _strip_uptime(_split_tag(rest), ts)
-    return Parsed(ts, host, message, boot)
+    tag, text = _split_tag(rest)
+    message, boot = _strip_uptime(_syslog_message(text), ts)
+    return Parsed(ts, host, message, boot, tag == "kernel")
 
 
 def parse_rfc5424(line: str, ctx: Context) -> Parsed | None:
-    stripped = _strip_pri(line)
+    stripped, kern_facility = _strip_pri(line)
     if stripped is None:
         return None
     parts = stripped.split(" ", 6)
@@ -207,8 +263,8 @@ def parse_rfc5424(line: str, ctx: Context) -> Parsed | None:
         return None
     if rest.startswith("\ufeff"):
         rest = rest[1:]
-    message, boot = _strip_uptime(rest, ts)
-    return Parsed(ts, host, message, boot)
+    message, boot = _strip_uptime(_syslog_message(rest), ts)
+    return Parsed(ts, host, message, boot, kern_facility and parts[3] == "kernel")
 
 
 def _journal_message(value: Any) -> str | None:
@@ -231,7 +287,10 @@ def journal_record(fields: dict[str, Any]) -> Parsed | None:
     if isinstance(mono, str) and mono.isdigit():
         boot = ts - int(mono) / 1e6
     host = fields.get("_HOSTNAME")
-    return Parsed(ts, host if isinstance(host, str) else None, message, boot)
+    # _TRANSPORT is set by journald itself; SYSLOG_IDENTIFIER by the writer (used when it is alone)
+    origin = fields.get("_TRANSPORT", fields.get("SYSLOG_IDENTIFIER"))
+    kernel = origin is None or origin == "kernel"
+    return Parsed(ts, host if isinstance(host, str) else None, message, boot, kernel)
 
 
 def parse_json(line: str, ctx: Context) -> Parsed | None:
@@ -278,7 +337,9 @@ def parse_kmsg(line: str, ctx: Context) -> Parsed | None:
     if len(fields) < 4 or not (fields[0].isdigit() and fields[1].isdigit() and fields[2].isdigit()):
         return None
     base = ctx.boot_base if ctx.boot_base is not None else 0.0
-    return Parsed(base + int(fields[2]) / 1e6, None, message, base)
+    if "\\x0a" in message:  # kmsg escapes a multi-line record's newlines
+        message = join_lines(message.replace("\\x09", " ").split("\\x0a"))
+    return Parsed(base + int(fields[2]) / 1e6, None, message, base, int(fields[0]) >> 3 == 0)
 
 
 PARSERS = {
@@ -348,6 +409,8 @@ def parse_export_fields(record: dict[str, bytes]) -> Parsed | None:
         "_SOURCE_MONOTONIC_TIMESTAMP",
         "__MONOTONIC_TIMESTAMP",
         "_HOSTNAME",
+        "_TRANSPORT",
+        "SYSLOG_IDENTIFIER",
     ):
         if key in record:
             fields[key] = record[key].decode("utf-8", "replace")

@@ -34,8 +34,11 @@ class Prefilter(Protocol):
     """What the journal reader needs from the compiled packs."""
 
     literals: list[str]
+    record_lines: int  # a record pattern's record is at most this many lines (1: there are none)
 
     def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]: ...
+
+    def record_start_bytes(self, line: bytes) -> bool: ...
 
 
 def json_safe(literals: list[str]) -> bool:
@@ -110,12 +113,27 @@ class JournalFollower:
             time.sleep(COALESCE_S)  # let a busy journal gather in the pipe: one hand-over per chunk
 
     def _lines(self, data: bytes) -> list[bytes]:
-        """The lines worth parsing: all of them, or with a prefilter, those it points at, the last
-        (its cursor is the position to snapshot) and any chunk holding a binary MESSAGE (an array)."""
+        """The lines worth parsing: all of them, or with a prefilter, those it points at and the lines
+        that may continue a record one of them opens, the last (its cursor is the position to
+        snapshot) and any chunk holding a binary MESSAGE (an array)."""
         if self.prefilter is None or _BINARY_MESSAGE.search(data):
             return data.splitlines()
         last = data.rfind(b"\n", 0, len(data) - 1) + 1
-        spans = [(start, end) for start, end in self.prefilter.candidate_lines(data) if start < last]
+        more = self.prefilter.record_lines - 1
+        picked: dict[int, int] = {}
+        for start, end in self.prefilter.candidate_lines(data):
+            if start >= last or start in picked:
+                continue
+            picked[start] = end
+            if more > 0 and self.prefilter.record_start_bytes(data[start:end]):
+                pos = end + 1
+                for _ in range(more):
+                    if pos >= last:
+                        break
+                    nl = data.find(b"\n", pos)
+                    picked[pos] = nl
+                    pos = nl + 1
+        spans = sorted(picked.items())
         return [data[start:end] for start, end in spans] + [data[last:-1]] if data else []
 
     def empty(self) -> bool:

@@ -3,6 +3,11 @@
 Only lines the matcher's prefilter finds in the raw bytes are split out, decoded and parsed; every
 other line costs a share of one RE2 scan over the chunk and a newline count.  Lines with NUL bytes are
 skipped, invalid UTF-8 is decoded with replacement characters, and both are counted and reported.
+
+Multi-line records (see `sources.records`): a dmesg line's indented continuation lines are joined to it
+(a candidate continuation line is traced back to its first line); a line that opens a record pattern's
+record is assembled with the lines after it. A line that says it is not the kernel's concludes nothing
+for kernel-origin patterns and is counted as untrusted.
 """
 
 from __future__ import annotations
@@ -11,20 +16,29 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from sources import formats
+from sources import formats, records
 from sources.files import MAX_LINE, Chunk
 
 MAX_DIAGS_PER_FILE = 5
+MAX_CONTINUATION = 16  # indented dmesg lines one record may have
 
 
 class Matcher(Protocol):
-    """What the scan needs from the pattern engine: a byte prefilter and a message matcher."""
+    """What the scan needs from the pattern engine: a byte prefilter, a message matcher and what
+    record assembly needs."""
+
+    record_lines: int
+    record_within: float
 
     def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]: ...
 
     def prefilter(self, message: str) -> bool: ...
 
-    def match(self, source: str, message: str) -> tuple[Any, ...]: ...
+    def record_start(self, message: str) -> bool: ...
+
+    def match_line(
+        self, source: str, message: str, kernel: bool = True, *, records: bool = False
+    ) -> tuple[tuple[Any, ...], bool]: ...
 
 
 class Timed(NamedTuple):
@@ -48,6 +62,7 @@ class Stats:
     invalid_utf8: int = 0
     oversize: int = 0
     mixed: int = 0
+    untrusted: int = 0  # kernel-looking lines that say they come from user space
     bytes: int = 0
     files: int = 0
 
@@ -136,7 +151,69 @@ def _scan_text(chunk: Chunk, matcher: Matcher, node_override: str | None, result
     data, info, stats = chunk.data, chunk.file, result.stats
     diags = _Diags(result.diags, info.path, lambda offset: chunk.first_line + data.count(b"\n", 0, offset))
     fmt, ctx, file_index = info.fmt, info.ctx, info.index
+    binary = _damaged(data, diags, stats)
+    offset = chunk.offset
+    warned_mixed = False
+    consumed = 0  # end of the last dmesg record taken: candidates before it were part of it
+    for start, end_of_line in matcher.candidate_lines(data):
+        stats.candidates += 1
+        ls, le = start, end_of_line
+        if ls < consumed or ls in binary:
+            continue
+        if le - ls > MAX_LINE:
+            stats.oversize += 1
+            diags.add("oversize", ls, f"line longer than {MAX_LINE} bytes, skipped")
+            continue
+        if fmt == "dmesg" and data[ls : ls + 1] in (b" ", b"\t"):
+            ls = _dmesg_head(data, ls)  # a continuation line: its record starts further up
+            if ls < consumed:
+                continue
+            le = data.find(b"\n", ls)
+        text = data[ls:le].decode("utf-8", "replace")
+        parsed = formats.parse_line(fmt, text.rstrip("\r"), ctx)
+        if parsed is None:
+            stats.unparseable += 1
+            diags.add("unparseable", ls, f"not a {fmt} line, skipped: {text[:120]!r}")
+            continue
+        line_fmt, written = parsed
+        rec = formats.one_line(written)  # matched joined; reported as written
+        if line_fmt != fmt:
+            stats.mixed += 1
+            if not warned_mixed:
+                diags.add("mixed", ls, f"line is {line_fmt}, file was detected as {fmt}")
+                warned_mixed = True
+        end, message = le, written.message
+        if line_fmt == "dmesg":
+            more, end = _indented(data, le)
+            if more:  # one record: matched and reported joined
+                rec = rec._replace(message=formats.join_lines([rec.message, *more]))
+                message = rec.message
+            consumed = end
+        source = formats.SOURCE_OF_FORMAT[line_fmt]
+        hits, untrusted = matcher.match_line(source, rec.message, rec.kernel)
+        node = node_override or rec.host or info.default_node
+        order = (file_index, offset + ls)
+        for hit in hits:
+            _add(result, node, Timed(rec.ts, order, hit, message, rec.boot))
+        if matcher.record_start(rec.message):
+            assembly = _assemble(data, end + 1, rec, fmt, ctx, matcher)
+            untrusted = _add_record(result, node, order, assembly, source) or untrusted
+        stats.untrusted += untrusted
 
+
+def _add_record(
+    result: ScanResult, node: str, order: tuple[int, int], assembly: records.Assembly, source: str
+) -> bool:
+    """Matches an assembled record and adds its hits; whether it was an untrusted kernel-looking one."""
+    hits, untrusted = assembly.match(source)
+    first = assembly.first
+    for hit in hits:
+        _add(result, node, Timed(first.ts, order, hit, assembly.text, first.boot))
+    return untrusted
+
+
+def _damaged(data: bytes, diags: _Diags, stats: Stats) -> set[int]:
+    """Counts and reports lines with NUL bytes (returned: they are skipped) and invalid UTF-8."""
     binary = _line_starts_with(data, b"\x00") if b"\x00" in data else set()
     for ls in sorted(binary):
         diags.add("binary", ls, "binary data (NUL bytes), line skipped")
@@ -149,49 +226,71 @@ def _scan_text(chunk: Chunk, matcher: Matcher, node_override: str | None, result
             stats.invalid_utf8 += len(bad)
             for ls in bad:
                 diags.add("utf8", ls, "invalid UTF-8, decoded with replacement characters")
-    offset = chunk.offset
-    warned_mixed = False
-    for ls, le in matcher.candidate_lines(data):
-        stats.candidates += 1
-        if ls in binary:
-            continue
-        if le - ls > MAX_LINE:
-            stats.oversize += 1
-            diags.add("oversize", ls, f"line longer than {MAX_LINE} bytes, skipped")
-            continue
-        text = data[ls:le].decode("utf-8", "replace")
-        parsed = formats.parse_line(fmt, text.rstrip("\r"), ctx)
-        if parsed is None:
-            stats.unparseable += 1
-            diags.add("unparseable", ls, f"not a {fmt} line, skipped: {text[:120]!r}")
-            continue
-        line_fmt, rec = parsed
-        if line_fmt != fmt:
-            stats.mixed += 1
-            if not warned_mixed:
-                diags.add("mixed", ls, f"line is {line_fmt}, file was detected as {fmt}")
-                warned_mixed = True
-        hits = matcher.match(formats.SOURCE_OF_FORMAT[line_fmt], rec.message)
-        if hits:
-            node = node_override or rec.host or info.default_node
-            bucket = result.by_node.get(node)
-            if bucket is None:
-                bucket = result.by_node[node] = []
-            order = (file_index, offset + ls)
-            for hit in hits:
-                bucket.append(Timed(rec.ts, order, hit, rec.message, rec.boot))
+    return binary
+
+
+def _assemble(
+    data: bytes, pos: int, first: formats.Parsed, fmt: str, ctx: formats.Context, matcher: Matcher
+) -> records.Assembly:
+    """The record `first` opens, from the lines at `pos` onwards (each parsed only when reached)."""
+    assembly = records.Assembly(first, matcher)
+    while assembly.open and pos < len(data):
+        nl = data.find(b"\n", pos)
+        nl = len(data) if nl < 0 else nl
+        following = formats.parse_line(fmt, data[pos:nl].decode("utf-8", "replace").rstrip("\r"), ctx)
+        assembly.offer(following[1] if following is not None else None)
+        pos = nl + 1
+    return assembly
+
+
+def _dmesg_head(data: bytes, ls: int) -> int:
+    """The start of the line that an indented dmesg line continues (or of the topmost indented line,
+    which then fails to parse, when the record began before the chunk)."""
+    for _ in range(MAX_CONTINUATION):
+        if ls == 0:
+            break
+        prev = data.rfind(b"\n", 0, ls - 1) + 1
+        ls = prev
+        if data[prev : prev + 1] not in (b" ", b"\t"):
+            break
+    return ls
+
+
+def _indented(data: bytes, le: int) -> tuple[list[str], int]:
+    """The indented lines after the line ending at `le` (dmesg's continuation lines of one record), and
+    the end of the last one."""
+    lines: list[str] = []
+    end = le
+    while len(lines) < MAX_CONTINUATION and data[end + 1 : end + 2] in (b" ", b"\t"):
+        nl = data.find(b"\n", end + 1)
+        nl = len(data) if nl < 0 else nl
+        lines.append(data[end + 1 : nl].decode("utf-8", "replace").strip())
+        end = nl
+    return lines, end
 
 
 def _scan_records(chunk: Chunk, matcher: Matcher, node_override: str | None, result: ScanResult) -> None:
     info = chunk.file
-    for record_no, rec in chunk.records:
-        if rec is None:
+    entries = chunk.records
+    for index, (record_no, parsed) in enumerate(entries):
+        if parsed is None:
             continue
-        if not matcher.prefilter(rec.message):
+        if not matcher.prefilter(parsed.message):
             continue
+        rec = formats.one_line(parsed)  # matched joined; reported as written
         result.stats.candidates += 1
-        hits = matcher.match("journal", rec.message)
-        if hits:
-            node = node_override or rec.host or info.default_node
-            for hit in hits:
-                _add(result, node, Timed(rec.ts, (info.index, record_no), hit, rec.message, rec.boot))
+        hits, untrusted = matcher.match_line("journal", rec.message, rec.kernel)
+        node = node_override or rec.host or info.default_node
+        for hit in hits:
+            _add(result, node, Timed(rec.ts, (info.index, record_no), hit, parsed.message, rec.boot))
+        if matcher.record_start(rec.message):
+            assembly = records.Assembly(rec, matcher)
+            following = index + 1
+            while following < len(entries) and assembly.offer(_one_line(entries[following][1])):
+                following += 1
+            untrusted = _add_record(result, node, (info.index, record_no), assembly, "journal") or untrusted
+        result.stats.untrusted += untrusted
+
+
+def _one_line(rec: formats.Parsed | None) -> formats.Parsed | None:
+    return formats.one_line(rec) if rec is not None else None
