@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli import options
+from cli import config_cmd, options
 from faultline import config
 from faultline.errors import FaultlineError, PackError
 
@@ -46,6 +46,8 @@ store_app = typer.Typer(help="Maintain the MongoDB event store.", no_args_is_hel
 app.add_typer(store_app, name="store")
 worker_app = typer.Typer(help="faultline's workers, each run as a Deployment.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
+app.add_typer(config_cmd.app, name="config")
+app.callback()(options.log_options)  # --log-format, --log-level: logging is configured here, once
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)

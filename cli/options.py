@@ -5,7 +5,6 @@ receives the resolved, validated model (`cli.settings.resolve`), never the raw o
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import inspect
 import json
 import typing
@@ -18,7 +17,7 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
 from cli import settings
-from faultline import config
+from faultline import config, logs
 from faultline.config import Component
 from faultline.errors import ConfigError
 
@@ -138,6 +137,23 @@ def resolved(model: type[C], values: dict[str, Any]) -> settings.Resolved:
     return settings.resolve(model, config_file=config_file, flags=flags_given(model, values))
 
 
+def register(
+    group: typer.Typer, name: str, model: type[C], body: Callable[..., None], help_text: str | None = None,
+    extra: tuple[inspect.Parameter, ...] = (),
+) -> None:  # fmt: skip
+    """Register `name` in `group` with options generated from `model` (and `extra` options of the command's
+    own); `body(resolved, **extra_values)` gets the resolved settings."""
+
+    def callback(**values: Any) -> None:
+        own = {p.name: values.pop(p.name) for p in extra}
+        config_file = values.pop("config", None)
+        body(settings.resolve(model, config_file=config_file, flags=flags_given(model, values)), **own)
+
+    callback.__signature__ = inspect.Signature([*parameters(model), *extra])  # type: ignore[attr-defined]
+    callback.__doc__ = help_text
+    group.command(name)(callback)
+
+
 Body = Callable[[C], None]
 
 
@@ -145,15 +161,26 @@ def command(group: typer.Typer, name: str, model: type[C]) -> Callable[[Body[C]]
     """Register `body(config)` as `name` in `group`, with options generated from `model`; the body's
     docstring is the command's help."""
 
-    def register(body: Body[C]) -> Body[C]:
-        @functools.wraps(body)
-        def callback(**values: Any) -> None:
-            body(typing.cast(C, resolved(model, values).config))
-
-        callback.__signature__ = inspect.Signature(parameters(model))  # type: ignore[attr-defined]
-        callback.__annotations__ = {}
-        del callback.__wrapped__  # typer must read the generated signature, not the body's
-        group.command(name)(callback)
+    def decorate(body: Body[C]) -> Body[C]:
+        register(group, name, model, lambda r: body(typing.cast(C, r.config)), body.__doc__)
         return body
 
-    return register
+    return decorate
+
+
+LogFormatOption = Annotated[
+    logs.Format | None,
+    typer.Option(
+        "--log-format", envvar="FAULTLINE_LOG_FORMAT", show_default=False,
+        help="Log lines as json (one object a line) or console (for people). Default: json unless stderr is "
+        "a terminal.",
+    ),
+]  # fmt: skip
+LogLevelOption = Annotated[
+    logs.Level, typer.Option("--log-level", envvar="FAULTLINE_LOG_LEVEL", help="Least severe level logged.")
+]
+
+
+def log_options(log_format: LogFormatOption = None, log_level: LogLevelOption = "info") -> None:
+    """faultline: GPU fault detection, quarantine and remediation for Kubernetes."""
+    logs.configure(log_format, log_level)

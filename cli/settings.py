@@ -55,7 +55,7 @@ def file_values(model: type[Component], path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found")
     try:
-        raw = YamlConfigSettingsSource(model, yaml_file=path)()
+        raw = _canonical(model, YamlConfigSettingsSource(model, yaml_file=path)())  # keyed by alias
     except Exception as exc:  # yaml's errors name the line; pass them on as configuration errors
         raise ConfigError(f"config file {path}: {exc}") from exc
     for key in raw:

@@ -24,7 +24,7 @@ from typing import Any
 
 from faultline import kube
 
-log = logging.getLogger("faultline.fakelet")
+log = logging.getLogger(__name__)
 
 RUN_SECONDS = "faultline.io/sim-run-seconds"
 SIM_ACTION = "faultline.io/sim-action"  # "reboot": running this pod reboots its node (a janitor reboot Job)

@@ -30,7 +30,7 @@ CONTROLLER = "faultline.io/agent"
 RESYNC_S = 60.0
 RETRY_MIN_S, RETRY_MAX_S = 1.0, 30.0
 BACKLOG_MAX = 1000  # updates; past it the oldest go (their Events; newer updates carry the conditions)
-log = logging.getLogger("faultline.agent.kube")
+log = logging.getLogger(__name__)
 
 
 class _Partition(StatelessSinkPartition[NodeUpdate]):

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from faultline import kube, store
 from faultline.errors import LeaseLostError
 
-log = logging.getLogger("faultline.workers")
+log = logging.getLogger(__name__)
 CANDIDATES = 256  # pending documents read at once for all of a worker's claimers
 CANDIDATES_MAX_AGE_S = 1.0  # read again after this, so new and others' work shows
 
@@ -69,14 +69,19 @@ def post_event(
     api: kube.ApiClient, node: str, *, reason: str, note: str, action: str, warning: bool, worker: str,
     owner: str,
 ) -> None:  # fmt: skip
-    """An Event on the Node for an action a worker took (failures to post are logged, not raised)."""
+    """The one record of an action a worker took on a node: a log line (`node action`, with node, reason,
+    action, worker and note fields) and the matching Event on the Node (failures to post are logged, not
+    raised)."""
+    fields = {"node": node, "reason": reason, "action": action, "worker": worker, "owner": owner,
+              "note": note}  # fmt: skip
+    log.log(logging.WARNING if warning else logging.INFO, "node action", extra=fields)
     try:
         kube.post_node_event(
             api, node, reason=reason, note=note, action=action, warning=warning,
             controller=f"faultline.io/{worker}", instance=owner[:128],
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - an Event is a record, never a reason to fail the action
-        log.warning("could not post Event %s on %s: %s", reason, node, exc)
+        log.warning("could not post Event", extra={**fields, "error": str(exc)})
 
 
 Outcome = str | tuple[str, dict[str, Any]]  # the stage's final state, and fields set with it (a hand-over)

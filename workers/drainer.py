@@ -29,7 +29,7 @@ from typing import Any
 from faultline import config, kube, store
 from workers import common
 
-log = logging.getLogger("faultline.workers.drainer")
+log = logging.getLogger(__name__)
 WORKER = "drain"
 STAGE = "nodedrain"
 MODE_LABEL = "faultline.io/drain-mode"

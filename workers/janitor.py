@@ -38,7 +38,7 @@ from faultline.errors import TransientError
 from faultline.models import FaultState
 from workers import cloud, common, remedies
 
-log = logging.getLogger("faultline.workers.janitor")
+log = logging.getLogger(__name__)
 WORKER = "janitor"
 GONE = "<node gone>"  # boot_before of a node that no longer exists
 STAGE = "janitor"

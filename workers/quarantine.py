@@ -36,7 +36,7 @@ from faultline.errors import PermanentError
 from faultline.models import FaultState
 from workers import breaker, common, rules
 
-log = logging.getLogger("faultline.workers.quarantine")
+log = logging.getLogger(__name__)
 STAGE = "quarantine"
 WORKER = "quarantine"
 OWNED_ANNOTATION = "faultline.io/quarantine"

@@ -28,7 +28,7 @@ from faultline import config, kube, store
 from faultline.models import Action, FaultState
 from workers import common, remedies, templates
 
-log = logging.getLogger("faultline.workers.remediation")
+log = logging.getLogger(__name__)
 WORKER = "remediation"
 STAGE = "remediation"
 CONDITION = "FaultlineRemediation"
