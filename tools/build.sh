@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the local infrastructure for tests and the demo into .cache/bin from the Go module proxy:
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, helm and ferretdb.
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, helm and ferretdb; and the supply-chain
+# tools the image build uses (syft, cosign, crane), built only when named (make image / make verify-image do).
 # Each tool is stamped with a hash of its module files and the Go version; a current tool is skipped,
 # and the Go build cache makes a rebuild after a small change quick.
 #
-#   tools/build.sh [TOOL...]     # TOOL: kubernetes etcd helm ferretdb (default: all)
+#   tools/build.sh [TOOL...]     # TOOL: kubernetes etcd helm ferretdb syft cosign crane
+#                                # (default: the first four, what the tests and the demo need)
 set -euo pipefail
 shopt -s nullglob
 
@@ -19,6 +21,9 @@ k8s_version=v1.37.2
 helm_version=v4.3.1
 etcd_version=v3.6.16
 ferretdb_version=v1.24.2
+syft_version=v1.57.2      # the versions the tool modules under tools/<name>/ pin
+cosign_version=v3.1.3
+crane_version=v0.22.1
 
 stamp_of() {  # the hash of what a tool's build depends on
   local files=("$root/tools/$1"/go.mod "$root/tools/$1"/go.sum "$root/tools/$1"/*.go "$root/tools/build.sh")
@@ -72,7 +77,15 @@ for tool in "${tools[@]}"; do
       build helm "-X helm.sh/helm/v4/internal/version.version=$helm_version" helm -- helm.sh/helm/v4/cmd/helm ;;
     ferretdb)
       build ferretdb "" ferretdb -- . ;;  # tools/ferretdb/main.go runs FerretDB's embeddable package
-    *) echo "error: unknown tool $tool (kubernetes, etcd, helm, ferretdb)" >&2; exit 2 ;;
+    syft)
+      build syft "-X main.version=$syft_version" syft -- github.com/anchore/syft/cmd/syft ;;
+    cosign)
+      build cosign "-X sigs.k8s.io/release-utils/version.gitVersion=$cosign_version" cosign -- \
+        github.com/sigstore/cosign/v3/cmd/cosign ;;
+    crane)
+      build crane "-X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$crane_version" crane -- \
+        github.com/google/go-containerregistry/cmd/crane ;;
+    *) echo "error: unknown tool $tool (kubernetes, etcd, helm, ferretdb, syft, cosign, crane)" >&2; exit 2 ;;
   esac
 done
 echo "tools: ready in $bin (etcd $etcd_version, FerretDB $ferretdb_version, Kubernetes $k8s_version, helm $helm_version)"
