@@ -43,6 +43,12 @@ def kinds(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {(d["kind"], d["metadata"]["name"]) for d in docs}
 
 
+def settings_files(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each component's settings file (`config.yaml` of its ConfigMap, passed with --config), by component."""
+    return {d["metadata"]["labels"]["app.kubernetes.io/component"]: yaml.safe_load(d["data"]["config.yaml"])
+            for d in docs if d["kind"] == "ConfigMap" and "config.yaml" in d["data"]}  # fmt: skip
+
+
 @pytest.fixture(scope="module", autouse=True)
 def helm() -> None:
     tools.ensure("helm")
@@ -56,10 +62,12 @@ def test_defaults_monitor_only() -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "DaemonSet",
+        "ConfigMap",
     }
     agent = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     args = agent["containers"][0]["args"]
-    assert args[0] == "agent" and "--gpu-backend=nvml" in args
+    assert args == ["agent", "--config=/etc/faultline/config/config.yaml"]
+    assert settings_files(docs)["agent"]["gpu_backend"] == "nvml"
     env = {e["name"]: e for e in agent["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-mongodb", "key": "uri"}
@@ -73,12 +81,46 @@ def test_each_worker_is_switched_on_by_its_value() -> None:
                   "janitor.rebootVia=cloud", "remediation.canReplace=true")  # fmt: skip
     args = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
             for d in docs if d["kind"] == "Deployment"}  # fmt: skip
-    assert "--dry-run" in args["fl-quarantine"]
-    assert "--default-mode=AllowCompletion" in args["fl-drain"]
-    assert "--can-replace" in args["fl-remediation"]
-    assert {"--cloud=gcp", "--reboot-via=cloud", f"--namespace={NS}", "--service-account=fl-repair"} <= set(
-        args["fl-janitor"]
-    )
+    assert args["fl-quarantine"] == ["worker", "quarantine", "--config=/etc/faultline/config/config.yaml"]
+    files = settings_files(docs)
+    assert files["quarantine"]["dry_run"] is True
+    assert files["drain"]["default_mode"] == "AllowCompletion"
+    assert files["remediation"]["can_replace"] is True
+    janitor_file = {"cloud": "gcp", "reboot_via": "cloud", "namespace": NS, "service_account": "fl-repair"}
+    assert janitor_file.items() <= files["janitor"].items()
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        [*ALL_ON, "quarantine.rules=rules: []", "remediation.template=kind: X", "agent.gpuBackend=dcgm",
+         "janitor.cloud=oci", "janitor.ociConfigSecret=oci", "janitor.awsRegion=eu-west-1"],
+        [*ALL_ON, "quarantine.config.lease=45s", "drain.config.qps=50", "janitor.config.job_timeout=15m",
+         "remediation.config.threads=7", "agent.config.gpu_poll_interval=2s", "quarantine.threads=3"],
+    ],
+)  # fmt: skip
+def test_each_component_reads_its_settings_file(sets: list[str], tmp_path: Path) -> None:
+    """Every settings file the chart renders is valid for its component's model (as `--config` reads it),
+    and `<component>.config` sets any field, over the chart's own keys."""
+    from cli import settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+
+    files = settings_files(render(*sets))
+    resolved = {}
+    for component, values in files.items():
+        path = tmp_path / f"{component}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        env = {"MONGODB_URI": "mongodb://mongo:27017", "NODE_NAME": "node-1"}
+        resolved[component] = settings.resolve(config.COMPONENTS[component], config_file=path, environ=env)
+        assert resolved[component].sources["database"] == f"file {path}"
+    if "quarantine.config.lease=45s" in sets:
+        assert resolved["quarantine"].config.lease == dt.timedelta(seconds=45)  # type: ignore[attr-defined]
+        assert resolved["quarantine"].config.threads == 3  # type: ignore[attr-defined]
+        assert resolved["drain"].config.qps == 50  # type: ignore[attr-defined]
+        assert resolved["janitor"].config.job_timeout == dt.timedelta(minutes=15)  # type: ignore[attr-defined]
+        assert resolved["remediation"].config.threads == 7  # type: ignore[attr-defined]
+        assert resolved["agent"].config.gpu_poll_interval == 2.0  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -27,10 +27,42 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
       key: uri
 {{- end -}}
 
-{{/* a worker Deployment: (dict "root" $ "worker" "quarantine" "values" .Values.quarantine "args" list) */}}
+{{/* a component's settings: the values the chart maps (dict), the common ones, then the component's
+`config` map from the values over them (any field of the component's settings model, by its name) */}}
+{{- define "faultline.settings" -}}
+{{- $cfg := merge (dict "database" .root.Values.mongodb.database "metrics_port" .root.Values.metrics.port) .settings -}}
+{{- toYaml (mergeOverwrite $cfg (deepCopy (.values.config | default dict))) -}}
+{{- end -}}
+
+{{/* a component's ConfigMap: its settings file `config.yaml` (passed with --config) and the files the
+settings name (rules, templates): (dict "root" $ "worker" "x" "values" .Values.x "settings" dict "files" dict) */}}
+{{- define "faultline.configmap" -}}
+{{- $root := .root -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ include "faultline.name" $root }}-{{ .worker }}-config
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "faultline.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ .worker }}
+data:
+  config.yaml: |
+    {{- include "faultline.settings" . | nindent 4 }}
+  {{- range $file, $text := .files }}
+  {{ $file }}: {{ $text | quote }}
+  {{- end }}
+{{- end -}}
+
+{{- define "faultline.configDir" -}}/etc/faultline/config{{- end -}}
+
+{{/* a worker's ConfigMap and Deployment: (dict "root" $ "worker" "quarantine" "values" .Values.quarantine
+"settings" dict "files" dict "mounts" list "volumes" list) */}}
 {{- define "faultline.worker" -}}
 {{- $root := .root -}}
 {{- $name := printf "%s-%s" (include "faultline.name" $root) .worker -}}
+{{ include "faultline.configmap" . }}
+---
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -47,6 +79,8 @@ spec:
       app.kubernetes.io/component: {{ .worker }}
   template:
     metadata:
+      annotations:
+        checksum/config: {{ include "faultline.configmap" . | sha256sum }}
       labels:
         {{- include "faultline.labels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ .worker }}
@@ -79,11 +113,7 @@ spec:
           args:
             - worker
             - {{ .worker }}
-            - --database={{ $root.Values.mongodb.database }}
-            - --metrics-port={{ $root.Values.metrics.port }}
-            {{- range .args }}
-            - {{ . | quote }}
-            {{- end }}
+            - --config={{ include "faultline.configDir" . }}/config.yaml
           env:
             {{- include "faultline.env" $root | nindent 12 }}
           {{- if $root.Values.metrics.port }}
@@ -98,12 +128,16 @@ spec:
             readOnlyRootFilesystem: true
             capabilities: {drop: [ALL]}
           resources: {{- toYaml .values.resources | nindent 12 }}
-          {{- with .mounts }}
-          volumeMounts: {{- toYaml . | nindent 12 }}
-          {{- end }}
-      {{- with .volumes }}
-      volumes: {{- toYaml . | nindent 8 }}
-      {{- end }}
+          volumeMounts:
+            - {name: config, mountPath: {{ include "faultline.configDir" . }}, readOnly: true}
+            {{- with .mounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+      volumes:
+        - {name: config, configMap: {name: {{ $name }}-config}}
+        {{- with .volumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
 {{- end -}}
 
 {{/* ServiceAccount + ClusterRole + ClusterRoleBinding: (dict "root" $ "worker" "x" "rules" list "annotations" dict) */}}
