@@ -28,12 +28,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
-
-import pymongo
 
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
+from faultline import store
 from faultline.models import event_id, utc_from_epoch
 from sources import simulator
 
@@ -132,8 +130,7 @@ def main() -> None:
              *(["--ingest-socket", str(work / "ingest.sock")] if args.ingest else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
-        events = client["bench"]["health_events"]
+        st = store.connect(mongo.uri, "bench")
         try:
             assert agent.stderr is not None
             print(agent.stderr.readline().strip(), file=sys.stderr)
@@ -161,7 +158,7 @@ def main() -> None:
                 injected = time.time()
                 ts = float(json.loads(path.read_text().splitlines()[-1])["ts"])
                 want = event_id(node, "nvml", "GPU", devices[gpu].pci, "XID-13", utc_from_epoch(ts))
-                while events.find_one({"_id": want}, {"_id": 1}) is None:
+                while not st.has_event(want):
                     if time.time() - injected > 10:
                         raise SystemExit(f"XID {i} did not reach MongoDB within 10 s")
                     time.sleep(0.002)
@@ -179,7 +176,7 @@ def main() -> None:
             agent.wait(20)
             if agent.stderr is not None:
                 agent.stderr.close()
-            client.close()
+            st.close()
     lat = sorted(latencies)
     p50, p99 = statistics.median(lat) * 1000, lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000
     rows = [

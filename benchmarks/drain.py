@@ -17,19 +17,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import datetime as dt
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from typing import Any
-
-import pymongo
 
 from devtools.cluster import LocalCluster
 from devtools.mongo import BACKENDS, LocalMongo
 from faultline import kube, store
+from faultline.errors import NotFoundError
 from workers import drainer
 
 
@@ -51,9 +48,10 @@ def main() -> None:
         core.create_namespace({"metadata": {"name": "bench", "labels": {drainer.MODE_LABEL: "Immediate"}}})
         while True:
             try:
-                core.read_namespaced_service_account("default", "bench")
+                kube.client.call("get", "ServiceAccount bench/default", core.read_namespaced_service_account,
+                                 "default", "bench")  # fmt: skip
                 break
-            except kube.ApiException:
+            except NotFoundError:  # made by the controller manager soon after the namespace
                 time.sleep(0.2)
         nodes = cluster.node_names
 
@@ -73,14 +71,12 @@ def main() -> None:
             f"{args.pods} pods running on {len(nodes)} nodes after {time.monotonic() - t0:.0f} s",
             file=sys.stderr,
         )
-        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
-        st = store.Store(client["bench"])
+        st = store.connect(mongo.uri, "bench")
         st.ensure_indexes()
-        now = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
+        now = store.utcnow()
         for name in nodes:
             core.patch_node(name, {"spec": {"unschedulable": True}})
-            st.nodes.insert_one({"_id": name, "quarantined": True, "quarantined_at": now, "faults": [],
-                                 "owned": {"cordoned": True, "taints": [], "labels": []}})  # fmt: skip
+            st.record_hold(name, faults=[], owned=store.Owned(cordoned=True), at=now, newly=True)
         # The drainer runs as it is deployed, in its own process: here it would share the interpreter with
         # the simulated kubelets, which turn every pod of the cluster into Python objects several times a
         # second.
@@ -98,20 +94,22 @@ def main() -> None:
                     raise SystemExit(f"{evicted:.0f} of {args.pods} pods evicted, drainer {worker.poll()}")
                 time.sleep(0.05)
             evicted_in = time.monotonic() - start
-            while kube.read_json(api, core.list_namespaced_pod, "bench", limit=1)["items"]:
+            while kube.client.read_json("list", "pods in bench", core.list_namespaced_pod, "bench", limit=1)[
+                "items"
+            ]:
                 if time.monotonic() - start > 1200:
                     raise SystemExit("pods still there after 20 minutes")
                 time.sleep(0.2)
             took = time.monotonic() - start
             deadline = time.monotonic() + 10  # the last drains are recorded after their last pod went
-            while (drained := st.drains.count_documents({"result": "drained"})) < len(nodes):
+            while (drained := st.count_drained()) < len(nodes):
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
         finally:
             worker.terminate()
             worker.wait(10)
-            client.close()
+            st.close()
     rate = args.pods / evicted_in
     print(
         f"\ndrainer, {args.threads} nodes at once, Immediate mode, on the local control plane and FerretDB"

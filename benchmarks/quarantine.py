@@ -36,8 +36,6 @@ import sys
 import time
 from typing import Any
 
-import pymongo
-
 from devtools import fakelet
 from devtools.cluster import LocalCluster
 from devtools.mongo import BACKENDS, LocalMongo
@@ -56,7 +54,7 @@ def fault(node: str, code: str) -> Fault:
 
 
 def cordoned(api: Any) -> set[str]:
-    items = kube.read_json(api, kube.core(api).list_node)["items"]
+    items = kube.nodes.list_all(api)
     return {n["metadata"]["name"] for n in items if n["spec"].get("unschedulable")}
 
 
@@ -78,8 +76,7 @@ def main() -> None:
         for name in names:
             core.create_node(fakelet.node_manifest(fakelet.SimNode(name, "10.9.0.1"), 8))
         print(f"created {total} nodes in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-        client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
-        st = store.Store(client["bench"])
+        st = store.connect(mongo.uri, "bench")
         st.ensure_indexes()
         settings = quarantine.Settings(
             breaker=breaker.BreakerConfig(max_share=None, max_count=None), threads=args.threads,
@@ -92,7 +89,7 @@ def main() -> None:
             for name in names[: args.singles]:
                 start = time.monotonic()
                 st.write_fault(fault(name, "XID-79"), 1)
-                while not kube.read_json(api, core.read_node, name)["spec"].get("unschedulable"):
+                while not kube.nodes.read(api, name)["spec"].get("unschedulable"):
                     if time.monotonic() - start > 30:
                         raise SystemExit(f"{name} not cordoned within 30 s")
                     time.sleep(0.005)
@@ -124,7 +121,7 @@ def main() -> None:
                 thread.join(10)
 
             def release(name: str) -> None:
-                kube.read_json(api, core.read_node, name)
+                kube.nodes.read(api, name)
                 core.patch_node(name, {"spec": {"unschedulable": None, "taints": None}},
                                 _content_type="application/merge-patch+json")  # fmt: skip
                 common.post_event(api, name, reason="BenchRelease", note="benchmark", action="Release",
@@ -157,7 +154,7 @@ def main() -> None:
             worker.stop.set()
             for thread in threads:
                 thread.join(10)
-            client.close()
+            st.close()
     lat = sorted(latencies)
     p50, p99 = statistics.median(lat) * 1000, lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000
     rate = len(storm) / took

@@ -398,7 +398,7 @@ def store_retention(cfg: config.RetentionConfig) -> None:
         with store.unreachable_is_transient("pruning health events"):
             deleted = st.prune_events(cfg.older_than)
     finally:
-        st.db.client.close()
+        st.close()
     older_than = options.format_value(cfg.older_than)
     out.print(f"deleted {deleted} health events older than {older_than}", markup=False)
 
@@ -442,7 +442,8 @@ def worker_janitor(cfg: config.JanitorConfig) -> None:
 
 @options.command(app, "status", config.StatusConfig)
 def status(cfg: config.StatusConfig) -> None:
-    """The quarantine circuit breaker and the nodes faultline holds."""
+    """The quarantine circuit breaker, the nodes faultline holds, and the parked work items (failed
+    permanently or out of attempts: they wait for a person)."""
     from rich.table import Table  # noqa: PLC0415
 
     from faultline import store  # noqa: PLC0415
@@ -450,16 +451,25 @@ def status(cfg: config.StatusConfig) -> None:
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
         with store.unreachable_is_transient("reading status"):
-            brk = st.nodes.find_one({"_id": "breaker:quarantine"}) or {}
-            held = list(st.nodes.find({"quarantined": True}).sort("_id", 1))
+            brk = st.breaker()
+            held = st.held_nodes()
+            parked = st.parked()
     finally:
-        st.db.client.close()
-    since = f" since {brk['since']:%Y-%m-%d %H:%M:%S}Z ({brk.get('reason', '')})" if brk.get("since") else ""
-    out.print(f"circuit breaker: {brk.get('state', 'closed')}{since}", markup=False)
+        st.close()
+    since = f" since {brk.since:%Y-%m-%d %H:%M:%S}Z ({brk.reason})" if brk.since else ""
+    out.print(f"circuit breaker: {brk.state}{since}", markup=False)
     table = Table("node", "quarantined at", "faults")
-    for doc in held:
-        at = doc.get("quarantined_at")
-        table.add_row(doc["_id"], f"{at:%Y-%m-%d %H:%M:%S}Z" if at else "", ", ".join(doc.get("faults", [])))
+    for hold in held:
+        at = hold.quarantined_at
+        table.add_row(hold.id, f"{at:%Y-%m-%d %H:%M:%S}Z" if at else "", ", ".join(hold.faults))
+    out.print(table)
+    if not parked:
+        out.print("parked work items: none", markup=False)
+        return
+    table = Table("stage", "item", "node", "attempts", "reason", "parked at", title="parked work items")
+    for item in parked:
+        when = f"{item.at:%Y-%m-%d %H:%M:%S}Z" if item.at else ""
+        table.add_row(item.stage, item.item, item.node, str(item.attempts), item.reason, when)
     out.print(table)
 
 

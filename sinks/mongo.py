@@ -92,7 +92,7 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
         metrics.SPOOL_DEPTH.set(len(self.spool))
 
     def close(self) -> None:
-        self.store.db.client.close()
+        self.store.close()
 
 
 class MongoSink(DynamicSink[NodeUpdate]):

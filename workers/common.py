@@ -1,4 +1,11 @@
-"""What every worker shares: the claim loop, a client-side rate limit on API writes, Events, metrics."""
+"""What every worker shares: the claim loop, a client-side rate limit on API writes, Events, metrics.
+
+Errors drive the claim loop: a handler's `PermanentError` parks the item after that one try (its reason
+recorded, a Warning Event on its Node, `faultline_<worker>_parked_total`); a `TransientError` gives it
+back, not to be claimed before its `delay` nor before the capped exponential back-off of its attempts
+(`store.retry_delay`); any other exception counts as transient. An item out of attempts is parked.
+Every claim's outcome is logged with `node`, `item`, `fault_key`, `worker`, `attempt` and `claim_owner`.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from faultline import kube, store
-from faultline.errors import LeaseLostError
+from faultline.errors import LeaseLostError, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 CANDIDATES = 256  # pending documents read at once for all of a worker's claimers
@@ -53,8 +60,11 @@ class WorkerMetrics:
     """Claims, actions by result, lease losses, queue depth and action latency, per worker."""
 
     def __init__(self, worker: str) -> None:
+        self.worker = worker
         self.registry = CollectorRegistry()
         r = self.registry
+        parked = "Work items parked (a permanent error, or out of attempts)"
+        self.parked = Counter(f"faultline_{worker}_parked", parked, registry=r)
         self.claims = Counter(f"faultline_{worker}_claims", "Claims taken", registry=r)
         self.actions = Counter(f"faultline_{worker}_actions", "Actions by result", ["result"], registry=r)
         self.lease_losses = Counter(f"faultline_{worker}_lease_losses", "Claims lost to others", registry=r)
@@ -76,7 +86,7 @@ def post_event(
               "note": note}  # fmt: skip
     log.log(logging.WARNING if warning else logging.INFO, "node action", extra=fields)
     try:
-        kube.post_node_event(
+        kube.events.post_node(
             api, node, reason=reason, note=note, action=action, warning=warning,
             controller=f"faultline.io/{worker}", instance=owner[:128],
         )  # fmt: skip
@@ -91,7 +101,9 @@ class ClaimLoop:
     """`threads` workers each claim the next pending fault of `stage`, call `handle(claim)` (which returns
     the stage's final state, optionally with fields to set in the same write) while a renewer keeps the
     lease, and complete it. Idle claimers back off from 50 ms to 1 s. A lost lease drops the result:
-    whoever took over redoes it (actions are idempotent)."""
+    whoever took over redoes it (actions are idempotent). A handler's error parks the item (permanent,
+    or its `max_attempts`-th claim failed) or gives it back with a `retry_after` (see the module
+    docstring); `api`: where the Warning Event of a parked item is posted (None: no Event)."""
 
     def __init__(
         self, st: store.Store, stage: str, owner: str, handle: Callable[[store.Claim], Outcome], *,
@@ -99,9 +111,10 @@ class ClaimLoop:
         order: tuple[str, ...] = ("first_seen",), resync: Callable[[], None] | None = None,
         every: float = 5.0, max_attempts: int = 10,
         prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
-        refresh: float = CANDIDATES_MAX_AGE_S,
+        refresh: float = CANDIDATES_MAX_AGE_S, api: kube.ApiClient | None = None,
     ) -> None:  # fmt: skip
         self.store = st
+        self.api = api
         self.stage = stage
         self.owner = owner
         self.handle = handle
@@ -150,8 +163,7 @@ class ClaimLoop:
                 if self.resync is not None:
                     self.resync()
                 self.store.reap(self.stage, self.max_attempts, collection=self.collection)
-                pending = {f"{self.stage}.state": store.PENDING}
-                self.metrics.queue.set(self.store.db[self.collection].count_documents(pending))
+                self.metrics.queue.set(self.store.count_pending(self.stage, collection=self.collection))
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 log.warning("%s: maintenance pass failed: %s", self.stage, exc)
             if self.stop.wait(self.every):
@@ -213,32 +225,64 @@ class ClaimLoop:
         renewer = threading.Thread(target=renew, name=f"{self.stage}-renew", daemon=True)
         renewer.start()
         also: dict[str, Any] | None = None
+        error: str | None = None
+        retry_after: dt.datetime | None = None
+        fields = self._fields(claim)
         try:
             outcome = self.handle(claim)
             state, also = (outcome, None) if isinstance(outcome, str) else outcome
-            error = None
-        except Exception as exc:  # noqa: BLE001 - recorded on the fault; the claim goes back to pending
-            log.warning("%s: %s failed: %s", self.stage, claim.id, exc)
+        except Exception as exc:  # noqa: BLE001 - recorded on the item: parked, or back to pending
             self.metrics.actions.labels(result="error").inc()
-            state, error = store.PENDING, f"{type(exc).__name__}: {exc}"[:500]
-            self.stop.wait(0.5)  # do not spin on a failing fault
+            state, error, retry_after = self._failed(claim, exc)
         finally:
             done.set()
             renewer.join()
         if lost.is_set():
             self.metrics.lease_losses.inc()
+            log.warning("claim lost", extra={**fields, "outcome": "lease-lost"})
             return
         try:
-            self.store.complete(current[0], state, error, also)
+            self.store.complete(current[0], state, error, also, retry_after=retry_after)
         except LeaseLostError:
             self.metrics.lease_losses.inc()
+            log.warning("claim lost", extra={**fields, "outcome": "lease-lost"})
+            return
         except Exception as exc:  # noqa: BLE001 - the store unreachable: the lease runs out, the reaper requeues
-            log.warning("%s: recording %s failed (redone after its lease): %s", self.stage, claim.id, exc)
+            log.warning("%s: recording %s failed (redone after its lease): %s", self.stage, claim.id, exc,
+                        extra={**fields, "outcome": "unrecorded"})  # fmt: skip
             self.stop.wait(1.0)
+            return
+        if state == store.PARKED and error is not None:
+            self._parked(claim, error)
+        level = logging.WARNING if error is not None else logging.INFO
+        log.log(level, "claim %s", state, extra={**fields, "outcome": state, "error": error,
+                                                 "retry_after": retry_after})  # fmt: skip
 
+    def _fields(self, claim: store.Claim) -> dict[str, Any]:
+        """The log fields of a claim."""
+        return {
+            "node": claim.node, "item": claim.id, "fault_key": claim.doc.get("key"), "stage": self.stage,
+            "worker": self.metrics.worker, "attempt": claim.status.attempts, "claim_owner": self.owner,
+        }  # fmt: skip
 
-def as_utc(value: Any) -> dt.datetime | None:
-    """A BSON date (naive UTC) as an aware datetime."""
-    if not isinstance(value, dt.datetime):
-        return None
-    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value
+    def _failed(self, claim: store.Claim, exc: Exception) -> tuple[str, str, dt.datetime | None]:
+        """What a handler's error makes of its item: (state, reason, not to be claimed before)."""
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        attempts = claim.status.attempts
+        if isinstance(exc, PermanentError):
+            return store.PARKED, reason, None
+        if attempts >= self.max_attempts:
+            return store.PARKED, f"{attempts} attempts, the last: {reason}"[:500], None
+        delay = store.retry_delay(attempts, exc.delay if isinstance(exc, TransientError) else 0.0)
+        return store.PENDING, reason, self.store.clock() + dt.timedelta(seconds=delay)
+
+    def _parked(self, claim: store.Claim, reason: str) -> None:
+        """A parked item: counted, and a Warning Event on its Node."""
+        self.metrics.parked.inc()
+        node = claim.node
+        if self.api is not None and node is not None:
+            post_event(
+                self.api, node, reason="FaultlineWorkParked",
+                note=f"{self.stage} {claim.id} parked: {reason}", action="Park", warning=True,
+                worker=self.metrics.worker, owner=self.owner,
+            )  # fmt: skip

@@ -20,6 +20,7 @@ request no `nvidia.com/gpu`. A node released while draining ends its drain.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 from faultline import config, kube, store
+from faultline.errors import NotFoundError, ThrottledError
 from workers import common
 
 log = logging.getLogger(__name__)
@@ -69,8 +71,6 @@ class Drainer:
     def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
         self.store = st
         self.api = api
-        self.core = kube.core(api)
-        self.policy = kube.policy(api)
         self.settings = settings
         self.owner = owner
         self.metrics = common.WorkerMetrics(WORKER)
@@ -80,7 +80,7 @@ class Drainer:
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection="drains", order=("-fatal", "first_seen"), resync=self.resync,
-            every=settings.resync_interval.total_seconds(), max_attempts=20,
+            every=settings.resync_interval.total_seconds(), max_attempts=20, api=api,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -92,48 +92,28 @@ class Drainer:
 
     def resync(self) -> None:
         """A drain document for each quarantine episode of each node faultline holds cordoned."""
-        episodes = {d["_id"]: d.get("episode") for d in self.store.drains.find({}, {"episode": 1})}
-        for doc in self.store.nodes.find({"quarantined": True}):
-            if not (doc.get("owned") or {}).get("cordoned") or doc.get("quarantined_at") is None:
+        episodes = self.store.drain_episodes()
+        for hold in self.store.held_nodes():
+            if not hold.owned.cordoned or hold.quarantined_at is None:
                 continue
-            episode = doc["quarantined_at"]
-            if episodes.get(doc["_id"], ...) == episode:
+            episode = hold.quarantined_at
+            if episodes.get(hold.id, ...) == episode:
                 continue
-            current = {"episode": episodes[doc["_id"]]} if doc["_id"] in episodes else None
-            fatal = (
-                self.store.faults.count_documents({"_id": {"$in": doc.get("faults", [])}, "fatal": True}) > 0
-            )
-            fields = {
-                "node": doc["_id"], "episode": episode, "first_seen": episode, "fatal": fatal, "pods": {},
-                "started_at": None, "drained_at": None, "result": None,
-                STAGE: {"state": store.PENDING, "attempts": 0},
-            }  # fmt: skip
-            if current is None:
-                self.store.upsert(self.store.drains, {"_id": doc["_id"]}, {"$setOnInsert": fields})
+            fatal = self.store.any_fatal(hold.faults)
+            if hold.id not in episodes:
+                self.store.open_drain(hold.id, episode, fatal=fatal)
             else:  # a new quarantine of a node drained before: start over (the claim numbers go on)
-                fields.pop(STAGE)
-                self.store.drains.update_one(
-                    {"_id": doc["_id"]},
-                    {"$set": {**fields, f"{STAGE}.state": store.PENDING, f"{STAGE}.attempts": 0}},
-                )
+                self.store.reopen_drain(hold.id, episode, fatal=fatal)
 
     # -- one node -----------------------------------------------------------------------------------------
-    def _held(self, node: str, episode: Any) -> bool:
-        doc = self.store.nodes.find_one({"_id": node}, {"quarantined": 1, "quarantined_at": 1}) or {}
-        return bool(doc.get("quarantined")) and doc.get("quarantined_at") == episode
-
     def _mode(self, namespace: str) -> str:
         with self.modes_lock:
             cached = self.modes.get(namespace)
         if cached is not None and time.monotonic() - cached[0] < self.settings.namespace_ttl.total_seconds():
             return cached[1]
         try:
-            labels = (
-                kube.read_json(self.api, self.core.read_namespace, namespace)["metadata"].get("labels") or {}
-            )
-        except kube.ApiException as exc:
-            if exc.status != 404:
-                raise
+            labels = kube.namespaces.read(self.api, namespace)["metadata"].get("labels") or {}
+        except NotFoundError:
             labels = {}
         mode = str(labels.get(MODE_LABEL, self.settings.default_mode))
         if mode not in MODES:
@@ -145,21 +125,23 @@ class Drainer:
         return mode
 
     def _handle(self, claim: store.Claim) -> str:
-        node, episode = str(claim.id), claim.doc.get("episode")
-        started = self.store.clock()
-        self.store.drains.update_one({"_id": node, "started_at": None}, {"$set": {"started_at": started}})
-        pods: dict[str, dict[str, Any]] = dict(claim.doc.get("pods") or {})  # uid -> its record
+        drain = store.Drain.from_doc(claim.doc)
+        node, episode = drain.id, drain.episode
+        self.store.start_drain(node, self.store.clock())
+        pods: dict[str, dict[str, Any]] = {  # uid -> its record (a store.PodRecord), as this claim keeps it
+            uid: r.model_dump(mode="python", exclude_none=True) for uid, r in drain.pods.items()
+        }
         retry_at: dict[str, float] = {}
         while not self.stop.is_set():
-            if not self._held(node, episode):
+            if not self.store.holds_episode(node, episode):
                 self._finish(node, "released before the drain finished")
                 return store.DONE
             before = repr(pods)
             left = self._pass(node, pods, retry_at)
             if repr(pods) != before:  # a write only when a pod's record changed (the store is shared)
-                self.store.drains.update_one({"_id": node}, {"$set": {"pods": pods}})
+                self.store.record_drain_pods(node, pods)
             if not left:
-                self._finish(node, "drained")
+                self._finish(node, store.DRAINED)
                 common.post_event(
                     self.api, node, reason="FaultlineDrained", note=f"drained: {len(pods)} pods moved",
                     action="Drain", warning=False, worker=WORKER, owner=self.owner,
@@ -169,19 +151,16 @@ class Drainer:
         return store.PENDING  # stopping: another replica (or this one, restarted) continues
 
     def _finish(self, node: str, result: str) -> None:
-        now = self.store.clock()
-        self.store.drains.update_one({"_id": node}, {"$set": {"drained_at": now, "result": result}})
+        self.store.finish_drain(node, result, self.store.clock())
         self.metrics.actions.labels(result=result.split(maxsplit=1)[0]).inc()
 
     def _pass(self, node: str, pods: dict[str, dict[str, Any]], retry_at: dict[str, float]) -> int:
         """One look at the node: act on each evictable pod by its namespace's mode; returns how many
         evictable pods are still there."""
-        listed = kube.read_json(
-            self.api, self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
-        )
+        listed = kube.pods.on_node(self.api, node)
         left = 0
         now = self.store.clock()
-        for pod in listed["items"]:
+        for pod in listed:
             if not evictable(pod, self.settings.gpu_only):
                 continue
             left += 1
@@ -194,14 +173,11 @@ class Drainer:
             if meta.get("deletionTimestamp") and mode == "Immediate":
                 continue  # on its way out
             if mode == "DeleteAfterTimeout" and record.get("evicted_at") is not None:
-                first = common.as_utc(record["evicted_at"]) or now
+                first: dt.datetime = record["evicted_at"]
                 if now - first >= self.settings.delete_after and not record.get("deleted_at"):
                     self.limiter.take()
-                    try:
-                        self.core.delete_namespaced_pod(name, ns)
-                    except kube.ApiException as exc:
-                        if exc.status != 404:
-                            raise
+                    with contextlib.suppress(NotFoundError):
+                        kube.pods.delete(self.api, ns, name)
                     record["deleted_at"] = now
                     self.metrics.actions.labels(result="deleted").inc()
                     continue
@@ -212,26 +188,17 @@ class Drainer:
 
     def _evict(self, ns: str, name: str, uid: str, record: dict[str, Any], retry_at: dict[str, float],
                now: dt.datetime) -> None:  # fmt: skip
-        body: Any = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": ns},
-        }
         self.limiter.take()
         record.setdefault("evicted_at", now)
         try:
-            self.core.create_namespaced_pod_eviction(name, ns, body)
-        except kube.ApiException as exc:
-            if exc.status == 404:
-                return  # gone already
-            if exc.status == 429:  # a PodDisruptionBudget says not now: back off, never delete around it
-                tries = int(record.get("refused", 0)) + 1
-                record["refused"] = tries
-                retry_at[uid] = time.monotonic() + min(
-                    self.settings.backoff_max.total_seconds(), 0.5 * 2**tries
-                )
-                self.metrics.actions.labels(result="eviction-refused").inc()
-                return
-            raise
+            kube.pods.evict(self.api, ns, name)
+        except NotFoundError:
+            return  # gone already
+        except ThrottledError:  # a PodDisruptionBudget says not now: back off, never delete around it
+            tries = int(record.get("refused", 0)) + 1
+            record["refused"] = tries
+            retry_at[uid] = time.monotonic() + min(self.settings.backoff_max.total_seconds(), 0.5 * 2**tries)
+            self.metrics.actions.labels(result="eviction-refused").inc()
+            return
         record["evicted"] = True
         self.metrics.actions.labels(result="evicted").inc()

@@ -25,6 +25,7 @@ reboot instead of asking for another one.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -34,8 +35,7 @@ from typing import Any
 from pydantic import SkipValidation, field_validator
 
 from faultline import config, kube, store
-from faultline.errors import TransientError
-from faultline.models import FaultState
+from faultline.errors import ApiError, ConflictError, NotFoundError, TransientError
 from workers import cloud, common, remedies
 
 log = logging.getLogger(__name__)
@@ -71,17 +71,14 @@ class Settings(config.JanitorTuning):
 class Janitor:
     def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
         self.store = st
-        self.repairs = st.db["repairs"]
         self.api = api
-        self.core = kube.core(api)
-        self.batch = kube.batch(api)
         self.settings = settings
         self.owner = owner
         self.metrics = common.WorkerMetrics(WORKER)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"),
-            every=settings.lease.total_seconds() / 2, max_attempts=5,
+            every=settings.lease.total_seconds() / 2, max_attempts=5, api=api,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -93,49 +90,47 @@ class Janitor:
 
     # -- one repair ----------------------------------------------------------------------------------------
     def _handle(self, claim: store.Claim) -> common.Outcome:
-        doc = claim.doc
-        rounds = doc.get("rounds", [])
-        if not rounds or rounds[-1].get("outcome"):
+        repair = store.Repair.from_doc(claim.doc)
+        rounds = repair.rounds
+        if not rounds or rounds[-1].outcome:
             return store.DONE  # nothing waiting
         index, current = len(rounds) - 1, rounds[-1]
-        node, step, name = str(doc["node"]), current["step"], current["request"]
-        here = f"rounds.{index}"
-        started = common.as_utc(current.get("started_at"))
+        node, step, name = repair.node, current.step, current.request
+        started = current.started_at
         if started is None:  # the first holder of this round: what a takeover must wait for
             started = self.store.clock()
-            current = {**current, "started_at": started, "boot_before": self._boot_id_or_gone(node)}
-            self.repairs.update_one({"_id": claim.id}, {"$set": {
-                f"{here}.started_at": started, f"{here}.boot_before": current["boot_before"]}})  # fmt: skip
-        external = bool(current.get("external"))
+            boot = self._boot_id_or_gone(node)
+            current = current.model_copy(update={"started_at": started, "boot_before": boot})
+            self.store.start_round(repair.id, index, started, boot)
+        external = current.external
         status = self._noop_status if external else self._status  # an external CR's status is its own
         status(name, "Running", started=started)
         try:
             if external:  # an external remediator acts; the janitor only validates (below)
                 outcome, message = "Succeeded", "left to the external remediator"
             else:
-                outcome, message = self._run(node, step, name, current, started, (claim.id, here))
+                outcome, message = self._run(node, step, name, current, started, (repair.id, index))
         except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
             outcome, message = "Failed", f"{type(exc).__name__}: {exc}"[:500]
         if outcome == "Succeeded" and step == remedies.REPLACE and not external:
-            self._resolve_replaced(current.get("fault_keys", []), message)
+            self.store.resolve_faults(current.fault_keys, f"janitor: {message}")  # the old hardware's
         if outcome == "Succeeded":
             status(name, "Validating")
             if external:  # the external remediator may have finished before this janitor looked
-                since = common.as_utc(current.get("requested_at")) or started
-                timeout: dt.timedelta | None = dt.timedelta(seconds=float(current["timeout"]))
+                since = current.requested_at or started
+                timeout: dt.timedelta | None = dt.timedelta(seconds=float(current.timeout or 0.0))
             else:
                 since, timeout = started, None
-            outcome, message = self._validate(current.get("fault_keys", []), since, timeout)
+            outcome, message = self._validate(current.fault_keys, since, timeout)
         if outcome != "Succeeded" and self.stop.is_set():
             # stopping mid-repair (its waits end early): no verdict and no escalation; whoever claims
             # the round next continues it from the start, boot id and cloud call recorded above
             log.info("stopping: round left for a takeover", extra={"step": step, "repair": claim.id})
             return store.PENDING
         finished = self.store.clock()
-        self.repairs.update_one({"_id": claim.id}, {"$set": {
-            f"rounds.{index}.outcome": outcome, f"rounds.{index}.at": finished,
-            f"rounds.{index}.message": message, f"rounds.{index}.started_at": started,
-        }})  # fmt: skip
+        self.store.record_round_outcome(
+            repair.id, index, outcome=outcome, at=finished, message=message, started_at=started
+        )
         status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
                finished=finished, message=message)  # fmt: skip
         common.post_event(
@@ -144,14 +139,14 @@ class Janitor:
         )  # fmt: skip
         self.metrics.actions.labels(result=outcome).inc()
         if outcome != "Succeeded":  # remediation decides the next round (an escalation), once this closes
-            return store.DONE, {"remediation.state": store.PENDING}
+            return store.DONE, store.to_remediation()
         return store.DONE
 
     def _run(
-        self, node: str, step: str, name: str, current: dict[str, Any], started: dt.datetime,
-        where: tuple[str, str],
+        self, node: str, step: str, name: str, current: store.RepairRound, started: dt.datetime,
+        where: tuple[str, int],
     ) -> tuple[str, str]:  # fmt: skip
-        before = str(current.get("boot_before") or "")
+        before = current.boot_before or ""
         if step == remedies.REBOOT:
             inst = self._instance(node) if self.settings.reboot_via == "cloud" else None
             if inst is None:
@@ -161,7 +156,7 @@ class Janitor:
                 self._cloud(current, where, lambda p: p.reboot(target))
             return self._wait_back(node, before, started)
         if step == remedies.GPU_RESET:
-            gpus = [str(g) for g in current.get("gpus", [])]
+            gpus = [str(g) for g in current.gpus]
             self._job(name, node, (*self.settings.reset_command, *gpus), action="gpu-reset")
             return self._wait_job(name, started)
         if step == remedies.REPLACE:
@@ -189,14 +184,14 @@ class Janitor:
         return inst if inst.provider == self.settings.provider.name else None
 
     def _provider_id(self, node: str) -> str:
-        return str(kube.read_json(self.api, self.core.read_node, node).get("spec", {}).get("providerID", ""))
+        return str(kube.nodes.read(self.api, node).get("spec", {}).get("providerID", ""))
 
     def _cloud(
-        self, current: dict[str, Any], where: tuple[str, str], call: Callable[[cloud.Provider], str]
+        self, current: store.RepairRound, where: tuple[str, int], call: Callable[[cloud.Provider], str]
     ) -> str:
         """The provider call, made once per round: a takeover finds it recorded and does not repeat it."""
-        if current.get("cloud_call"):
-            return str(current["cloud_call"])
+        if current.cloud_call:
+            return current.cloud_call
         provider = self.settings.provider
         assert provider is not None  # callers checked
         for attempt in range(self.settings.cloud_retries):
@@ -207,24 +202,10 @@ class Janitor:
                 if attempt + 1 >= self.settings.cloud_retries:
                     raise
                 self.stop.wait(exc.delay)
-        doc_id, here = where
-        self.repairs.update_one({"_id": doc_id}, {"$set": {f"{here}.cloud_call": said}})
-        log.info("cloud call done: %s", said, extra={"step": current.get("step"), "repair": doc_id})
+        doc_id, index = where
+        self.store.record_cloud_call(doc_id, index, said)
+        log.info("cloud call done: %s", said, extra={"step": current.step, "repair": doc_id})
         return said
-
-    def _resolve_replaced(self, keys: list[str], message: str) -> None:
-        """The faults of hardware that was replaced: resolved by the janitor, the reason recorded."""
-        now = self.store.clock().astimezone(dt.UTC).replace(tzinfo=None)
-        self.store.faults.update_many(
-            {"_id": {"$in": keys}, "state": FaultState.OPEN},
-            {
-                "$set": {
-                    "state": FaultState.RESOLVED,
-                    "resolved_at": now,
-                    "resolved_by": f"janitor: {message}"[:500],
-                }
-            },
-        )
 
     def _job(self, name: str, node: str, command: tuple[str, ...], *, action: str) -> None:
         s = self.settings
@@ -245,26 +226,21 @@ class Janitor:
                 },
             },
         }  # fmt: skip
-        try:
-            self.batch.create_namespaced_job(s.namespace, body)
-        except kube.ApiException as exc:
-            if exc.status != 409:  # created already by this claim's earlier holder
-                raise
+        with contextlib.suppress(ConflictError):  # created already by this claim's earlier holder
+            kube.jobs.create(self.api, s.namespace, body)
 
     def _boot_id(self, node: str) -> str:
-        obj = kube.read_json(self.api, self.core.read_node, node)
+        obj = kube.nodes.read(self.api, node)
         return str(obj.get("status", {}).get("nodeInfo", {}).get("bootID", ""))
 
     def _boot_id_or_gone(self, node: str) -> str:
         try:
             return self._boot_id(node)
-        except kube.ApiException as exc:
-            if exc.status == 404:
-                return GONE
-            raise
+        except NotFoundError:
+            return GONE
 
     def _ready(self, node: str) -> tuple[str, bool]:
-        obj = kube.read_json(self.api, self.core.read_node, node)
+        obj = kube.nodes.read(self.api, node)
         status = obj.get("status", {})
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
         return str(status.get("nodeInfo", {}).get("bootID", "")), ready
@@ -276,8 +252,8 @@ class Janitor:
         while self.store.clock() < deadline and not self.stop.is_set():
             try:
                 boot, ready = self._ready(node)
-            except kube.ApiException as exc:
-                if exc.status == 404 and gone_ok:
+            except NotFoundError:
+                if gone_ok:
                     return "Succeeded", "the Node was removed (a new instance replaces it)"
                 raise
             if boot and boot != before and ready:
@@ -289,7 +265,7 @@ class Janitor:
     def _wait_job(self, name: str, started: dt.datetime) -> tuple[str, str]:
         deadline = started + self.settings.job_timeout
         while self.store.clock() < deadline and not self.stop.is_set():
-            job = kube.read_json(self.api, self.batch.read_namespaced_job, name, self.settings.namespace)
+            job = kube.jobs.read(self.api, self.settings.namespace, name)
             status = job.get("status", {})
             if status.get("succeeded"):
                 return "Succeeded", "the Job succeeded"
@@ -307,14 +283,8 @@ class Janitor:
             deadline = started + timeout
         else:
             deadline = self.store.clock() + self.settings.validate_timeout
-        naive_start = started.astimezone(dt.UTC).replace(tzinfo=None)
         while not self.stop.is_set():
-            open_ = [
-                k for k in keys
-                if (d := self.store.faults.find_one({"_id": k}, {"state": 1, "resolved_at": 1})) is not None
-                and (d.get("state") != FaultState.RESOLVED or d.get("resolved_at") is None
-                     or d["resolved_at"] < naive_start)
-            ]  # fmt: skip
+            open_ = self.store.unresolved(keys, started)
             if not open_:
                 return "Succeeded", "the node agent reports the GPUs healthy again"
             if self.store.clock() >= deadline:
@@ -335,13 +305,9 @@ class Janitor:
         if message is not None:
             status["message"] = message[:1024]
         try:
-            current: Any = kube.custom(self.api).get_cluster_custom_object(
-                kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, name
-            )
+            current = kube.resources.get_request(self.api, name)
             attempts = int((current.get("status") or {}).get("attempts", 0)) + (phase == "Running")
             status["attempts"] = attempts
-            kube.custom(self.api).patch_cluster_custom_object_status(
-                kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, name, {"status": status}
-            )
-        except kube.ApiException as exc:
+            kube.resources.patch_request_status(self.api, name, status)
+        except ApiError as exc:
             log.warning("could not update RemediationRequest %s: %s", name, exc)

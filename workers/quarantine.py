@@ -32,15 +32,15 @@ from typing import Any
 from pydantic import SkipValidation
 
 from faultline import config, kube, store
-from faultline.errors import PermanentError
-from faultline.models import FaultState
+from faultline.errors import ConflictError, NotFoundError, TransientError
+from faultline.models import Action, Component, FaultState
 from workers import breaker, common, rules
 
 log = logging.getLogger(__name__)
 STAGE = "quarantine"
 WORKER = "quarantine"
 OWNED_ANNOTATION = "faultline.io/quarantine"
-BREAKER_ID = "breaker:quarantine"
+BREAKER_ID = store.BREAKER_ID
 BREAKER_REFRESH_S = 1.0
 FULL_RESYNC_S = 60.0
 # Work items are taken in first-seen order, so newer work sorts after a list already read: reading the
@@ -73,7 +73,6 @@ class QuarantineWorker:
     def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
         self.store = st
         self.api = api
-        self.core = kube.core(api)
         self.settings = settings
         self.owner = owner
         self.metrics = common.WorkerMetrics(WORKER)
@@ -84,7 +83,7 @@ class QuarantineWorker:
         self.gpu_nodes: tuple[float, int] = (-1e9, 0)
         self.breaker_view: _BreakerView | None = None
         self.full_resync_at = 0.0
-        self.prefetched: dict[str, list[dict[str, Any]]] = {}  # node -> its fault documents, read once
+        self.prefetched: dict[str, list[store.FaultRecord]] = {}  # node -> its faults, read once
         self.loop = common.ClaimLoop(
             st,
             STAGE,
@@ -98,6 +97,7 @@ class QuarantineWorker:
             prefetch=self._prefetch,
             collection="queue",
             refresh=CANDIDATES_REFRESH_S,
+            api=api,
         )
         self.stop = self.loop.stop
 
@@ -112,51 +112,39 @@ class QuarantineWorker:
         """Revisit the held nodes that may be released (no open fault left) and the faults the breaker
         held back; every FULL_RESYNC_S, every held node (to put back what someone else changed). Found
         with three queries, whatever the number of nodes."""
-        held = {d["_id"] for d in self.store.nodes.find({"quarantined": True}, {"_id": 1})}
-        blocked = {d["node"] for d in self.store.queue.find({f"{STAGE}.state": BLOCKED}, {"node": 1})}
+        held = self.store.held_node_names()
+        blocked = self.store.nodes_in_state(STAGE, BLOCKED)
         due = blocked
         if time.monotonic() - self.full_resync_at >= FULL_RESYNC_S:
             self.full_resync_at = time.monotonic()
             due |= held
         elif held:
-            still_open = {d["node"] for d in self.store.faults.find({"state": FaultState.OPEN}, {"node": 1})}
-            due |= held - still_open
-        docs = self._faults_of(due)
+            due |= held - self.store.nodes_with_open_faults()
+        docs = self.store.faults_of(due, STAGE)
         for node in sorted(due):
             self.reconcile(node, record_unchanged=False, docs=docs.get(node, []))
-
-    def _faults_of(self, nodes: set[str]) -> dict[str, list[dict[str, Any]]]:
-        """Every fault document of these nodes, each with its quarantine work item's state under
-        `quarantine`, with two queries (scans on FerretDB: 50 ms for 1,000 faults, which a query per node
-        would pay again for every node)."""
-        out: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
-        if nodes:
-            wanted = {"node": {"$in": sorted(nodes)}}
-            stages = {d["key"]: d.get(STAGE) for d in self.store.queue.find(wanted, {"key": 1, STAGE: 1})}
-            for doc in self.store.faults.find(wanted):
-                doc[STAGE] = stages.get(doc["_id"]) or {}
-                out.setdefault(str(doc["node"]), []).append(doc)
-        return out
 
     def _prefetch(self, candidates: list[dict[str, Any]]) -> None:
         """The candidates' nodes' faults, read right after the candidates themselves, so each is at least
         as new as the claimed fault. A fault that changes after this read has its own claim or resync
         pass to come, which reads again: the node still converges."""
-        self.prefetched = self._faults_of({str(d["node"]) for d in candidates})
+        self.prefetched = self.store.faults_of({str(d["node"]) for d in candidates}, STAGE)
 
     def _handle(self, claim: store.Claim) -> str:
-        item, node = claim.doc, str(claim.doc["node"])  # the fault's work item in `queue`
+        item = store.WorkItem.from_doc(claim.doc)  # the fault's work item in `queue`
+        node = item.node
         docs = self.prefetched.get(node)
-        if docs is None or not any(d["_id"] == item["key"] for d in docs):
-            docs = self._faults_of({node})[node]  # not read with the candidates: read it now
-        doc = next((d for d in docs if d["_id"] == item["key"]), item)
+        if docs is None or not any(d.id == item.key for d in docs):
+            docs = self.store.faults_of({node}, STAGE)[node]  # not read with the candidates: read it now
+        doc = next((d for d in docs if d.id == item.key), None)
         now = self.store.clock()
-        last_seen = common.as_utc(doc.get("last_seen"))
+        last_seen = item.last_seen if doc is None else doc.last_seen
         if last_seen is not None and now - last_seen > self.settings.max_fault_age:
             self.metrics.actions.labels(result=STALE).inc()
             return STALE  # recorded, not acted on
         result = self.reconcile(node, docs=docs)
-        return BLOCKED if result == BLOCKED and doc.get("state") == FaultState.OPEN else store.DONE
+        still_open = doc is not None and doc.state == FaultState.OPEN
+        return BLOCKED if result == BLOCKED and still_open else store.DONE
 
     # -- one node --------------------------------------------------------------------------------------
     def _lock(self, node: str) -> threading.Lock:
@@ -164,7 +152,7 @@ class QuarantineWorker:
             return self.node_locks[node]
 
     def reconcile(
-        self, node: str, *, record_unchanged: bool = True, docs: list[dict[str, Any]] | None = None
+        self, node: str, *, record_unchanged: bool = True, docs: list[store.FaultRecord] | None = None
     ) -> str:
         """Bring one node to what its open faults call for; returns what happened. `record_unchanged`:
         write the node's record even when nothing changed (a claim does: its node may have been patched
@@ -174,40 +162,36 @@ class QuarantineWorker:
             for _ in range(5):
                 try:
                     result = self._reconcile(node, record_unchanged, docs)
-                except kube.ApiException as exc:
-                    if exc.status == 409:
-                        docs = None  # the Node changed under us: read it, and the faults, again
-                        continue
-                    raise
+                except ConflictError:
+                    docs = None  # the Node changed under us: read it, and the faults, again
+                    continue
                 self.metrics.actions.labels(result=result).inc()
                 return result
-        raise PermanentError(f"node {node}: five conflicting updates in a row")
+        raise TransientError(f"node {node}: five conflicting updates in a row", delay=1.0)
 
     def _open_faults(
-        self, node: str, docs: list[dict[str, Any]] | None
+        self, node: str, docs: list[store.FaultRecord] | None
     ) -> tuple[list[rules.OpenFault], dt.datetime | None]:
         """The node's open faults that count (not stale), and when its last resolved fault resolved."""
         faults, last_resolved = [], None
-        for doc in self._faults_of({node})[node] if docs is None else docs:
-            if doc.get("state") == FaultState.RESOLVED:
-                resolved = common.as_utc(doc.get("resolved_at"))
+        for doc in self.store.faults_of({node}, STAGE)[node] if docs is None else docs:
+            if doc.state == FaultState.RESOLVED:
+                resolved = doc.resolved_at
                 if resolved is not None and (last_resolved is None or resolved > last_resolved):
                     last_resolved = resolved
                 continue
-            if doc.get(STAGE, {}).get("state") == STALE:
+            if doc.work is not None and doc.work.state == STALE:
                 continue
-            faults.append(rules.OpenFault.from_doc(doc))
+            faults.append(_open_fault(doc))
         return faults, last_resolved
 
-    def _reconcile(self, node: str, record_unchanged: bool, docs: list[dict[str, Any]] | None) -> str:
+    def _reconcile(self, node: str, record_unchanged: bool, docs: list[store.FaultRecord] | None) -> str:
         now = self.store.clock()
         try:
-            obj = kube.read_json(self.api, self.core.read_node, node)
-        except kube.ApiException as exc:
-            if exc.status == 404:
-                self.store.nodes.update_one({"_id": node}, {"$set": {"quarantined": False, "gone": True}})
-                return GONE
-            raise
+            obj = kube.nodes.read(self.api, node)
+        except NotFoundError:
+            self.store.node_gone(node)
+            return GONE
         meta, spec = obj.get("metadata", {}), obj.get("spec", {})
         labels = dict(meta.get("labels") or {})
         annotations = dict(meta.get("annotations") or {})
@@ -230,7 +214,7 @@ class QuarantineWorker:
         releasing = not want.quarantined and holds and outcome != OPTED_OUT
         if releasing and last_resolved is not None and now - last_resolved < self.settings.hold_down:
             return "holding"  # the resync pass releases it once the hold-down is over
-        if releasing and self._repair_in_progress(node):
+        if releasing and self.store.repair_in_progress(node):
             return "holding"  # the janitor has not validated its repair yet
         p = rules.plan(state, want)
         if not p.changed and annotations.get(rules.FAULTS_ANNOTATION, "") == ",".join(want.faults):
@@ -238,10 +222,7 @@ class QuarantineWorker:
                 self._record(node, want, p, now, faults, newly=False)
             return "unchanged"
         if self.settings.dry_run:
-            self.store.upsert(
-                self.store.nodes, {"_id": f"dry-run:{node}"},
-                {"$set": {"node": node, "at": now, "would": _describe(p, want)}},
-            )  # fmt: skip
+            self.store.record_dry_run(node, now, _describe(p, want))
             return DRY_RUN
         self._patch(obj, p, want)
         newly = want.quarantined and not holds
@@ -255,23 +236,15 @@ class QuarantineWorker:
         )  # fmt: skip
         self._record(node, want, p, now, faults, newly=newly, released=not want.quarantined)
         if newly:
-            firsts = [common.as_utc(f.first_seen) or now for f in faults if f.key in want.faults]
+            firsts = [f.first_seen or now for f in faults if f.key in want.faults]
             self.metrics.latency.observe(max(0.0, (now - min(firsts, default=now)).total_seconds()))
         return outcome if want.quarantined or holds else "unchanged"
-
-    def _repair_in_progress(self, node: str) -> bool:
-        """A repair of the node the janitor has not finished (it validates before the node goes back)."""
-        return any(
-            (d.get("janitor") or {}).get("state") in (store.PENDING, store.CLAIMED)
-            for d in self.store.db["repairs"].find({"node": node}, {"janitor": 1})
-        )
 
     def _patch(self, obj: dict[str, Any], p: rules.Plan, want: rules.Desired) -> None:
         labels: dict[str, str | None] = {**p.set_labels, **dict.fromkeys(p.remove_labels)}
         held = p.owned != rules.Owned()
         body = {
             "metadata": {
-                "resourceVersion": obj["metadata"]["resourceVersion"],  # a concurrent change: 409, re-read
                 "labels": labels,
                 "annotations": {
                     OWNED_ANNOTATION: json.dumps(p.owned.as_json(), separators=(",", ":")) if held else None,
@@ -284,46 +257,35 @@ class QuarantineWorker:
             },
         }
         self.limiter.take()
-        kube.send_json(
-            self.core.patch_node, obj["metadata"]["name"], body, _content_type="application/merge-patch+json"
-        )
+        meta = obj["metadata"]  # guarded: a concurrent change is a ConflictError, and the node is read again
+        kube.nodes.patch(self.api, meta["name"], body, resource_version=meta["resourceVersion"])
 
     def _record(
         self, node: str, want: rules.Desired, p: rules.Plan, now: dt.datetime, faults: list[rules.OpenFault],
         *, newly: bool, released: bool = False,
     ) -> None:  # fmt: skip
         held = p.owned != rules.Owned()
-        fields: dict[str, Any] = {
-            "quarantined": held, "faults": list(want.faults), "owned": p.owned.as_json(), "checked_at": now,
-        }  # fmt: skip
-        if newly:
-            fields["quarantined_at"] = now  # the breaker's window counts the first quarantine only
-        if released:
-            fields["released_at"] = now
-        self.store.upsert(self.store.nodes, {"_id": node}, {"$set": fields})
+        # `newly`: the breaker's window counts the first quarantine of the episode only
+        self.store.record_hold(
+            node, faults=want.faults, owned=p.owned.as_json(), at=now, newly=newly, released=released
+        )
         if held:
-            for fault in faults:  # by _id: the one filter every server answers from its index
+            for fault in faults:
                 if fault.stage == BLOCKED and fault.key in want.faults:
-                    self.store.queue.update_one(
-                        {"_id": f"{STAGE}/{fault.key}", f"{STAGE}.state": BLOCKED},
-                        {"$set": {f"{STAGE}.state": store.DONE}},
-                    )
+                    self.store.move_item(STAGE, fault.key, BLOCKED, store.DONE)
 
     def _record_blocked(self, faults: list[rules.OpenFault], want: rules.Desired) -> None:
         """The faults held back wait for the resync pass (the claim's own fault is set by its completion)."""
         for fault in faults:
             if fault.key in want.faults and fault.stage not in (BLOCKED, STALE):
-                self.store.queue.update_one(
-                    {"_id": f"{STAGE}/{fault.key}", f"{STAGE}.state": fault.stage},
-                    {"$set": {f"{STAGE}.state": BLOCKED}},
-                )
+                self.store.move_item(STAGE, fault.key, fault.stage, BLOCKED)
 
     # -- the breaker -------------------------------------------------------------------------------------
     def _gpu_node_count(self) -> int:
         at, count = self.gpu_nodes
         now = self.store.clock().timestamp()
         if now - at > self.settings.gpu_count_ttl.total_seconds():
-            nodes = kube.read_json(self.api, self.core.list_node)["items"]
+            nodes = kube.nodes.list_all(self.api)
             count = sum(_gpus(n) > 0 for n in nodes)
             self.gpu_nodes = (now, count)
         return count
@@ -349,26 +311,19 @@ class QuarantineWorker:
             view.state = view.stored = new
             self.breaker_view = view
         if store_it:
-            self.store.upsert(
-                self.store.nodes, {"_id": BREAKER_ID},
-                {"$set": {"state": new.state, "since": new.since, "reason": new.reason}},
-            )  # fmt: skip
+            self.store.save_breaker(new.state, new.since, new.reason)
             if new.state == breaker.OPEN:
                 log.warning("circuit breaker open: %s", new.reason)
         return admitted  # other replicas count it once its record (quarantined_at) is written
 
     def _read_breaker(self, now: dt.datetime) -> _BreakerView:
-        doc = self.store.nodes.find_one({"_id": BREAKER_ID}) or {}
-        stored = breaker.BreakerState(
-            doc.get("state", breaker.CLOSED), common.as_utc(doc.get("since")), doc.get("reason", "")
-        )
+        doc = self.store.breaker()
+        stored = breaker.BreakerState(doc.state, doc.since, doc.reason)
         state = breaker.current(stored, self.settings.breaker, now)
-        since = _naive(breaker.counting_from(state, self.settings.breaker, now))
+        since = breaker.counting_from(state, self.settings.breaker, now)
         counted: set[str] = set()
         if self.settings.breaker.limited:  # with no limit there is nothing to count against
-            counted = {
-                d["_id"] for d in self.store.nodes.find({"quarantined_at": {"$gte": since}}, {"_id": 1})
-            }
+            counted = self.store.quarantined_since(since)
         gpu_nodes = self._gpu_node_count() if self.settings.breaker.limited else 0
         return _BreakerView(now, stored, state, counted, set(), gpu_nodes)
 
@@ -390,8 +345,11 @@ def _gpus(node: dict[str, Any]) -> int:
         return 0
 
 
-def _naive(t: dt.datetime) -> dt.datetime:
-    return t.astimezone(dt.UTC).replace(tzinfo=None)
+def _open_fault(doc: store.FaultRecord) -> rules.OpenFault:
+    """What the rules look at in a stored fault."""
+    stage = "" if doc.work is None else doc.work.state
+    return rules.OpenFault(doc.id, doc.code, Component(doc.component), Action(doc.action), doc.fatal,
+                           doc.count, doc.first_seen, stage)  # fmt: skip
 
 
 def _owned(raw: str | None, node: str) -> rules.Owned:

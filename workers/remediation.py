@@ -18,6 +18,7 @@ repair the external remediator did not manage escalates like any other.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import logging
@@ -25,7 +26,8 @@ import threading
 from typing import Any
 
 from faultline import config, kube, store
-from faultline.models import Action, FaultState
+from faultline.errors import ConflictError
+from faultline.models import Action
 from workers import common, remedies, templates
 
 log = logging.getLogger(__name__)
@@ -47,26 +49,24 @@ class Settings(config.RemediationTuning):
         return config.part(cfg, cls, caps=config.part(cfg, remedies.Caps), template=template)
 
 
-def request_name(node: str, episode: Any, round_: int) -> str:
-    digest = hashlib.sha256(f"{node}/{episode}".encode()).hexdigest()[:8]
+def request_name(node: str, episode: dt.datetime | None, round_: int) -> str:
+    digest = hashlib.sha256(f"{node}/{store.episode_label(episode)}".encode()).hexdigest()[:8]
     return f"{node}-{digest}-{round_}"[:253]
 
 
 def history(st: store.Store, node: str) -> list[remedies.Repair]:
     """Every finished round of repair recorded for the node."""
-    out = []
-    for doc in st.db["repairs"].find({"node": node}):
-        for r in doc.get("rounds", []):
-            if r.get("outcome") and r.get("at") is not None:
-                at = common.as_utc(r["at"]) or dt.datetime.now(dt.UTC)
-                out.append(remedies.Repair(r["step"], tuple(r.get("fault_keys", [])), at, r["outcome"]))
-    return out
+    return [
+        remedies.Repair(r.step, tuple(r.fault_keys), r.at, r.outcome)
+        for repair in st.repairs_of(node)
+        for r in repair.rounds
+        if r.outcome and r.at is not None
+    ]
 
 
 class Remediation:
     def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
         self.store = st
-        self.repairs = st.db["repairs"]
         self.api = api
         self.settings = settings
         self.owner = owner
@@ -74,7 +74,7 @@ class Remediation:
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"), resync=self.resync,
-            every=settings.resync_interval.total_seconds(),
+            every=settings.resync_interval.total_seconds(), api=api,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -86,60 +86,43 @@ class Remediation:
 
     def resync(self) -> None:
         """A repairs document for each quarantine episode that is ready for repair."""
-        known = {d["_id"] for d in self.repairs.find({}, {"_id": 1})}
-        drained = {
-            d["_id"]: d.get("episode") for d in self.store.drains.find({"result": "drained"}, {"episode": 1})
-        }
-        for doc in self.store.nodes.find({"quarantined": True}):
-            node, episode = doc["_id"], doc.get("quarantined_at")
+        known = self.store.repair_ids()
+        drained = self.store.drained_episodes()
+        for hold in self.store.held_nodes():
+            node, episode = hold.id, hold.quarantined_at
             if episode is None:
                 continue
             if self.settings.require_drain and drained.get(node, ...) != episode:
                 continue
-            key = f"{node}/{episode.isoformat()}"
-            if key in known:
-                continue
-            self.store.upsert(self.repairs, {"_id": key}, {"$setOnInsert": {
-                "node": node, "episode": episode, "first_seen": episode, "fatal": True, "rounds": [],
-                STAGE: {"state": store.PENDING, "attempts": 0},
-                "janitor": {"state": "idle", "attempts": 0},
-            }})  # fmt: skip
-
-    def _open_faults(self, node: str) -> list[dict[str, Any]]:
-        return [
-            d
-            for d in self.store.faults.find({"node": node})
-            if d.get("state") == FaultState.OPEN and d.get("fatal")
-        ]
+            if store.repair_key(node, episode) not in known:
+                self.store.open_repair(node, episode)
 
     def _handle(self, claim: store.Claim) -> common.Outcome:
-        doc, node = claim.doc, str(claim.doc["node"])
-        faults = self._open_faults(node)
+        repair = store.Repair.from_doc(claim.doc)
+        node = repair.node
+        faults = self.store.open_fatal_faults(node)
         if not faults:
-            self.repairs.update_one({"_id": claim.id}, {"$set": {"result": "faults resolved before repair"}})
+            self.store.set_repair_result(repair.id, "faults resolved before repair")
             return store.DONE
-        worst = max(faults, key=lambda d: _SEVERITY[Action(d["action"])])
-        keys = sorted(str(d["_id"]) for d in faults)
-        gpus = sorted({d["entity"]["id"] for d in faults if d.get("entity", {}).get("type") == "GPU"})
+        worst = max(faults, key=lambda d: _SEVERITY[Action(d.action)])
+        keys = sorted(d.id for d in faults)
+        gpus = sorted({d.entity.id for d in faults if d.entity.type == "GPU"})
         now = self.store.clock()
-        decision = remedies.decide(
-            Action(worst["action"]), keys, history(self.store, node), self.settings.caps, now
-        )
+        past = history(self.store, node)
+        decision = remedies.decide(Action(worst.action), keys, past, self.settings.caps, now)
         if decision.step is None:
-            self.repairs.update_one({"_id": claim.id}, {"$set": {"result": decision.reason}})
+            self.store.set_repair_result(repair.id, decision.reason)
             return store.DONE
-        round_ = len(doc.get("rounds", [])) + 1
-        name = request_name(node, doc.get("episode"), round_)
-        record = {"step": decision.step, "request": name, "fault_keys": keys, "gpus": gpus,
-                  "reason": decision.reason, "requested_at": now, "outcome": None, "at": None}  # fmt: skip
+        round_ = len(repair.rounds) + 1
+        name = request_name(node, repair.episode, round_)
+        record = store.RepairRound(step=decision.step, request=name, fault_keys=keys, gpus=gpus,
+                                   reason=decision.reason, requested_at=now)  # fmt: skip
         if self.settings.template is not None:
-            record.update(external=True, timeout=self.settings.external_timeout.total_seconds())
+            record.external, record.timeout = True, self.settings.external_timeout.total_seconds()
         if decision.step == remedies.CONTACT_SUPPORT:
-            record.update(outcome="ContactSupport", at=now)
-            self.repairs.update_one(
-                {"_id": claim.id}, {"$push": {"rounds": record}, "$set": {"result": "contact support"}}
-            )
-            kube.write_node_conditions(self.api, node, [{
+            record.outcome, record.at = "ContactSupport", now
+            self.store.add_round(repair.id, record, result="contact support")
+            kube.nodes.write_conditions(self.api, node, [{
                 "type": CONDITION, "status": "False", "reason": "ContactSupport",
                 "message": f"no automatic repair left: {decision.reason}; faults {', '.join(keys)}"[:512],
             }], [])  # fmt: skip
@@ -150,15 +133,12 @@ class Remediation:
             self.metrics.actions.labels(result="contact-support").inc()
             return store.DONE
         what = self._request(name, node, decision, keys, gpus, round_)
-        self.repairs.update_one({"_id": claim.id}, {"$push": {"rounds": record}})
+        self.store.add_round(repair.id, record)
         common.post_event(self.api, node, reason="FaultlineRemediationRequested",
                           note=f"{decision.step} ({decision.reason}); {what}", action="Remediate",
                           warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
         self.metrics.actions.labels(result=decision.step.lower()).inc()
-        return store.DONE, {
-            "janitor.state": store.PENDING,
-            "janitor.attempts": 0,
-        }  # set when this claim closes
+        return store.DONE, store.to_janitor()  # the hand-over, set when this claim closes
 
     def _request(self, name: str, node: str, decision: remedies.Decision, keys: list[str], gpus: list[str],
                  round_: int) -> str:  # fmt: skip
@@ -167,23 +147,15 @@ class Remediation:
             values = {"name": name, "node": node, "action": decision.step, "gpus": gpus, "faultKeys": keys,
                       "reason": decision.reason[:1024]}  # fmt: skip
             custom = templates.render(self.settings.template, values)
-            try:
-                kube.create_object(self.api, custom)
-            except kube.ApiException as exc:
-                if exc.status != 409:
-                    raise
+            with contextlib.suppress(ConflictError):  # written already by this claim's earlier holder
+                kube.resources.create_object(self.api, custom)
             return f"{custom['kind']} {custom['metadata']['name']}"
         body: dict[str, Any] = {
-            "apiVersion": f"{kube.RR_GROUP}/{kube.RR_VERSION}", "kind": "RemediationRequest",
+            "apiVersion": kube.resources.RR_API_VERSION, "kind": "RemediationRequest",
             "metadata": {"name": name, "labels": {"faultline.io/node": node}},
             "spec": {"node": node, "action": decision.step, "gpus": gpus, "reason": decision.reason[:1024],
                      "faultKeys": keys, "step": round_},
         }  # fmt: skip
-        try:
-            kube.custom(self.api).create_cluster_custom_object(
-                kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, body
-            )
-        except kube.ApiException as exc:
-            if exc.status != 409:  # already written by this claim's earlier holder: the same request
-                raise
+        with contextlib.suppress(ConflictError):  # already written by this claim's earlier holder: the same
+            kube.resources.create_request(self.api, body)
         return f"request {name}"

@@ -1,0 +1,81 @@
+"""The MongoDB store (ARCHITECTURE §5): the only package that imports pymongo, and the owner of every
+persisted shape. Callers write `from faultline import store` and use `store.connect(...)`, the
+`store.Store` operations and the typed documents (`store.NodeHold`, `store.Drain`, `store.Repair`, ...);
+no other module sees a collection.
+
+Collections and their modules:
+- `health_events`, `faults`, `queue` (`faults`): events by deterministic id; one fault per key, written
+  by revision; the fault-level stages' work items (`quarantine/<fault key>`).
+- `leases` (`claims`): numbered lease documents, inserted to claim, close or take back a work item.
+- `nodes` (`holds`): what faultline holds on each node (`NodeHold`), dry-run records, the breaker.
+- `drains` (`drains`): one per node, for its current quarantine episode (`Drain`).
+- `repairs` (`repairs`): one per quarantine episode that needs repair, with its rounds (`Repair`).
+
+Hand-over between workers, through typed fields (`documents`) and named operations:
+- quarantine -> drainer: `record_hold` makes a `NodeHold` with `quarantined`, `owned.cordoned` and the
+  episode `quarantined_at`; the drainer's resync lists `held_nodes()` and calls `open_drain`.
+- drainer -> remediation: `finish_drain(node, "drained", ...)`; remediation's resync reads
+  `drained_episodes()` and calls `open_repair` (its `remediation` stage pending).
+- remediation -> janitor: completing a claim with `also=store.to_janitor()` sets `janitor.state`
+  pending; the janitor gives a round that failed back with `also=store.to_remediation()`.
+- quarantine reads `repair_in_progress(node)` (the janitor's stage pending or claimed) before release.
+
+Work is taken by claims (`claims`): each work document carries a `StageStatus` per stage (`state`,
+`attempts`, `seq`, `lease_owner`, `lease_until`, `updated_at`, `error`, `retry_after`). A failure gives
+the item back `pending` with a `retry_after` (capped exponential back-off, `backoff.retry_delay`), or
+`parked` with its reason once permanent or out of attempts; `parked()` lists them.
+
+Time: aware UTC datetimes end to end (the client decodes dates as aware UTC, the clock is cut to
+milliseconds). Portability: only features MongoDB >= 6, FerretDB 1.x and DocumentDB share: no
+transactions, TTL indexes, change streams, update pipelines, positional operators or `$lookup`, and
+equality filters on the hot path (FerretDB evaluates other filters after fetching every document).
+"""
+
+from faultline.store.backoff import retry_delay
+from faultline.store.base import (
+    CLAIMED,
+    DONE,
+    DRAINS,
+    IDLE,
+    JANITOR,
+    NODEDRAIN,
+    PARKED,
+    PENDING,
+    QUARANTINE,
+    QUEUE,
+    REMEDIATION,
+    REPAIRS,
+    STAGES,
+    Clock,
+    utc,
+    utcnow,
+)
+from faultline.store.claims import CLAIM_SCAN, Claim
+from faultline.store.connection import Store, connect, unreachable_is_transient
+from faultline.store.documents import (
+    Breaker,
+    Drain,
+    DryRun,
+    FaultRecord,
+    Lease,
+    NodeHold,
+    Owned,
+    Parked,
+    PodRecord,
+    Repair,
+    RepairRound,
+    StageStatus,
+    WorkItem,
+)
+from faultline.store.drains import DRAINED
+from faultline.store.holds import BREAKER_ID
+from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation
+
+__all__ = [
+    "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR", "NODEDRAIN",
+    "PARKED", "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",
+    "Clock", "Drain",
+    "DryRun", "FaultRecord", "Lease", "NodeHold", "Owned", "Parked", "PodRecord", "Repair", "RepairRound",
+    "StageStatus", "Store", "WorkItem", "connect", "episode_label", "repair_key", "retry_delay", "to_janitor",
+    "to_remediation", "unreachable_is_transient", "utc", "utcnow",
+]  # fmt: skip

@@ -1,0 +1,77 @@
+"""The store object and how it connects."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+from pymongo.database import Database
+from pymongo.errors import ConnectionFailure, ServerSelectionTimeoutError
+
+from faultline.errors import TransientError
+from faultline.store.base import CODEC, DRAINS, NODEDRAIN, QUEUE, REPAIRS, STAGES, Clock, utcnow
+from faultline.store.claims import Claims
+from faultline.store.drains import Drains
+from faultline.store.faults import Faults
+from faultline.store.holds import Holds
+from faultline.store.repairs import Repairs
+
+
+def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0) -> Store:
+    """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
+    call waits for an unreachable server before it fails with TransientError."""
+    ms = int(timeout * 1000)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(
+        uri,
+        serverSelectionTimeoutMS=ms,
+        connectTimeoutMS=ms,
+        socketTimeoutMS=ms,
+        tz_aware=True,
+        tzinfo=CODEC.tzinfo,
+    )
+    return Store(client[database], clock=clock)
+
+
+@contextlib.contextmanager
+def unreachable_is_transient(what: str) -> Iterator[None]:
+    """Connection failures as TransientError, so callers retry or spool without importing pymongo."""
+    try:
+        yield
+    except (ConnectionFailure, ServerSelectionTimeoutError) as exc:
+        raise TransientError(f"{what}: MongoDB unreachable: {exc}", delay=1.0) from exc
+
+
+class Store(Claims, Faults, Holds, Drains, Repairs):
+    """Every collection faultline writes, behind named operations (see the package docstring).
+
+    The collection handles (`events`, `faults`, `nodes`, ...) are the store's own, for its operation
+    modules (and tests that inspect the database); nothing else uses them. Whatever client `db` came
+    from, the store reads dates as aware UTC."""
+
+    def __init__(self, db: Database[Any], *, clock: Clock = utcnow) -> None:
+        self.db = db.with_options(codec_options=CODEC)
+        self.clock = clock
+        self.events = self.db["health_events"]
+        self.faults = self.db["faults"]
+        self.nodes = self.db["nodes"]
+        self.leases = self.db["leases"]
+        self.drains = self.db[DRAINS]  # one document per node being drained (drainer)
+        self.queue = self.db[QUEUE]  # work items of the fault-level stages
+        self.repairs = self.db[REPAIRS]
+
+    def ensure_indexes(self) -> None:
+        self.events.create_index([("node", pymongo.ASCENDING), ("observed_at", pymongo.ASCENDING)])
+        self.events.create_index([("generated_at", pymongo.ASCENDING)])
+        self.faults.create_index([("node", pymongo.ASCENDING), ("state", pymongo.ASCENDING)])
+        self.leases.create_index([("fault", pymongo.ASCENDING)])
+        for stage in STAGES:
+            self.queue.create_index([(f"{stage}.state", pymongo.ASCENDING)])
+        self.queue.create_index([("node", pymongo.ASCENDING)])
+        self.drains.create_index([(f"{NODEDRAIN}.state", pymongo.ASCENDING)])
+        self.nodes.create_index([("quarantined", pymongo.ASCENDING)])
+
+    def close(self) -> None:
+        """Close the client (the store is unusable afterwards)."""
+        self.db.client.close()

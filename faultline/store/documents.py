@@ -1,0 +1,221 @@
+"""The typed documents of every collection faultline writes (what `faultline.store` returns).
+
+Each model reads a stored document as it is (`from_doc`, unknown fields ignored) and names the fields
+other modules may rely on. Dates are aware UTC (a naive date, as an older version or a test may have
+written it, is taken as UTC).
+
+Hand-over fields between workers (each written only through a named store operation):
+- `NodeHold.quarantined` and `NodeHold.owned.cordoned` (quarantine -> drainer, remediation): the node
+  is held, and faultline cordoned it; `NodeHold.quarantined_at` is the quarantine's *episode*.
+- `Drain.episode` and `Drain.result == "drained"` (drainer -> remediation): that episode's node is empty.
+- `Repair.remediation.state` / `Repair.janitor.state` (remediation <-> janitor): a pending janitor stage
+  carries out the last round; a pending remediation stage decides the next round (an escalation).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from faultline.store.base import IDLE, PENDING
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+UTCDateTime = Annotated[dt.datetime, AfterValidator(_aware)]
+
+
+class Document(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Self:
+        return cls.model_validate(doc)
+
+
+class StageStatus(Document):
+    """One stage's status on a work document (`queue`, `drains`, `repairs`), moved only by claims.
+
+    `seq` is the number of the last lease document of this (stage, item); `retry_after`: a failed
+    item is not claimed again before it (back-off); `error`: why it was given back or parked."""
+
+    state: str = PENDING
+    attempts: int = 0
+    seq: int = 0
+    lease_owner: str | None = None
+    lease_until: UTCDateTime | None = None
+    updated_at: UTCDateTime | None = None
+    error: str | None = None
+    retry_after: UTCDateTime | None = None
+
+
+class Lease(Document):
+    """`leases`: `<stage>/<item>/<n>`, inserted to claim, close or take back an item (fencing)."""
+
+    id: str = Field(alias="_id")
+    fault: str  # the item's id
+    stage: str
+    n: int
+    owner: str
+    kind: str  # claimed | closed:<state> | expired
+    until: UTCDateTime | None = None
+    at: UTCDateTime
+
+
+class EntityRecord(Document):
+    type: str
+    id: str
+
+
+class FaultRecord(Document):
+    """`faults`: the detector's view of one fault (written by the node agents only, by revision)."""
+
+    id: str = Field(alias="_id")
+    node: str
+    entity: EntityRecord
+    code: str
+    component: str
+    count: int = 1
+    first_seen: UTCDateTime
+    last_seen: UTCDateTime
+    fatal: bool = False
+    action: str
+    state: str
+    resolved_at: UTCDateTime | None = None
+    resolved_by: str | None = None
+    revision: int = 0
+    work: StageStatus | None = None  # the fault's work item's stage status, where it was read with it
+
+
+class WorkItem(Document):
+    """`queue`: `<stage>/<fault key>`, a fault-level stage's work on one open fault (made when the fault
+    opens, removed when it resolves). The stage's status sits under the stage's name."""
+
+    id: str = Field(alias="_id")
+    key: str
+    node: str
+    first_seen: UTCDateTime | None = None
+    last_seen: UTCDateTime | None = None
+    fatal: bool = False
+    quarantine: StageStatus = Field(default_factory=StageStatus)
+
+
+class Taint(Document):
+    key: str
+    value: str = ""
+    effect: str
+
+
+class Owned(Document):
+    """What faultline itself put on a node (the quarantine's record of it)."""
+
+    cordoned: bool = False
+    taints: list[Taint] = Field(default_factory=list)  # FerretDB: no nested arrays
+    labels: list[str] = Field(default_factory=list)
+
+
+class NodeHold(Document):
+    """`nodes/<node>`: what faultline holds on a node (written by the quarantine worker)."""
+
+    id: str = Field(alias="_id")
+    quarantined: bool = False
+    quarantined_at: UTCDateTime | None = None  # the first quarantine of this episode
+    faults: list[str] = Field(default_factory=list)
+    owned: Owned = Field(default_factory=Owned)
+    checked_at: UTCDateTime | None = None
+    released_at: UTCDateTime | None = None
+    gone: bool = False  # the Node no longer exists
+
+
+class DryRun(Document):
+    """`nodes/dry-run:<node>`: what the quarantine would have done (dry-run mode)."""
+
+    id: str = Field(alias="_id")
+    node: str
+    at: UTCDateTime
+    would: str
+
+
+class Breaker(Document):
+    """`nodes/breaker:quarantine`: the quarantine circuit breaker's stored state."""
+
+    state: str = "closed"
+    since: UTCDateTime | None = None
+    reason: str = ""
+
+
+class PodRecord(Document):
+    """One pod of a drain (kept so a takeover continues, e.g. DeleteAfterTimeout's first eviction)."""
+
+    model_config = ConfigDict(extra="allow")
+    namespace: str
+    name: str
+    mode: str
+    evicted_at: UTCDateTime | None = None
+    evicted: bool = False
+    refused: int = 0
+    deleted_at: UTCDateTime | None = None
+
+
+class Drain(Document):
+    """`drains/<node>`: the drain of one quarantine episode of a node (the drainer's work item)."""
+
+    id: str = Field(alias="_id")
+    node: str
+    episode: UTCDateTime | None = None
+    first_seen: UTCDateTime | None = None
+    fatal: bool = False
+    pods: dict[str, PodRecord] = Field(default_factory=dict)  # by pod uid
+    started_at: UTCDateTime | None = None
+    drained_at: UTCDateTime | None = None
+    result: str | None = None  # "drained" hands the episode to remediation
+    nodedrain: StageStatus = Field(default_factory=StageStatus)
+
+
+class RepairRound(Document):
+    """One round of repair: asked for by remediation, carried out and judged by the janitor."""
+
+    step: str
+    request: str
+    fault_keys: list[str] = Field(default_factory=list)
+    gpus: list[str] = Field(default_factory=list)
+    reason: str = ""
+    requested_at: UTCDateTime | None = None
+    started_at: UTCDateTime | None = None  # the janitor's first holder of the round
+    boot_before: str | None = None  # the node's boot id then (a takeover waits for the same reboot)
+    cloud_call: str | None = None  # the provider's answer, once called (never called twice)
+    outcome: str | None = None  # Succeeded | Failed | TimedOut | NotCleared | ContactSupport
+    at: UTCDateTime | None = None
+    message: str | None = None
+    external: bool = False  # an external remediator's CR: the janitor only validates
+    timeout: float | None = None  # seconds for an external round's faults to clear
+
+
+class Repair(Document):
+    """`repairs/<node>/<episode>`: the repair of one quarantine episode (remediation's and the
+    janitor's work item)."""
+
+    id: str = Field(alias="_id")
+    node: str
+    episode: UTCDateTime | None = None
+    first_seen: UTCDateTime | None = None
+    fatal: bool = True
+    rounds: list[RepairRound] = Field(default_factory=list)
+    result: str | None = None
+    remediation: StageStatus = Field(default_factory=StageStatus)
+    janitor: StageStatus = Field(default_factory=lambda: StageStatus(state=IDLE))
+
+
+class Parked(BaseModel):
+    """A parked work item, as `faultline status` lists it."""
+
+    stage: str
+    item: str
+    node: str
+    attempts: int
+    reason: str
+    at: dt.datetime | None

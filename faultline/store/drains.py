@@ -1,0 +1,73 @@
+"""Drains (`drains`): one document per node, for its current quarantine episode (`Drain`).
+
+The drainer makes one when a node held cordoned starts an episode (`open_drain`, or `reopen_drain` for
+a node drained in an episode before: the claim numbers go on), records its pods while it works, and
+finishes it with a `result`; `drained` hands the episode to remediation (`drained_episodes`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from faultline.store import documents
+from faultline.store.base import NODEDRAIN, PENDING, Base, utc
+
+DRAINED = "drained"
+
+
+class Drains(Base):
+    def drain_episodes(self) -> dict[str, dt.datetime | None]:
+        """Each drain's node and the episode it is for."""
+        return {str(d["_id"]): d.get("episode") for d in self.drains.find({}, {"episode": 1})}
+
+    def drained_episodes(self) -> dict[str, dt.datetime | None]:
+        """The nodes whose drain finished `drained`, and that drain's episode."""
+        return {
+            str(d["_id"]): d.get("episode") for d in self.drains.find({"result": DRAINED}, {"episode": 1})
+        }
+
+    def open_drain(self, node: str, episode: dt.datetime, *, fatal: bool) -> None:
+        """A pending drain of the node for `episode`, unless the node has a drain document already."""
+        fields = _fresh(node, episode, fatal)
+        fields[NODEDRAIN] = {"state": PENDING, "attempts": 0}
+        self.upsert(self.drains, {"_id": node}, {"$setOnInsert": fields})
+
+    def reopen_drain(self, node: str, episode: dt.datetime, *, fatal: bool) -> None:
+        """Start the node's drain over for a new episode (its claim numbers go on)."""
+        fields = {**_fresh(node, episode, fatal), f"{NODEDRAIN}.state": PENDING, f"{NODEDRAIN}.attempts": 0,
+                  f"{NODEDRAIN}.retry_after": None, f"{NODEDRAIN}.error": None}  # fmt: skip
+        self.drains.update_one({"_id": node}, {"$set": fields})
+
+    def start_drain(self, node: str, at: dt.datetime) -> None:
+        """When the drain started (kept from the first holder)."""
+        self.drains.update_one({"_id": node, "started_at": None}, {"$set": {"started_at": utc(at)}})
+
+    def record_drain_pods(
+        self, node: str, pods: Mapping[str, documents.PodRecord | Mapping[str, Any]]
+    ) -> None:
+        """The drain's record of each pod, by uid (each a `PodRecord`)."""
+        records = {
+            uid: (p if isinstance(p, documents.PodRecord) else documents.PodRecord.model_validate(p))
+            for uid, p in pods.items()
+        }
+        stored = {uid: r.model_dump(mode="python", exclude_none=True) for uid, r in records.items()}
+        self.drains.update_one({"_id": node}, {"$set": {"pods": stored}})
+
+    def finish_drain(self, node: str, result: str, at: dt.datetime) -> None:
+        """The drain's end: `drained` (hands the episode to remediation) or why it stopped."""
+        self.drains.update_one({"_id": node}, {"$set": {"drained_at": utc(at), "result": result}})
+
+    def drain(self, node: str) -> documents.Drain | None:
+        doc = self.drains.find_one({"_id": node})
+        return None if doc is None else documents.Drain.from_doc(doc)
+
+    def count_drained(self) -> int:
+        return int(self.drains.count_documents({"result": DRAINED}))
+
+
+def _fresh(node: str, episode: dt.datetime, fatal: bool) -> dict[str, Any]:
+    episode = utc(episode)
+    return {"node": node, "episode": episode, "first_seen": episode, "fatal": fatal, "pods": {},
+            "started_at": None, "drained_at": None, "result": None}  # fmt: skip

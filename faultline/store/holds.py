@@ -1,0 +1,78 @@
+"""What faultline holds on each node, and the quarantine circuit breaker (`nodes`).
+
+One document per node the quarantine worker has worked on (`NodeHold`, by node name), its dry-run
+records (`dry-run:<node>`) and the breaker (`breaker:quarantine`). The quarantine worker is the only
+writer; the drainer and remediation read `quarantined`, `quarantined_at` (the episode) and
+`owned.cordoned`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from faultline.store import documents
+from faultline.store.base import Base, utc
+
+BREAKER_ID = "breaker:quarantine"
+
+
+class Holds(Base):
+    def record_hold(
+        self, node: str, *, faults: Iterable[str], owned: documents.Owned | Mapping[str, Any],
+        at: dt.datetime, newly: bool = False, released: bool = False,
+    ) -> None:  # fmt: skip
+        """The quarantine's record of a node: what it owns there (held while it owns anything), the open
+        faults behind it, when it was checked; `newly`: this is the episode's first quarantine (its time
+        is the episode, and what the breaker's window counts); `released`: faultline let the node go."""
+        owned = owned if isinstance(owned, documents.Owned) else documents.Owned.model_validate(owned)
+        at = utc(at)
+        fields: dict[str, Any] = {
+            "quarantined": owned != documents.Owned(), "faults": list(faults),
+            "owned": owned.model_dump(mode="python"), "checked_at": at,
+        }  # fmt: skip
+        if newly:
+            fields["quarantined_at"] = at
+        if released:
+            fields["released_at"] = at
+        self.upsert(self.nodes, {"_id": node}, {"$set": fields})
+
+    def node_gone(self, node: str) -> None:
+        """The Node no longer exists: nothing is held on it."""
+        self.nodes.update_one({"_id": node}, {"$set": {"quarantined": False, "gone": True}})
+
+    def record_dry_run(self, node: str, at: dt.datetime, would: str) -> None:
+        self.upsert(
+            self.nodes, {"_id": f"dry-run:{node}"}, {"$set": {"node": node, "at": utc(at), "would": would}}
+        )
+
+    def hold(self, node: str) -> documents.NodeHold | None:
+        doc = self.nodes.find_one({"_id": node})
+        return None if doc is None else documents.NodeHold.from_doc(doc)
+
+    def held_nodes(self) -> list[documents.NodeHold]:
+        """The nodes faultline holds (quarantined), by name."""
+        docs = self.nodes.find({"quarantined": True})
+        return sorted(map(documents.NodeHold.from_doc, docs), key=lambda h: h.id)
+
+    def held_node_names(self) -> set[str]:
+        return {str(d["_id"]) for d in self.nodes.find({"quarantined": True}, {"_id": 1})}
+
+    def holds_episode(self, node: str, episode: dt.datetime | None) -> bool:
+        """Is the node still held in the quarantine episode `episode`?"""
+        doc = self.nodes.find_one({"_id": node}, {"quarantined": 1, "quarantined_at": 1}) or {}
+        return bool(doc.get("quarantined")) and doc.get("quarantined_at") == episode
+
+    def quarantined_since(self, since: dt.datetime) -> set[str]:
+        """Nodes whose episode began at or after `since` (what the breaker counts)."""
+        return {str(d["_id"]) for d in self.nodes.find({"quarantined_at": {"$gte": utc(since)}}, {"_id": 1})}
+
+    def breaker(self) -> documents.Breaker:
+        return documents.Breaker.from_doc(self.nodes.find_one({"_id": BREAKER_ID}) or {})
+
+    def save_breaker(self, state: str, since: dt.datetime | None, reason: str) -> None:
+        since = None if since is None else utc(since)
+        self.upsert(
+            self.nodes, {"_id": BREAKER_ID}, {"$set": {"state": state, "since": since, "reason": reason}}
+        )

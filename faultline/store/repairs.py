@@ -1,0 +1,114 @@
+"""Repairs (`repairs`): one document per quarantine episode of a node that needs repair (`Repair`).
+
+Remediation makes it (`open_repair`), decides each round and appends it (`add_round`), and hands the
+round to the janitor when its claim closes (`to_janitor()`); the janitor records the round's start
+(`start_round`), its cloud call (`record_cloud_call`) and outcome (`record_round_outcome`), and gives
+a failed round back to remediation (`to_remediation()`), which escalates.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from faultline.store import documents
+from faultline.store.base import CLAIMED, IDLE, JANITOR, PENDING, REMEDIATION, Base, utc
+
+
+def repair_key(node: str, episode: dt.datetime) -> str:
+    """A repair's id: `<node>/<episode>`, the episode written as naive UTC ISO time (as it always was,
+    so ids stay stable across versions)."""
+    return f"{node}/{utc(episode).replace(tzinfo=None).isoformat()}"
+
+
+def episode_label(episode: dt.datetime | None) -> str:
+    """The episode as earlier versions printed it (naive UTC), for names derived from it."""
+    return str(None if episode is None else utc(episode).replace(tzinfo=None))
+
+
+def to_janitor() -> dict[str, Any]:
+    """Fields that hand a repair's last round to the janitor (set with remediation's completion)."""
+    return {f"{JANITOR}.state": PENDING, f"{JANITOR}.attempts": 0, f"{JANITOR}.retry_after": None,
+            f"{JANITOR}.error": None}  # fmt: skip
+
+
+def to_remediation() -> dict[str, Any]:
+    """Fields that give a repair back to remediation for its next round (set with the janitor's
+    completion of a round that did not succeed)."""
+    return {f"{REMEDIATION}.state": PENDING, f"{REMEDIATION}.attempts": 0, f"{REMEDIATION}.retry_after": None}
+
+
+class Repairs(Base):
+    def repair_ids(self) -> set[str]:
+        return {str(d["_id"]) for d in self.repairs.find({}, {"_id": 1})}
+
+    def open_repair(self, node: str, episode: dt.datetime) -> str:
+        """A pending repair of the node's `episode` unless there is one; its id."""
+        key, episode = repair_key(node, episode), utc(episode)
+        self.upsert(self.repairs, {"_id": key}, {"$setOnInsert": {
+            "node": node, "episode": episode, "first_seen": episode, "fatal": True, "rounds": [],
+            REMEDIATION: {"state": PENDING, "attempts": 0}, JANITOR: {"state": IDLE, "attempts": 0},
+        }})  # fmt: skip
+        return key
+
+    def repairs_of(self, node: str) -> list[documents.Repair]:
+        return [documents.Repair.from_doc(d) for d in self.repairs.find({"node": node})]
+
+    def repair(self, repair_id: str) -> documents.Repair | None:
+        doc = self.repairs.find_one({"_id": repair_id})
+        return None if doc is None else documents.Repair.from_doc(doc)
+
+    def repair_in_progress(self, node: str) -> bool:
+        """A repair of the node the janitor has not finished (it validates before the node goes back)."""
+        return any(
+            (d.get(JANITOR) or {}).get("state") in (PENDING, CLAIMED)
+            for d in self.repairs.find({"node": node}, {JANITOR: 1})
+        )
+
+    def set_repair_result(self, repair_id: str, result: str) -> None:
+        self.repairs.update_one({"_id": repair_id}, {"$set": {"result": result}})
+
+    def add_round(self, repair_id: str, round_: documents.RepairRound, *, result: str | None = None) -> None:
+        """Append a round (and, for a last round such as contact support, the repair's result)."""
+        update: dict[str, Any] = {"$push": {"rounds": _round_doc(round_)}}
+        if result is not None:
+            update["$set"] = {"result": result}
+        self.repairs.update_one({"_id": repair_id}, update)
+
+    def start_round(self, repair_id: str, index: int, started_at: dt.datetime, boot_before: str) -> None:
+        """The first janitor to hold round `index`: when it started and the node's boot id then."""
+        here = f"rounds.{index}"
+        self.repairs.update_one(
+            {"_id": repair_id},
+            {"$set": {f"{here}.started_at": utc(started_at), f"{here}.boot_before": boot_before}},
+        )
+
+    def record_cloud_call(self, repair_id: str, index: int, said: str) -> None:
+        self.repairs.update_one({"_id": repair_id}, {"$set": {f"rounds.{index}.cloud_call": said}})
+
+    def record_round_outcome(
+        self,
+        repair_id: str,
+        index: int,
+        *,
+        outcome: str,
+        at: dt.datetime,
+        message: str,
+        started_at: dt.datetime,
+    ) -> None:
+        here = f"rounds.{index}"
+        self.repairs.update_one({"_id": repair_id}, {"$set": {
+            f"{here}.outcome": outcome, f"{here}.at": utc(at), f"{here}.message": message,
+            f"{here}.started_at": utc(started_at),
+        }})  # fmt: skip
+
+
+def _round_doc(r: documents.RepairRound) -> dict[str, Any]:
+    doc = r.model_dump(mode="python")
+    if not r.external:  # as remediation always wrote them: the external fields only on external rounds
+        doc.pop("external")
+        doc.pop("timeout")
+    for key, value in doc.items():
+        if isinstance(value, dt.datetime):
+            doc[key] = utc(value)
+    return doc
