@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import json
+import logging
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from faultline.config import Component
 from faultline.errors import ConfigError
 
 C = TypeVar("C", bound=Component)
+log = logging.getLogger(__name__)
 
 CONFIG_HELP = "YAML file of settings (field: value); the environment and flags override it."
 
@@ -154,6 +156,13 @@ def register(
     group.command(name)(callback)
 
 
+def summary(resolved: settings.Resolved) -> dict[str, Any]:
+    """For the start-up log line: the settings that are not defaults (secrets masked) and their sources."""
+    given = {n: src for n, src in resolved.sources.items() if src != settings.DEFAULT}
+    values = {n: format_value(getattr(resolved.config, n)) for n in given}
+    return {"settings": values, "sources": given}
+
+
 Body = Callable[[C], None]
 
 
@@ -162,7 +171,11 @@ def command(group: typer.Typer, name: str, model: type[C]) -> Callable[[Body[C]]
     docstring is the command's help."""
 
     def decorate(body: Body[C]) -> Body[C]:
-        register(group, name, model, lambda r: body(typing.cast(C, r.config)), body.__doc__)
+        def run(resolved: settings.Resolved) -> None:
+            log.info("settings", extra={"component": name, **summary(resolved)})
+            body(typing.cast(C, resolved.config))
+
+        register(group, name, model, run, body.__doc__)
         return body
 
     return decorate
