@@ -59,15 +59,13 @@ class EntryMatcher:
 
     def _record(self, assembly: Assembly, out: list[Timed], at_end: bool) -> None:
         hits, untrusted = assembly.match(self.kind)
-        first = assembly.first
-        if hits:
-            text, position = assembly.text, (self.position, 0)
-            out.extend(Timed(first.ts, position, h, text, first.boot, self.kind) for h in hits)
-            self.untrusted += untrusted
-        elif at_end and assembly.open:
+        if not (hits or untrusted) and at_end and assembly.open:
             self.pending = assembly  # its next lines may come in the next batch
-        else:
-            self.untrusted += untrusted
+            return
+        first = assembly.first
+        text, position = assembly.text, (self.position, 0)
+        out.extend(Timed(first.ts, position, h, text, first.boot, self.kind) for h in hits)
+        self.untrusted += untrusted
 
 
 def _record(entry: Entry) -> formats.Parsed:

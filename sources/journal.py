@@ -15,7 +15,7 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -34,11 +34,14 @@ class Prefilter(Protocol):
     """What the journal reader needs from the compiled packs."""
 
     literals: list[str]
-    record_lines: int  # a record pattern's record is at most this many lines (1: there are none)
 
     def candidate_lines(self, data: bytes) -> Iterator[tuple[int, int]]: ...
 
-    def record_start_bytes(self, line: bytes) -> bool: ...
+
+def _record_starts(prefilter: Prefilter) -> tuple[int, Callable[[bytes], bool] | None]:
+    """How many lines after a record's start line may continue it, and the test for a start line
+    (`patterns.compiler.CompiledPacks`; a prefilter without record patterns has neither)."""
+    return getattr(prefilter, "record_lines", 1) - 1, getattr(prefilter, "record_start_bytes", None)
 
 
 def json_safe(literals: list[str]) -> bool:
@@ -119,13 +122,13 @@ class JournalFollower:
         if self.prefilter is None or _BINARY_MESSAGE.search(data):
             return data.splitlines()
         last = data.rfind(b"\n", 0, len(data) - 1) + 1
-        more = self.prefilter.record_lines - 1
+        more, opens_record = _record_starts(self.prefilter)
         picked: dict[int, int] = {}
         for start, end in self.prefilter.candidate_lines(data):
             if start >= last or start in picked:
                 continue
             picked[start] = end
-            if more > 0 and self.prefilter.record_start_bytes(data[start:end]):
+            if more > 0 and opens_record is not None and opens_record(data[start:end]):
                 pos = end + 1
                 for _ in range(more):
                     if pos >= last:

@@ -10,7 +10,7 @@ Two kinds of multi-line record reach faultline:
   where such a record ends, so only the patterns that declare `record:` see it: a line holding one of
   their start literals opens an `Assembly`, and the lines after it continue it while they come from the
   same node and origin, within the record's time, begin with the first line's driver prefix (`NVRM: `)
-  and do not open a record themselves. Lines of other nodes in between (a merged file) are passed over.
+  and do not open a record themselves. Lines of other nodes or writers in between are passed over.
 
 Only a line that opens a record (found by the byte prefilter, which holds the start literals) and the
 few lines after it are ever parsed for this; other lines cost nothing.
@@ -58,12 +58,18 @@ class Assembly:
             return False
         m, first = self.matcher, self.first
         self.looked += 1
-        if rec is not None and rec.host != first.host and self.looked < 2 * m.record_lines:
-            return True  # another node's line in a merged file: look past it
+        if rec is not None and (
+            (rec.host, rec.kernel) != (first.host, first.kernel)
+            or not (first.kernel or rec.message.startswith(self.prefix))
+        ):
+            # another node's line in a merged file, or another writer's (user-space writers are told
+            # apart only by the record's prefix): look past it, a few times
+            if self.looked < 2 * m.record_lines:
+                return True
+            self.open = False
+            return False
         if (
             rec is None
-            or rec.host != first.host
-            or rec.kernel != first.kernel
             or abs(rec.ts - first.ts) > m.record_within
             or not rec.message.startswith(self.prefix)
             or m.record_start(rec.message)

@@ -1,0 +1,368 @@
+"""The kernel-log corpus of issue 14: every fault family in every log format faultline reads.
+
+    python -m tests.corpus.corpus        # rewrite the files in logs/ (they are committed)
+
+Each family is the kernel's own message text (see PROVENANCE.md for where each text and each format
+comes from) and the fault it must give. Each format writes every family the way that format carries
+it: multi-line records as the format splits them (separate syslog lines, one journal entry per line or
+one entry holding newlines, dmesg's indented continuation lines, kmsg's escaped newlines, rsyslog's
+#012), among lines of other programs, and user-space lines that look like the kernel's (`SPOOFED`),
+which must never be a fault. `tests/e2e/test_corpus.py` replays the files and checks that they are
+what this module writes.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LOGS = HERE / "logs"
+T0 = calendar.timegm((2026, 12, 1, 10, 0, 0, 0, 0, 0))
+BOOT = T0 - 3600  # replay with --boot-time 2026-12-01T09:00:00 for the formats stamped since boot
+YEAR = 2026
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel record (one line, or several when the driver prints it over several) and the fault
+    it must give: (entity type, entity id, code, fatal, action)."""
+
+    name: str
+    lines: tuple[str, ...]
+    fault: tuple[str, str, str, bool, str]
+    repeat: int = 1  # matches needed (a pattern with a threshold)
+
+
+FALLEN = (
+    "NVRM: The NVIDIA GPU 0000:b3:00.0",
+    "NVRM: (PCI ID: 10de:26b5) installed in this system has",
+    "NVRM: fallen off the bus and is not responding to commands.",
+)
+FAMILIES = (
+    Family("gpu-fell-off-bus, multi-line", FALLEN, ("GPU", "0000:b3:00", "GPU-FELL-OFF-BUS", True, "RESTART_BM")),
+    Family(
+        "XID 154, recovery action",
+        ("NVRM: Xid (PCI:0000:19:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",),
+        ("GPU", "0000:19:00", "XID-154", True, "RESTART_BM"),
+    ),
+    Family(
+        "XID 145, padded NVLink5 fields",
+        ("NVRM: Xid (PCI:0008:06:00): 145, RLW_SRC_TRACK    Nonfatal    XC1   i0   Link 10 (0x04082907 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",),
+        ("GPU", "0008:06:00", "XID-145", False, "NONE"),
+    ),
+    Family(
+        "XID 149, padded NVLink5 fields",
+        ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_INT  Fatal   XC0 i0 Link -1",),
+        ("GPU", "0018:01:00", "XID-149", True, "COMPONENT_RESET"),
+    ),
+    Family(
+        "XID 13, GPC and TPC",
+        ("NVRM: Xid (PCI:0000:b1:00): 13, pid=52044, name=train.py, Graphics SM Warp Exception on (GPC 1, TPC 3, SM 0): Out Of Range Address",),
+        ("GPU", "0000:b1:00", "XID-13", False, "RESTART_APP"),
+    ),
+    Family(
+        "XID 74, link hardware bits",
+        ("NVRM: Xid (PCI:0000:ba:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 3(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)",),
+        ("GPU", "0000:ba:00", "XID-74", True, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "XID 79, 8-digit domain and odd punctuation",
+        ("NVRM: Xid (PCI:00000000:3C:00): 79; GPU has fallen off the bus.",),
+        ("GPU", "0000:3c:00", "XID-79", True, "RESTART_BM"),
+    ),
+    Family(
+        "mlx5 health poll",
+        ("mlx5_core 0000:41:00.0: poll_health:852:(pid 0): device's health compromised - reached miss count",),
+        ("NIC", "0000:41:00.0", "NIC-HEALTH-COMPROMISED", True, "RESTART_BM"),
+    ),
+    Family(
+        "mlx5 firmware fatal syndrome",
+        ("mlx5_core 0000:41:00.1: print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error",),
+        ("NIC", "0000:41:00.1", "NIC-FW-FATAL", True, "RESTART_BM"),
+    ),
+    Family(
+        "mlx5 PCI reads failing",
+        ("mlx5_core 0000:61:00.1: mlx5_health_try_recover:381:(pid 1): health recovery flow aborted, PCI reads still not working",),
+        ("NIC", "0000:61:00.1", "NIC-PCI-READS-FAILED", True, "RESTART_BM"),
+    ),
+    Family(
+        "mlx5 command timeout",
+        ("mlx5_core 0000:03:00.0: wait_func:964:(pid 112): ENABLE_HCA(0x104) timeout. Will cause a leak of a command resource",),
+        ("NIC", "0000:03:00.0", "NIC-CMD-TIMEOUT", True, "RESTART_BM"),
+    ),
+    Family(
+        "mlx5 PCIe slot power",
+        ("mlx5_core 0000:5c:00.0: mlx5_pcie_event:299:(pid 268269): Detected insufficient power on the PCIe slot (27W).",),
+        ("NIC", "0000:5c:00.0", "NIC-PCI-POWER-INSUFFICIENT", False, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "mlx5 high temperature",
+        ("mlx5_core 0000:61:00.0: temp_warn:171:(pid 0): High temperature on sensors with bit set 0 8000000000000001",),
+        ("NIC", "0000:61:00.0", "NIC-HIGH-TEMPERATURE", False, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "port module error, newer kernels' port_module prefix",
+        ("mlx5_core 0000:5e:00.0: port_module:254:(pid 0): Port module event[error]: module 0, Cable error, High Temperature",),
+        ("NIC", "0000:5e:00.0", "NIC-MODULE-ERROR", True, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "port module cable unplugged, no prefix",
+        ("mlx5_core 0000:5e:00.1: Port module event: module 1, Cable unplugged",),
+        ("NIC", "0000:5e:00.1", "NIC-CABLE-UNPLUGGED", False, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "transmit watchdog",
+        ("NETDEV WATCHDOG: enp175s0f1np1 (mlx5_core): transmit queue 5 timed out 5120 ms",),
+        ("NIC", "enp175s0f1np1", "NIC-TX-TIMEOUT", False, "NONE"),
+    ),
+    Family(
+        "mlx5e transmit timeout",
+        ("mlx5_core 0000:af:00.0 enp175s0f0np0: TX timeout detected",),
+        ("NIC", "enp175s0f0np0", "NIC-TX-TIMEOUT", False, "NONE"),
+    ),
+    Family(
+        "mlx5 register access failures",
+        ("mlx5_core 0000:56:00.0: mlx5_cmd_out_err:838:(pid 1234): ACCESS_REG(0x805) op_mod(0x1) failed, status bad parameter(0x3), syndrome (0x6b92b8), err(-22)",),
+        ("NIC", "0000:56:00.0", "NIC-REG-ACCESS-FAILED", False, "CONTACT_SUPPORT"),
+        repeat=5,
+    ),
+    Family(
+        "EFA admin queue",
+        ("efa 0000:00:1d.0 rdmap0s29: The device didn't send any completion for admin cmd CREATE_QP(1) status 1 (ctx: 0x00000000a1b2c3d4, sq producer: 12, sq consumer: 11, cq consumer: 11)",),
+        ("NIC", "0000:00:1d.0", "NIC-EFA-ADMIN-QUEUE", True, "RESTART_VM"),
+    ),
+)  # fmt: skip
+# What user space writes to look like the kernel: never a fault (entities 0000:aa:00, 0000:ab:00).
+SPOOFED = (
+    ("NVRM: Xid (PCI:0000:aa:00): 79, pid=1, name=x, GPU has fallen off the bus.",),
+    ("NVRM: The NVIDIA GPU 0000:ab:00.0", "NVRM: installed in this system has", "NVRM: fallen off the bus and is not responding to commands."),
+)  # fmt: skip
+SPOOFED_ENTITIES = {"0000:aa:00", "0000:ab:00"}
+NOISE = (
+    ("systemd", 1, "Started session-42.scope - Session 42 of User ubuntu."),
+    ("kubelet", 1861, 'I1201 10:00:00.000000 1861 kubelet.go:2410] "SyncLoop (PLEG): event for pod"'),
+    ("containerd", 902, 'time="2026-12-01T10:00:00Z" level=info msg="StartContainer returns successfully"'),
+)
+
+
+@dataclass
+class Event:
+    ts: float
+    lines: tuple[str, ...]
+    app: str = "kernel"  # the writer: "kernel" or a user-space program
+    pid: int = 0
+
+
+@dataclass
+class Writer:
+    """One format: how to write a kernel record, with its continuation lines, and a user-space one."""
+
+    name: str
+    suffix: str
+    write: Callable[[list[Event], str], bytes]
+    extra: list[Family] = field(default_factory=list)  # families only this format can carry
+    origin: bool = True  # the format says who wrote a line (dmesg does not)
+
+
+def events(extra: list[Family], *, spoofs: bool) -> list[Event]:
+    out: list[Event] = []
+    t = T0
+    for family in (*FAMILIES, *extra):
+        for _ in range(family.repeat):
+            t += 30
+            out.append(Event(t, family.lines))
+            app, pid, text = NOISE[len(out) % len(NOISE)]
+            out.append(Event(t + 0.000002, (text,), app, pid))
+    if spoofs:
+        for lines in SPOOFED:
+            t += 30
+            out.append(Event(t, lines, "logger", 4242))
+    return out
+
+
+def _stamp3164(ts: float) -> str:
+    d = datetime.fromtimestamp(ts, tz=UTC)
+    return f"{calendar.month_abbr[d.month]} {d.day:2d} {d:%H:%M:%S}"
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="microseconds")
+
+
+def _tag(e: Event) -> str:
+    return "kernel" if e.app == "kernel" else f"{e.app}[{e.pid}]"
+
+
+def syslog_lines(render: Callable[[float, Event, str], str]) -> Callable[[list[Event], str], bytes]:
+    """Syslog formats: a record over several lines is several lines (the kernel's syslog interface
+    splits it), a microsecond apart, with another program's line between (a merged stream)."""
+
+    def write(evs: list[Event], host: str) -> bytes:
+        out = []
+        for e in evs:
+            for i, line in enumerate(e.lines):
+                out.append(render(e.ts + i * 1e-6, e, line))
+                if i == 0 and len(e.lines) > 1:  # another program writes between the record's lines
+                    out.append(render(e.ts, Event(e.ts, (), "systemd", 1), "Started fstrim.service."))
+        return ("\n".join(out) + "\n").encode()
+
+    return write
+
+
+def rfc3164(ts: float, e: Event, line: str, host: str = "node-rfc3164") -> str:
+    return f"{_stamp3164(ts)} {host} {_tag(e)}: {line}"
+
+
+def iso(ts: float, e: Event, line: str, host: str = "node-iso") -> str:
+    return f"{_iso(ts)} {host} {_tag(e)}: {line}"
+
+
+def rfc5424(ts: float, e: Event, line: str, host: str = "node-rfc5424") -> str:
+    # PRI: the kernel logs with facility kern (0), user space with user (1)
+    pri = 6 if e.app == "kernel" else 14
+    procid = "-" if e.app == "kernel" else str(e.pid)
+    return f"<{pri}>1 {_iso(ts)} {host} {e.app} {procid} - - {line}"
+
+
+def write_iso(evs: list[Event], host: str) -> bytes:
+    """rsyslog's file format; one more record written whole, its newlines escaped as #012."""
+    text = syslog_lines(iso)(evs, host).decode()
+    folded = "#012".join(line.replace("b3:00", "b7:00") for line in FALLEN)
+    return (text + iso(T0 + 5000, Event(T0 + 5000, ()), folded) + "\n").encode()
+
+
+def _journal_fields(e: Event, host: str, message: str, ts: float) -> dict[str, str]:
+    kernel = e.app == "kernel"
+    fields = {
+        "__CURSOR": f"s=4b1d3c2a;i={int(ts * 1e6):x}",
+        "__REALTIME_TIMESTAMP": str(int(ts * 1e6)),
+        "__MONOTONIC_TIMESTAMP": str(int((ts - BOOT) * 1e6)),
+        "_BOOT_ID": "4b1d3c2a9e8f4d7c8b6a5f4e3d2c1b0a",
+        "_HOSTNAME": host,
+        "PRIORITY": "3" if kernel else "6",
+        "SYSLOG_FACILITY": "0" if kernel else "1",
+        # journald sets _TRANSPORT itself; `logger -t kernel` can fake the identifier, not the transport
+        "SYSLOG_IDENTIFIER": "kernel",
+        "_TRANSPORT": "kernel" if kernel else "syslog",
+        "MESSAGE": message,
+    }
+    if kernel:
+        fields["_SOURCE_MONOTONIC_TIMESTAMP"] = fields["__MONOTONIC_TIMESTAMP"]
+    else:
+        fields["_PID"] = str(e.pid)
+        fields["_COMM"] = e.app
+    return fields
+
+
+def write_json(evs: list[Event], host: str) -> bytes:
+    """`journalctl -o json`: each line of a multi-line record its own entry; one more record held
+    whole in one entry (newlines inside MESSAGE)."""
+    out = []
+    for e in evs:
+        for i, line in enumerate(e.lines):
+            out.append(json.dumps(_journal_fields(e, host, line, e.ts + i * 1e-6)))
+    whole = "\n".join(line.replace("b3:00", "b6:00") for line in FALLEN)
+    out.append(json.dumps(_journal_fields(Event(T0 + 5000, ()), host, whole, T0 + 5000)))
+    return ("\n".join(out) + "\n").encode()
+
+
+def write_export(evs: list[Event], host: str) -> bytes:
+    """`journalctl -o export`: a multi-line record is one entry whose MESSAGE (with its newlines) is a
+    binary field: 64-bit little-endian length, then the bytes."""
+    out = bytearray()
+    for e in evs:
+        fields = _journal_fields(e, host, "\n".join(e.lines), e.ts)
+        for key, value in fields.items():
+            raw = value.encode()
+            if "\n" in value:
+                out += key.encode() + b"\n" + struct.pack("<Q", len(raw)) + raw + b"\n"
+            else:
+                out += key.encode() + b"=" + raw + b"\n"
+        out += b"\n"
+    return bytes(out)
+
+
+def _uptime(ts: float) -> str:
+    return f"[{ts - BOOT:12.6f}] "
+
+
+def _dmesg_t(ts: float) -> str:
+    d = datetime.fromtimestamp(ts, tz=UTC)
+    return f"[{d:%a %b} {d.day:2d} {d:%H:%M:%S %Y}] "
+
+
+def dmesg(stamp: Callable[[float], str]) -> Callable[[list[Event], str], bytes]:
+    """dmesg: a record over several lines has its continuation lines indented under the first line's
+    text (util-linux dmesg). dmesg shows no writer, so only kernel records are written."""
+
+    def write(evs: list[Event], host: str) -> bytes:
+        out = []
+        for e in evs:
+            if e.app != "kernel":
+                continue
+            prefix = stamp(e.ts)
+            out.append(prefix + e.lines[0])
+            out.extend(" " * len(prefix) + line for line in e.lines[1:])
+        return ("\n".join(out) + "\n").encode()
+
+    return write
+
+
+def write_kmsg(evs: list[Event], host: str) -> bytes:
+    """/dev/kmsg records `prio,seq,usec,flags;text`: a record's newlines are escaped as \\x0a, the
+    priority carries the facility (kern 0; what user space writes to /dev/kmsg has user, 1)."""
+    out = []
+    for seq, e in enumerate(evs, start=100):
+        prio = 3 if e.app == "kernel" else 8 + 6
+        out.append(f"{prio},{seq},{int((e.ts - BOOT) * 1e6)},-;" + "\\x0a".join(e.lines))
+        if e.app == "kernel" and e.lines[0].startswith("mlx5_core"):
+            out.append(" SUBSYSTEM=pci")  # the record's dictionary (continuation lines of kmsg)
+            out.append(" DEVICE=+pci:" + e.lines[0].split()[1].rstrip(":"))
+    return ("\n".join(out) + "\n").encode()
+
+
+WRITERS = (
+    Writer("rfc3164", "syslog", syslog_lines(rfc3164)),
+    Writer("iso", "log", write_iso, [Family("rsyslog #012", (), ("GPU", "0000:b7:00", "GPU-FELL-OFF-BUS", True, "RESTART_BM"))]),
+    Writer("rfc5424", "rfc5424.log", syslog_lines(rfc5424)),
+    Writer("json", "json", write_json, [Family("journal entry with newlines", (), ("GPU", "0000:b6:00", "GPU-FELL-OFF-BUS", True, "RESTART_BM"))]),
+    Writer("export", "export", write_export),
+    Writer("dmesg", "dmesg", dmesg(_uptime), origin=False),
+    Writer("dmesg-T", "dmesg", dmesg(_dmesg_t), origin=False),
+    Writer("kmsg", "kmsg", write_kmsg),
+)  # fmt: skip
+
+
+def node_of(writer: Writer) -> str:
+    return f"node-{writer.name}"
+
+
+def file_of(writer: Writer) -> str:
+    return f"{node_of(writer)}.{writer.suffix}"
+
+
+def expected(writer: Writer) -> set[tuple[str, str, str, bool, str]]:
+    return {f.fault for f in (*FAMILIES, *writer.extra)}
+
+
+def render(writer: Writer) -> bytes:
+    # extra families are written by the writer itself; only the shared ones become events
+    return writer.write(events([], spoofs=writer.origin), node_of(writer))
+
+
+def main() -> int:
+    for writer in WRITERS:
+        LOGS.mkdir(exist_ok=True)
+        (LOGS / file_of(writer)).write_bytes(render(writer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
