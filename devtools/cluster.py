@@ -233,7 +233,7 @@ class LocalCluster:
         """A kubeconfig that acts as the ServiceAccount `namespace/name` (bound token, for RBAC tests)."""
         from faultline import kube  # noqa: PLC0415
 
-        token = kube.mint_token(self.api(), namespace, name, seconds=seconds)
+        token = kube.tokens.mint(self.api(), namespace, name, seconds=seconds)
         return kubeconfig.write(
             self.dir / f"sa-{namespace}-{name}.kubeconfig",
             self.server,

@@ -14,6 +14,7 @@ cluster up` with no container runtime.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from faultline import kube
+from faultline.errors import ConflictError, NotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,6 @@ class Fakelet:
     def __init__(self, api: kube.ApiClient, names: list[str], *, gpus: int = 8) -> None:
         self.api = api
         # Bodies are plain JSON-shaped dicts, which the client accepts; typed as Any on purpose.
-        self.core: Any = kube.core(api)
         self.leases: Any = kube.coordination(api)
         self.gpus = gpus
         self.nodes = {n: SimNode(n, f"10.244.{i // 250}.{i % 250 + 1}") for i, n in enumerate(names)}
@@ -156,11 +157,8 @@ class Fakelet:
             self._stop.wait(POLL_S)
 
     def _register(self, node: SimNode) -> None:
-        try:
-            self.core.create_node(node_manifest(node, self.gpus))
-        except kube.ApiException as exc:
-            if exc.status != 409:
-                raise
+        with contextlib.suppress(ConflictError):  # registered before
+            kube.nodes.create(self.api, node_manifest(node, self.gpus))
 
     def _heartbeat(self, node: SimNode, *, force: bool = False) -> None:
         if node.dead:
@@ -213,7 +211,7 @@ class Fakelet:
             cap = node_manifest(node, self.gpus)["status"]["capacity"]
             status["capacity"] = cap
             status["allocatable"] = cap
-        self.core.patch_node_status(node.name, {"status": status})
+        kube.nodes.patch_status(self.api, node.name, status)
         node.ready_reported = up
         if up:
             self._renew_lease(node, now)
@@ -222,33 +220,29 @@ class Fakelet:
         spec = {
             "holderIdentity": node.name,
             "leaseDurationSeconds": LEASE_SECONDS,
-            "renewTime": kube.micro_now(),
+            "renewTime": kube.bodies.micro_time(),
         }
+        what = f"Lease kube-node-lease/{node.name}"
         try:
-            self.leases.patch_namespaced_lease(node.name, "kube-node-lease", {"spec": spec})
-        except kube.ApiException as exc:
-            if exc.status != 404:
-                raise
+            renew = self.leases.patch_namespaced_lease
+            kube.client.send_json("patch", what, renew, node.name, "kube-node-lease", {"spec": spec})
+        except NotFoundError:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
                 "metadata": {"name": node.name, "namespace": "kube-node-lease"},
                 "spec": spec,
             }
-            try:
-                self.leases.create_namespaced_lease("kube-node-lease", body)
-            except kube.ApiException as create_exc:
-                if create_exc.status not in (404, 409):  # namespace not created yet, or a race: next beat
-                    raise
+            # the namespace not created yet, or a race: the next beat
+            with contextlib.suppress(NotFoundError, ConflictError):
+                create = self.leases.create_namespaced_lease
+                kube.client.send_json("create", what, create, "kube-node-lease", body)
 
     # -- pods ----------------------------------------------------------------------------------------
     def _sync_pods(self) -> None:
         # plain JSON, not the client's model objects: building those for thousands of pods five times a
         # second costs a core (measured in the drain benchmark)
-        found = kube.read_json(
-            self.api, self.core.list_pod_for_all_namespaces, field_selector="spec.nodeName!="
-        )
-        pods = [_Json(p) for p in found["items"]]
+        pods = [_Json(p) for p in kube.pods.list_all(self.api, field_selector="spec.nodeName!=")]
         now_mono = time.monotonic()
         for pod in pods:
             node = self.nodes.get(pod.spec.node_name)
@@ -343,23 +337,15 @@ class Fakelet:
         deadline = meta.deletion_timestamp  # the API server sets it to request time + grace
         if deadline is not None and _now() < deadline.replace(tzinfo=dt.UTC) and grace > 0:
             return
-        try:
-            # grace 0 in the body: the client drops a zero grace_period_seconds query parameter
-            body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta.uid}}
-            self.core.delete_namespaced_pod(meta.name, meta.namespace, body=body)
-        except kube.ApiException as exc:
-            if exc.status not in (404, 409):  # gone already, or replaced by a pod of the same name
-                raise
+        # grace 0 in the body: the client drops a zero grace_period_seconds query parameter
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta.uid}}
+        with contextlib.suppress(NotFoundError, ConflictError):  # gone, or replaced by a pod of the same name
+            kube.pods.delete(self.api, meta.namespace, meta.name, body=body)
         self._finishing.pop(meta.uid, None)
 
     def _patch_status(self, pod: Any, status: dict[str, Any]) -> None:
-        try:
-            self.core.patch_namespaced_pod_status(
-                pod.metadata.name, pod.metadata.namespace, {"status": status}
-            )
-        except kube.ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
+        with contextlib.suppress(NotFoundError, ConflictError):
+            kube.pods.patch_status(self.api, pod.metadata.namespace, pod.metadata.name, status)
 
 
 class _Json:

@@ -1,4 +1,5 @@
-"""Node conditions and Events from a node's open faults (pure logic; `faultline.kube` applies them).
+"""Node conditions and Events from a node's open faults (pure logic; `faultline.kube.nodes` and the agent's
+`faultline.kube.lite` apply them).
 
 One condition per component class (`GpuHealthy`, `NvSwitchHealthy`, `NicHealthy`, `NodeHealthy`):
 False while an open fault of that class is fatal, True otherwise. `GpuMonitorHealthy` is False while
@@ -98,6 +99,15 @@ def diff(
     ]
     stale = sorted(t for t in current if t in OWNED_TYPES and t not in wanted)
     return changed, stale
+
+
+def changes(
+    current: dict[str, dict[str, str]], wanted: dict[str, Condition], now: dt.datetime
+) -> tuple[list[dict[str, str]], list[str]]:
+    """What brings a node's `current` conditions to `wanted`: the condition patches to write (a transition
+    time only where the status changes) and the owned types to delete. Both Kubernetes transports use it."""
+    changed, stale = diff(current, wanted)
+    return [c.as_patch(now, current.get(c.type, {}).get("status") != c.status) for c in changed], stale
 
 
 class EventLimiter:

@@ -1,6 +1,6 @@
 """Bytewax sink keeping a node's conditions in line with its faults and posting Events on changes.
 
-Speaks to the API server through `faultline.kubelite` (the agent's footprint). The conditions faultline
+Speaks to the API server through `faultline.kube.lite` (the agent's footprint). The conditions faultline
 owns are cached from the last Node read or patch answer, so a batch that changes nothing costs no call;
 the cache is re-read from the API server every `RESYNC_S` and after any failed call, so a condition
 someone else edited is put back.
@@ -23,7 +23,9 @@ from pathlib import Path
 
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 
-from faultline import conditions, kubelite
+from faultline import conditions
+from faultline.errors import ApiError
+from faultline.kube import bodies, lite
 from faultline.models import Fault, NodeUpdate
 
 CONTROLLER = "faultline.io/agent"
@@ -37,7 +39,7 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
     def __init__(
         self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str], *, background: bool = True
     ) -> None:
-        self.client = kubelite.Client.connect(kubeconfig)
+        self.client = lite.Client.connect(kubeconfig)
         self.gpu_names = gpu_names
         self.types = types
         self.limiter = conditions.EventLimiter()
@@ -56,18 +58,16 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
     def _apply(self, node: str, wanted: dict[str, conditions.Condition]) -> None:
         current = self.current.get(node)
         if current is None or time.monotonic() - self.read_at.get(node, 0.0) > RESYNC_S:
-            current = kubelite.node_conditions(kubelite.read_node_status(self.client, node))
+            current = bodies.node_conditions(lite.read_node_status(self.client, node))
             self.current[node], self.read_at[node] = current, time.monotonic()
-        changed, stale = conditions.diff(current, wanted)
-        now = dt.datetime.now(dt.UTC)
-        patches = [c.as_patch(now, current.get(c.type, {}).get("status") != c.status) for c in changed]
+        patches, stale = conditions.changes(current, wanted, dt.datetime.now(dt.UTC))
         try:
-            patched = kubelite.patch_node_conditions(self.client, node, patches, stale)
+            patched = lite.patch_node_conditions(self.client, node, patches, stale)
         except Exception:
             self.current.pop(node, None)  # unknown now: read again next time
             raise
         if patched is not None:
-            self.current[node] = kubelite.node_conditions(patched)
+            self.current[node] = bodies.node_conditions(patched)
 
     def write_batch(self, items: list[NodeUpdate]) -> None:
         """Queue the updates for the sink's thread: API calls never hold up the dataflow."""
@@ -97,7 +97,7 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
                 for fault, _revision in update.changed[posted:]:
                     self._post(update.node, fault)
                     done += 1
-            except (kubelite.ApiUnavailableError, kubelite.ApiError) as exc:
+            except ApiError as exc:  # unreachable, throttled, failed, refused: all wait
                 with self.lock:
                     self.backlog = [(update, done), *pending[position + 1 :], *self.backlog][-BACKLOG_MAX:]
                 self.failures += 1
@@ -113,7 +113,7 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
         reason = f"{fault.code}Resolved" if resolved else fault.code
         if not self.limiter.would_allow(node, reason, time.monotonic()):
             return
-        kubelite.post_node_event(
+        lite.post_node_event(
             self.client, node, reason=reason,
             note=f"{fault.code} on {fault.entity.type} {fault.entity.id}: {fault.description}"
             + ("" if not resolved else " (resolved)"),

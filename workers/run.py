@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
 
 from faultline import kube, store
 from faultline.config import DrainConfig, JanitorConfig, QuarantineConfig, RemediationConfig
+from faultline.errors import ForbiddenError
 from faultline.metrics import serve
 from workers import (
     cloud,
@@ -54,11 +56,8 @@ def remediation_main(config: RemediationConfig) -> None:
     settings = remediation.Settings.from_config(config)  # the template is checked before connecting
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
-    try:
-        kube.ensure_crds(api)  # a local cluster; in a cluster the chart installs the CRD
-    except kube.ApiException as exc:
-        if exc.status != 403:
-            raise
+    with contextlib.suppress(ForbiddenError):  # a cluster where the chart installed the CRD
+        kube.resources.ensure_crds(api)  # a local cluster
     worker = remediation.Remediation(st, api, settings, config.owner or common.default_owner("remediation"))
     _serve_until_signalled(worker, config.metrics_port)
 

@@ -163,7 +163,7 @@ def test_nic_flapping_in_sysfs_is_one_fault_and_a_condition(
         assert faults.find_one({"code": "NIC-LINK-DOWN"})["count"] == 3
         poll(
             "NicHealthy False",
-            lambda: kube.node_conditions(api, node).get("NicHealthy", {}).get("status") == "False",
+            lambda: kube.nodes.conditions(api, node).get("NicHealthy", {}).get("status") == "False",
             10,
         )
 
@@ -196,11 +196,11 @@ def test_xid_to_fault_document_and_condition_then_clear(
         )  # fmt: skip
         poll(
             "GpuHealthy False",
-            lambda: kube.node_conditions(api, node).get("GpuHealthy", {}).get("status") == "False",
+            lambda: kube.nodes.conditions(api, node).get("GpuHealthy", {}).get("status") == "False",
             10,
         )
         to_condition = time.monotonic() - started
-        condition = kube.node_conditions(api, node)["GpuHealthy"]
+        condition = kube.nodes.conditions(api, node)["GpuHealthy"]
         assert condition["reason"] == "XID-79"
         assert "GPU 3 GPU-" in condition["message"] and "(0000:5d:00)" in condition["message"]
         # Timing is measured, not asserted (a loaded CI machine is no benchmark); seen here: MongoDB 15-26 ms,
@@ -218,7 +218,7 @@ def test_xid_to_fault_document_and_condition_then_clear(
         poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)
         poll(
             "GpuHealthy True",
-            lambda: kube.node_conditions(api, node).get("GpuHealthy", {}).get("status") == "True",
+            lambda: kube.nodes.conditions(api, node).get("GpuHealthy", {}).get("status") == "True",
             10,
         )
 
@@ -297,7 +297,7 @@ def test_health_field_and_hung_monitor_through_the_simulator(
     extra = ("--gpu-poll-interval", "0.2", "--gpu-hung-after", "1")
 
     def condition(ctype: str) -> str:
-        return str(kube.node_conditions(api, node).get(ctype, {}).get("status"))
+        return str(kube.nodes.conditions(api, node).get(ctype, {}).get("status"))
 
     with running_agent(cluster, mongo, node, tmp_path, *extra) as faults:
         time.sleep(1.0)

@@ -15,7 +15,9 @@ import yaml
 
 from devtools import procs, tools
 from devtools.cluster import LocalCluster
-from faultline import kube, kubelite, store
+from faultline import kube, store
+from faultline.errors import ConflictError, ForbiddenError
+from faultline.kube import lite
 from faultline.models import Action, FaultState
 from tests.integration.test_drainer import pod, pods_on
 from tests.integration.test_janitor import _fault
@@ -147,11 +149,9 @@ def _apply_identities(api: Any, docs: list[dict[str, Any]]) -> None:
     }  # fmt: skip
     for doc in docs:
         if doc["kind"] in create:
-            try:
+            # made already by an earlier test in this session
+            with contextlib.suppress(ConflictError), kube.client.translated("create", doc["kind"]):
                 create[doc["kind"]](doc)
-            except kube.ApiException as exc:
-                if exc.status != 409:  # made already by an earlier test in this session
-                    raise
 
 
 def test_the_charts_rbac_carries_a_repair_end_to_end(
@@ -160,32 +160,32 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
     """Every component as its chart ServiceAccount: the agent's calls, then a fault through quarantine,
     drain, remediation and a janitor reboot Job to uncordon."""
     core = kube.core(api)
-    with contextlib.suppress(kube.ApiException):
+    with contextlib.suppress(ConflictError), kube.client.translated("create", f"Namespace {NS}"):
         core.create_namespace({"metadata": {"name": NS}})
-    kube.ensure_crds(api)
+    kube.resources.ensure_crds(api)
     _apply_identities(api, render(*ALL_ON))
     as_sa = {w: cluster.service_account_kubeconfig(NS, f"fl-{w}") for w in ("agent", *WORKERS)}
     node = cluster.node_names[3]
 
     # the agent: read its Node, patch a condition, post an Event (its three calls)
-    agent = kubelite.Client.connect(as_sa["agent"])
+    agent = lite.Client.connect(as_sa["agent"])
     try:
-        kubelite.read_node_status(agent, node)
-        kubelite.patch_node_conditions(agent, node, [{"type": "ChartRbacCheck", "status": "True", "reason": "Ok",
-                                                       "message": "agent RBAC"}], [])  # fmt: skip
-        kubelite.post_node_event(agent, node, reason="ChartRbacCheck", note="agent RBAC", action="Check",
-                                 warning=False, controller="faultline.io/agent", instance="test")  # fmt: skip
+        lite.read_node_status(agent, node)
+        lite.patch_node_conditions(agent, node, [{"type": "ChartRbacCheck", "status": "True", "reason": "Ok",
+                                                   "message": "agent RBAC"}], [])  # fmt: skip
+        lite.post_node_event(agent, node, reason="ChartRbacCheck", note="agent RBAC", action="Check",
+                             warning=False, controller="faultline.io/agent", instance="test")  # fmt: skip
     finally:
         agent.close()
-    assert kube.node_conditions(api, node)["ChartRbacCheck"]["status"] == "True"
-    kube.write_node_conditions(api, node, [], ["ChartRbacCheck"])
+    assert kube.nodes.conditions(api, node)["ChartRbacCheck"]["status"] == "True"
+    kube.nodes.write_conditions(api, node, [], ["ChartRbacCheck"])
 
     clients = {w: kube.api_client(path) for w, path in as_sa.items() if w != "agent"}
-    with pytest.raises(kube.ApiException) as refused:  # the drainer may not cordon
-        kube.core(clients["drain"]).patch_node(node, {"spec": {"unschedulable": True}})
+    with pytest.raises(ForbiddenError) as refused:  # the drainer may not cordon
+        kube.nodes.patch(clients["drain"], node, {"spec": {"unschedulable": True}})
     assert refused.value.status == 403
-    with pytest.raises(kube.ApiException) as refused:  # the janitor runs Jobs only in its own namespace
-        kube.batch(clients["janitor"]).create_namespaced_job("default", {"metadata": {"name": "x"}, "spec": {
+    with pytest.raises(ForbiddenError) as refused:  # the janitor runs Jobs only in its own namespace
+        kube.jobs.create(clients["janitor"], "default", {"metadata": {"name": "x"}, "spec": {
             "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "x", "image": "x"}]}}}})  # fmt: skip
     assert refused.value.status == 403
 
@@ -227,6 +227,6 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
         for w in workers:
             w.halt()
         core.patch_node(node, {"spec": {"unschedulable": None}})
-        kube.custom(api).delete_collection_cluster_custom_object(
-            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}"
+        kube.resources.delete_requests(
+            api, label_selector=f"faultline.io/node={node}"
         )  # the node is shared with other tests of the session

@@ -19,6 +19,7 @@ from devtools import procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
+from faultline.errors import ConflictError, NotFoundError
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from tests.fakes import cloud as fakes
 from workers import janitor, remediation, remedies, templates
@@ -47,12 +48,12 @@ def _repair(st: store.Store, node: str, step: str, fault: Fault, request: str) -
                     "reason": "test", "requested_at": episode, "outcome": None, "at": None}],
         "remediation": {"state": "idle", "attempts": 0}, "janitor": {"state": store.PENDING, "attempts": 0},
     })  # fmt: skip
-    body = {"apiVersion": f"{kube.RR_GROUP}/{kube.RR_VERSION}", "kind": "RemediationRequest",
+    body = {"apiVersion": kube.resources.RR_API_VERSION, "kind": "RemediationRequest",
             "metadata": {"name": request, "labels": {"faultline.io/node": node}},
             "spec": {"node": node, "action": step, "gpus": [fault.entity.id], "reason": "test",
                      "faultKeys": [fault.id], "step": 1}}  # fmt: skip
     st_api = _API[0]
-    kube.custom(st_api).create_cluster_custom_object(kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, body)
+    kube.resources.create_request(st_api, body)
     return key
 
 
@@ -62,11 +63,11 @@ _API: list[Any] = []
 @pytest.fixture
 def setup(api: Any) -> None:
     _API[:] = [api]
-    kube.ensure_crds(api)
+    kube.resources.ensure_crds(api)
     core = kube.core(api)
-    with contextlib.suppress(kube.ApiException):
+    with contextlib.suppress(ConflictError), kube.client.translated("create", "Namespace faultline-system"):
         core.create_namespace({"metadata": {"name": "faultline-system"}})
-    with contextlib.suppress(kube.ApiException):
+    with contextlib.suppress(ConflictError), kube.client.translated("create", "ServiceAccount"):
         core.create_namespaced_service_account(
             "faultline-system", {"metadata": {"name": "faultline-janitor"}}
         )
@@ -208,8 +209,8 @@ def test_replace_through_gcp_and_oci(
             assert doc["state"] == FaultState.RESOLVED and doc["resolved_by"].startswith("janitor: ")
         assert fake.actions("gcp") == [("recreate:gpu-grp", "gke-gpu-pool-1-recreate")]
         assert [a for a, _ in fake.actions("oci")] == ["TERMINATE"]
-    with pytest.raises(kube.ApiException):
-        core.read_node(gone)
+    with pytest.raises(NotFoundError):
+        kube.nodes.read(api, gone)
 
 
 def test_a_janitor_killed_mid_repair_is_taken_over(
@@ -233,8 +234,8 @@ def test_a_janitor_killed_mid_repair_is_taken_over(
             "the reboot Job rebooted the node", lambda: cluster.fakelet.nodes[node].boot_id != before, 40
         )
         rebooted = cluster.fakelet.nodes[node].boot_id
-        procs.wait_for("validating", lambda: kube.custom(api).get_cluster_custom_object(
-            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, f"killed-{os.getpid()}").get("status", {})
+        procs.wait_for("validating", lambda: kube.resources.get_request(
+            api, f"killed-{os.getpid()}").get("status", {})
             .get("phase") == "Validating", 20)  # fmt: skip
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(10)
@@ -298,7 +299,7 @@ def crd_dir(tmp_path: Path) -> Path:
 def test_an_external_remediators_template(
     cluster: LocalCluster, api: Any, mongo_db: Any, setup: None, crd_dir: Path, tmp_path: Path
 ) -> None:
-    kube.ensure_crds(api, crd_dir)
+    kube.resources.ensure_crds(api, crd_dir)
     node = cluster.node_names[4]
     st = store.Store(mongo_db)
     st.ensure_indexes()
@@ -326,8 +327,7 @@ def test_an_external_remediators_template(
         assert spec == {"target": node, "operation": "REBOOT", "devices": ["0000:3a:00"], "faults": [fault.id],
                         "why": "from RESTART_BM"}  # fmt: skip
         assert made[0]["metadata"]["annotations"]["requested-by"] == f"faultline REBOOT for {node}"
-        assert not custom.list_cluster_custom_object(kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL,
-                                                     label_selector=f"faultline.io/node={node}")["items"]  # fmt: skip
+        assert not kube.resources.list_requests(api, label_selector=f"faultline.io/node={node}")
         # the external remediator repairs the node; the node agent then reports it healthy
         st.write_fault(
             fault.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": dt.datetime.now(dt.UTC)}), 2

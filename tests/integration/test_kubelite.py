@@ -1,4 +1,4 @@
-"""The agent's small Kubernetes client against the real API server: kubeconfig files (paths and inline
+"""The agent's small Kubernetes client (the light transport, `faultline.kube.lite`) against the real API server: kubeconfig files (paths and inline
 data), in-cluster service-account credentials with RBAC applied, condition patches, Events, and errors."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from devtools.cluster import LocalCluster
-from faultline import conditions, kube, kubelite
-from faultline.errors import ConfigError
+from faultline import conditions, kube
+from faultline.errors import ApiUnavailableError, ConfigError, ForbiddenError, NotFoundError
+from faultline.kube import bodies, lite
 
 pytestmark = pytest.mark.integration
 
@@ -25,11 +26,11 @@ def _node(cluster: LocalCluster) -> str:
 def test_kubeconfig_paths_and_inline_data_reach_the_same_server(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    client = kubelite.Client.connect(cluster.kubeconfig)
+    client = lite.Client.connect(cluster.kubeconfig)
     try:
-        node = kubelite.read_node_status(client, _node(cluster))
+        node = lite.read_node_status(client, _node(cluster))
         assert node["metadata"]["name"] == _node(cluster)
-        assert "Ready" in kubelite.node_conditions(node)
+        assert "Ready" in bodies.node_conditions(node)
     finally:
         client.close()
     doc = yaml.safe_load(cluster.kubeconfig.read_text())
@@ -40,36 +41,36 @@ def test_kubeconfig_paths_and_inline_data_reach_the_same_server(
         target[f"{key}-data"] = base64.b64encode(path.read_bytes()).decode()
     inline = tmp_path / "inline.kubeconfig"
     inline.write_text(yaml.safe_dump(doc))
-    client = kubelite.Client.connect(inline)
+    client = lite.Client.connect(inline)
     try:
-        assert kubelite.read_node_status(client, _node(cluster))["kind"] == "Node"
+        assert lite.read_node_status(client, _node(cluster))["kind"] == "Node"
     finally:
         client.close()
 
 
 def test_conditions_patch_delete_and_events(cluster: LocalCluster, api: Any) -> None:
     node = _node(cluster)
-    client = kubelite.Client.connect(cluster.kubeconfig)
+    client = lite.Client.connect(cluster.kubeconfig)
     try:
         wanted = conditions.Condition("NicHealthy", "False", "NIC-LINK-DOWN", "nic mlx5_0 x1 (fatal)")
         now = dt.datetime.now(dt.UTC)
-        patched = kubelite.patch_node_conditions(client, node, [wanted.as_patch(now, True)], [])
+        patched = lite.patch_node_conditions(client, node, [wanted.as_patch(now, True)], [])
         assert patched is not None
-        assert kubelite.node_conditions(patched)["NicHealthy"]["reason"] == "NIC-LINK-DOWN"
-        assert kube.node_conditions(api, node)["NicHealthy"]["status"] == "False"  # as others see it
-        assert kubelite.patch_node_conditions(client, node, [], []) is None  # nothing to write, no call
-        patched = kubelite.patch_node_conditions(client, node, [], ["NicHealthy"])
+        assert bodies.node_conditions(patched)["NicHealthy"]["reason"] == "NIC-LINK-DOWN"
+        assert kube.nodes.conditions(api, node)["NicHealthy"]["status"] == "False"  # as others see it
+        assert lite.patch_node_conditions(client, node, [], []) is None  # nothing to write, no call
+        patched = lite.patch_node_conditions(client, node, [], ["NicHealthy"])
         assert patched is not None
-        assert "NicHealthy" not in kubelite.node_conditions(patched)
-        assert "Ready" in kubelite.node_conditions(patched)  # other conditions untouched
-        kubelite.post_node_event(
+        assert "NicHealthy" not in bodies.node_conditions(patched)
+        assert "Ready" in bodies.node_conditions(patched)  # other conditions untouched
+        lite.post_node_event(
             client, node, reason="KubeliteCheck", note="x" * 2000, action="Detected", warning=True,
             controller="faultline.io/agent", instance="agent-test",
         )  # fmt: skip
         events = kube.core(api).list_namespaced_event("default", field_selector="reason=KubeliteCheck").items
         assert [(e.type, e.involved_object.name, len(e.message)) for e in events] == [("Warning", node, 1024)]
-        with pytest.raises(kubelite.ApiError) as missing:
-            kubelite.read_node_status(client, "no-such-node")
+        with pytest.raises(NotFoundError) as missing:
+            lite.read_node_status(client, "no-such-node")
         assert missing.value.status == 404
         assert "no-such-node" in str(missing.value)
     finally:
@@ -82,44 +83,44 @@ def test_in_cluster_credentials_with_rbac(
     kube.core(api).create_namespaced_service_account(namespace, {"metadata": {"name": "lite"}})
     mount = tmp_path / "serviceaccount"
     mount.mkdir()
-    (mount / "token").write_text(kube.mint_token(api, namespace, "lite"))
+    (mount / "token").write_text(kube.tokens.mint(api, namespace, "lite"))
     (mount / "ca.crt").write_bytes(cluster.pki.ca.read_bytes())
     host, port = cluster.server.removeprefix("https://").split(":")
     env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
            "FAULTLINE_SERVICE_ACCOUNT_DIR": str(mount)}  # fmt: skip
-    client = kubelite.Client.connect(None, environ=env)
+    client = lite.Client.connect(None, environ=env)
     try:
         review = client.request(
             "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
             {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
         )  # fmt: skip
         assert review["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:lite"
-        with pytest.raises(kubelite.ApiError) as denied:
-            kubelite.read_node_status(client, _node(cluster))
+        with pytest.raises(ForbiddenError) as denied:
+            lite.read_node_status(client, _node(cluster))
         assert denied.value.status == 403
     finally:
         client.close()
     (mount / "token").unlink()
     with pytest.raises(ConfigError, match=r"in-cluster token .*token does not exist"):
-        kubelite.Client.connect(None, environ=env)
+        lite.Client.connect(None, environ=env)
     with pytest.raises(ConfigError, match=r"in-cluster CA .*ca.crt: No such file"):
-        kubelite.Client.connect(None, environ={**env, "FAULTLINE_SERVICE_ACCOUNT_DIR": str(tmp_path)})
+        lite.Client.connect(None, environ={**env, "FAULTLINE_SERVICE_ACCOUNT_DIR": str(tmp_path)})
     with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
-        kubelite.Client.connect(None, environ={})
+        lite.Client.connect(None, environ={})
 
 
 def test_unreachable_server_is_transient_and_bad_kubeconfigs_are_named(tmp_path: Path) -> None:
     bad = tmp_path / "bad.kubeconfig"
     bad.write_text("apiVersion: v1\nkind: Config\ncurrent-context: nope\ncontexts: []\n")
     with pytest.raises(ConfigError, match=r"bad.kubeconfig: no context named 'nope'"):
-        kubelite.from_kubeconfig(bad)
+        lite.from_kubeconfig(bad)
     bad.write_text(
         "current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
         "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:1'}}]\nusers: [{name: u, user: {}}]\n"
     )
     with pytest.raises(ConfigError, match="is not an https:// URL"):
-        kubelite.from_kubeconfig(bad)
+        lite.from_kubeconfig(bad)
     bad.write_text(bad.read_text().replace("http://127.0.0.1:1", "https://127.0.0.1:1"))
-    client = kubelite.Client(kubelite.from_kubeconfig(bad), timeout=2)
-    with pytest.raises(kubelite.ApiUnavailableError):
-        kubelite.read_node_status(client, "n")
+    client = lite.Client(lite.from_kubeconfig(bad), timeout=2)
+    with pytest.raises(ApiUnavailableError):
+        lite.read_node_status(client, "n")

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from devtools import procs, tools
 from devtools.cluster import LocalCluster
 from faultline import kube
-from faultline.errors import ConfigError
+from faultline.errors import ConfigError, ForbiddenError, NotFoundError, ThrottledError
 
 pytestmark = pytest.mark.integration
 
@@ -99,11 +98,6 @@ def test_scheduler_places_pods_and_respects_a_cordon(cluster: LocalCluster, api:
         core.patch_node(cordoned, {"spec": {"unschedulable": False}})
 
 
-def evict(api: Any, namespace: str, pod: str) -> None:
-    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
-    kube.core(api).create_namespaced_pod_eviction(pod, namespace, body)
-
-
 def test_eviction_respects_a_pod_disruption_budget(api: Any, namespace: str) -> None:
     kube.apps(api).create_namespaced_deployment(namespace, deployment("serve", 2, gpus=0))
     pdb = {
@@ -122,19 +116,19 @@ def test_eviction_respects_a_pod_disruption_budget(api: Any, namespace: str) -> 
 
     procs.wait_for("the disruption controller to compute the budget", lambda: budget() == (2, 0), 60)
     victim = pods(api, namespace, "app=serve")[0].metadata.name
-    with pytest.raises(ApiException) as refused:
-        evict(api, namespace, victim)
+    with pytest.raises(ThrottledError) as refused:
+        kube.pods.evict(api, namespace, victim)
     assert refused.value.status == 429
-    assert "disruption budget" in refused.value.body
+    assert "disruption budget" in str(refused.value)
     policy.patch_namespaced_pod_disruption_budget("serve", namespace, {"spec": {"minAvailable": 1}})
     procs.wait_for("one disruption allowed", lambda: budget() == (2, 1), 60)
-    evict(api, namespace, victim)
+    kube.pods.evict(api, namespace, victim)
 
     def gone() -> bool:
         try:
-            kube.core(api).read_namespaced_pod(victim, namespace)
-        except ApiException as exc:
-            return exc.status == 404
+            kube.pods.read(api, namespace, victim)
+        except NotFoundError:
+            return True
         return False
 
     procs.wait_for("the evicted pod to be deleted", gone, 30)
@@ -196,8 +190,8 @@ def test_minted_service_account_credentials_obey_rbac(
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "quarantine"}})
     sa_api = kube.api_client(cluster.service_account_kubeconfig(namespace, "quarantine"))
     try:
-        with pytest.raises(ApiException) as denied:
-            kube.core(sa_api).list_node()
+        with pytest.raises(ForbiddenError) as denied:
+            kube.nodes.list_all(sa_api)
         assert denied.value.status == 403
         rbac = kube.rbac(api)
         rbac.create_cluster_role(
@@ -220,8 +214,8 @@ def test_minted_service_account_credentials_obey_rbac(
         procs.wait_for(
             "RBAC to allow listing nodes", lambda: len(kube.core(sa_api).list_node().items) >= 4, 30
         )
-        with pytest.raises(ApiException) as still_denied:
-            kube.core(sa_api).patch_node(cluster.node_names[0], {"spec": {"unschedulable": True}})
+        with pytest.raises(ForbiddenError) as still_denied:
+            kube.nodes.patch(sa_api, cluster.node_names[0], {"spec": {"unschedulable": True}})
         assert still_denied.value.status == 403
     finally:
         sa_api.close()
@@ -252,9 +246,9 @@ def test_terminating_pod_waits_for_its_finalizer(api: Any, namespace: str, clust
 
     def gone() -> bool:
         try:
-            core.read_namespaced_pod("held", namespace)
-        except ApiException as exc:
-            return exc.status == 404
+            kube.pods.read(api, namespace, "held")
+        except NotFoundError:
+            return True
         return False
 
     procs.wait_for("the pod to go once its finalizer is removed", gone, 30)
@@ -286,7 +280,7 @@ def test_in_cluster_credentials_from_a_service_account_mount(
     kube.core(api).create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
     mount = tmp_path / "serviceaccount"
     mount.mkdir()
-    (mount / "token").write_text(kube.mint_token(api, namespace, "agent"))
+    (mount / "token").write_text(kube.tokens.mint(api, namespace, "agent"))
     (mount / "ca.crt").write_bytes(cluster.pki.ca.read_bytes())
     host, port = cluster.server.removeprefix("https://").split(":")
     env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
@@ -295,8 +289,8 @@ def test_in_cluster_credentials_from_a_service_account_mount(
     try:
         review = client.AuthenticationV1Api(sa_api).create_self_subject_review(client.V1SelfSubjectReview())
         assert review.status.user_info.username == f"system:serviceaccount:{namespace}:agent"
-        with pytest.raises(ApiException) as denied:
-            kube.core(sa_api).list_node()
+        with pytest.raises(ForbiddenError) as denied:
+            kube.nodes.list_all(sa_api)
         assert denied.value.status == 403
     finally:
         sa_api.close()

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.integration
 
 def test_conditions_follow_faults_and_survive_kubelet_heartbeats(cluster: LocalCluster, api: Any) -> None:
     node = cluster.node_names[1]
-    kube.apply_node_conditions(api, node, conditions.desired([fault("XID-79")]))
-    got = kube.node_conditions(api, node)
+    kube.nodes.apply_conditions(api, node, conditions.desired([fault("XID-79")]))
+    got = kube.nodes.conditions(api, node)
     assert (got["GpuHealthy"]["status"], got["GpuHealthy"]["reason"]) == ("False", "XID-79")
     assert got["Ready"]["status"] == "True"  # the kubelet's condition is untouched
     beat = kube.core(api).read_node_status(node).status.conditions
@@ -28,22 +28,22 @@ def test_conditions_follow_faults_and_survive_kubelet_heartbeats(cluster: LocalC
         return next(c.last_heartbeat_time for c in conds if c.type == "Ready") > ready_beat
 
     procs.wait_for("a kubelet heartbeat after ours", kubelet_beat_since, 10)
-    assert kube.node_conditions(api, node)["GpuHealthy"]["reason"] == "XID-79"
+    assert kube.nodes.conditions(api, node)["GpuHealthy"]["reason"] == "XID-79"
 
-    kube.apply_node_conditions(api, node, conditions.desired([fault("XID-79", resolved=True)]))
-    assert kube.node_conditions(api, node)["GpuHealthy"]["status"] == "True"
+    kube.nodes.apply_conditions(api, node, conditions.desired([fault("XID-79", resolved=True)]))
+    assert kube.nodes.conditions(api, node)["GpuHealthy"]["status"] == "True"
 
-    kube.apply_node_conditions(
+    kube.nodes.apply_conditions(
         api, node, conditions.desired([], types=["GpuHealthy"])
     )  # the other checks were switched off
-    got = kube.node_conditions(api, node)
+    got = kube.nodes.conditions(api, node)
     assert "GpuHealthy" in got and "NicHealthy" not in got and "NvSwitchHealthy" not in got
     assert got["Ready"]["status"] == "True"
 
 
 def test_events_about_a_node(cluster: LocalCluster, api: Any) -> None:
     node = cluster.node_names[0]
-    kube.post_node_event(
+    kube.events.post_node(
         api, node, reason="XID-79", note="GPU 0000:3b:00 fell off the bus", action="Detected", warning=True,
         controller="faultline.io/agent", instance=f"agent-{node}",
     )  # fmt: skip

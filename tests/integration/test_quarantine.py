@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from devtools import procs
+from devtools import fakelet, procs
 from faultline import kube, store
-from faultline.kube import fakelet
+from faultline.errors import NotFoundError
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from workers import breaker, quarantine
 
@@ -39,8 +39,8 @@ def nodes(api: Any) -> Iterator[list[str]]:
 
     yield make  # type: ignore[misc]
     for name in made:
-        with contextlib.suppress(kube.ApiException):
-            core.delete_node(name)
+        with contextlib.suppress(NotFoundError):
+            kube.nodes.delete(api, name)
 
 
 def fault(node: str, code: str = "XID-79", *, fatal: bool = True, resolved: bool = False,
@@ -56,7 +56,7 @@ def fault(node: str, code: str = "XID-79", *, fatal: bool = True, resolved: bool
 
 
 def node_view(api: Any, name: str) -> dict[str, Any]:
-    obj = kube.read_json(api, kube.core(api).read_node, name)
+    obj = kube.nodes.read(api, name)
     return {
         "cordoned": bool(obj["spec"].get("unschedulable")),
         "taints": sorted(  # the node controller's own left out: these nodes get no heartbeat

@@ -15,6 +15,7 @@ import pytest
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
+from faultline.errors import ConflictError
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from tests.integration.test_agent import poll, sim, start_agent, stop_agent
 from tests.integration.test_drainer import pdb, pod, pods_on
@@ -28,10 +29,10 @@ def test_xid_to_repair_to_uncordon(
 ) -> None:
     node = cluster.node_names[3]
     core = kube.core(api)
-    kube.ensure_crds(api)
-    with contextlib.suppress(kube.ApiException):
+    kube.resources.ensure_crds(api)
+    with contextlib.suppress(ConflictError), kube.client.translated("create", "Namespace faultline-system"):
         core.create_namespace({"metadata": {"name": "faultline-system"}})
-    with contextlib.suppress(kube.ApiException):
+    with contextlib.suppress(ConflictError), kube.client.translated("create", "ServiceAccount"):
         core.create_namespaced_service_account(
             "faultline-system", {"metadata": {"name": "faultline-janitor"}}
         )
@@ -73,7 +74,7 @@ def test_xid_to_repair_to_uncordon(
         sim(tmp_path, node, "--gpu", "3", "--xid", "79")
         times["condition"] = poll(
             "GpuHealthy False",
-            lambda: kube.node_conditions(api, node).get("GpuHealthy", {}).get("status") == "False",
+            lambda: kube.nodes.conditions(api, node).get("GpuHealthy", {}).get("status") == "False",
             10,
         )
         times["cordoned"] = poll("cordoned", lambda: bool(core.read_node(node).spec.unschedulable), 10)
@@ -100,8 +101,7 @@ def test_xid_to_repair_to_uncordon(
         assert all(r["mode"] == "Immediate" for r in drain["pods"].values())
 
         def requests() -> list[dict[str, Any]]:  # this test's: other tests of the session used the node too
-            found = kube.custom(api).list_cluster_custom_object(
-                kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}")["items"]  # fmt: skip
+            found = kube.resources.list_requests(api, label_selector=f"faultline.io/node={node}")
             return [r for r in found if r["metadata"]["creationTimestamp"] >= f"{began:%Y-%m-%dT%H:%M:%SZ}"]
 
         times["requested"] = poll("a RemediationRequest", requests, 30)
@@ -116,8 +116,7 @@ def test_xid_to_repair_to_uncordon(
         times["uncordoned"] = poll("uncordoned", lambda: not core.read_node(node).spec.unschedulable, 30)
         repair = mongo_db["repairs"].find_one({"node": node})
         assert [r["outcome"] for r in repair["rounds"]] == ["Succeeded"]
-        status = kube.custom(api).get_cluster_custom_object(kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL,
-                                                           request["metadata"]["name"])["status"]  # fmt: skip
+        status = kube.resources.get_request(api, request["metadata"]["name"])["status"]
         assert status["phase"] == "Succeeded" and status["attempts"] == 1
         assert not any(t.key.startswith("faultline.io/") for t in core.read_node(node).spec.taints or [])
         # two replicas of each worker, each action once
@@ -145,8 +144,8 @@ def test_a_repair_that_fails_escalates_to_contact_support(
 ) -> None:
     node = cluster.node_names[4]
     core = kube.core(api)
-    kube.ensure_crds(api)
-    with contextlib.suppress(kube.ApiException):
+    kube.resources.ensure_crds(api)
+    with contextlib.suppress(ConflictError), kube.client.translated("create", "Namespace faultline-system"):
         core.create_namespace({"metadata": {"name": "faultline-system"}})
     st = store.Store(mongo_db)
     st.ensure_indexes()
@@ -170,7 +169,7 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         for w in workers:
             w.start()
         st.write_fault(xid, 1)
-        poll("contact support", lambda: kube.node_conditions(api, node).get("FaultlineRemediation", {})
+        poll("contact support", lambda: kube.nodes.conditions(api, node).get("FaultlineRemediation", {})
              .get("reason") == "ContactSupport", 60)  # fmt: skip
         repair = mongo_db["repairs"].find_one({"node": node})
         assert [(r["step"], r["outcome"]) for r in repair["rounds"]] == [
@@ -178,9 +177,7 @@ def test_a_repair_that_fails_escalates_to_contact_support(
             ("CONTACT_SUPPORT", "ContactSupport"),
         ]
         assert "escalated after REBOOT did not clear" in repair["rounds"][1]["reason"]
-        requests = kube.custom(api).list_cluster_custom_object(
-            kube.RR_GROUP, kube.RR_VERSION, kube.RR_PLURAL, label_selector=f"faultline.io/node={node}"
-        )["items"]
+        requests = kube.resources.list_requests(api, label_selector=f"faultline.io/node={node}")
         assert [r["status"]["phase"] for r in requests] == ["TimedOut"]  # no request for contact support
         assert core.read_node(node).spec.unschedulable  # stays quarantined for a human
         events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
@@ -190,4 +187,4 @@ def test_a_repair_that_fails_escalates_to_contact_support(
             w.halt()
         st.write_fault(xid.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": now}), 2)
         core.patch_node(node, {"spec": {"unschedulable": None}})
-        kube.write_node_conditions(api, node, [], ["FaultlineRemediation"])
+        kube.nodes.write_conditions(api, node, [], ["FaultlineRemediation"])

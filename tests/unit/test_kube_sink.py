@@ -7,15 +7,16 @@ from typing import Any
 
 import pytest
 
-from faultline.models import NodeUpdate
-from faultline import conditions, kubelite
-from faultline.models import Component
+from faultline import conditions
+from faultline.errors import ApiUnavailableError, ForbiddenError
+from faultline.kube import lite
+from faultline.models import Component, NodeUpdate
 from sinks import kube as kube_sink
 from tests.unit.test_conditions import fault
 
 
 class FakeApi:
-    """Stands in for kubelite's calls (the real ones are tested against the API server)."""
+    """Stands in for the light transport's calls (the real ones are tested against the API server)."""
 
     def __init__(self) -> None:
         self.conditions: dict[str, dict[str, str]] = {
@@ -28,7 +29,7 @@ class FakeApi:
 
     def check(self) -> None:
         if self.down:
-            raise kubelite.ApiUnavailableError("GET /api/v1/nodes/n/status: connection refused")
+            raise ApiUnavailableError("get", "Node n", "connection refused")
 
     def read_node_status(self, _client: Any, _node: str) -> dict[str, Any]:
         self.check()
@@ -56,9 +57,9 @@ class FakeApi:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     api = FakeApi()
-    monkeypatch.setattr(kubelite.Client, "connect", classmethod(lambda cls, *a, **k: object()))
+    monkeypatch.setattr(lite.Client, "connect", classmethod(lambda cls, *a, **k: object()))
     for name in ("read_node_status", "patch_node_conditions", "post_node_event"):
-        monkeypatch.setattr(kubelite, name, getattr(api, name))
+        monkeypatch.setattr(lite, name, getattr(api, name))
     return api
 
 
@@ -115,9 +116,9 @@ def test_an_outage_waits_in_the_backlog_and_nothing_is_posted_twice(fake: FakeAp
 
 def test_refusals_wait_in_the_backlog_too(fake: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*_: Any) -> Any:
-        raise kubelite.ApiError(403, "GET", "/api/v1/nodes/n/status", "forbidden")
+        raise ForbiddenError("get", "Node n", "forbidden", status=403)
 
-    monkeypatch.setattr(kubelite, "read_node_status", forbidden)
+    monkeypatch.setattr(lite, "read_node_status", forbidden)
     part = sink()
     assert not write(part, [update(fault("XID-79"))])  # logged and kept: RBAC may be fixed
     assert len(part.backlog) == 1

@@ -1,9 +1,12 @@
-"""A small Kubernetes REST client for the node agent (standard library and PyYAML only).
+"""The light transport: a small Kubernetes REST client for the node agent (standard library and PyYAML
+only; it never imports the `kubernetes` package).
 
 The agent makes three kinds of call: read its Node's status, patch its conditions and post Events. The
 generated `kubernetes` client costs the agent about 8 MiB of imports and a model object per field of every
 Node it reads; this client speaks JSON over one kept-alive HTTPS connection instead. The workers, which use
-much more of the API, keep the generated client (`faultline.kube`).
+much more of the API, use the full transport (`faultline.kube.client` and the operation modules). Both
+share the request bodies (`faultline.kube.bodies`) and the error table (`faultline.kube.translate`): a
+failed call raises the same `faultline.errors` class here as there.
 
 Credentials come from a kubeconfig (its current context: server, CA, client certificate and key or a
 bearer token, as files or inline data) or, without one, from the pod's service account (the token file
@@ -13,7 +16,6 @@ is re-read every minute, since the kubelet rotates it).
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import http.client
 import json
 import os
@@ -29,23 +31,12 @@ from typing import Any
 
 import yaml
 
-from faultline.errors import ConfigError, PermanentError, TransientError
+from faultline.errors import ConfigError
+from faultline.kube import bodies, translate
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_S = 60.0
-STRATEGIC_MERGE = "application/strategic-merge-patch+json"
-
-
-class ApiError(PermanentError):
-    """The API server answered with an error status (4xx other than 429)."""
-
-    def __init__(self, status: int, method: str, path: str, message: str) -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {message}")
-        self.status = status
-
-
-class ApiUnavailableError(TransientError):
-    """The API server could not be reached, timed out, throttled us (429) or failed (5xx)."""
+_VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "replace", "DELETE": "delete"}
 
 
 @dataclass(frozen=True)
@@ -188,14 +179,19 @@ class Client:
             try:
                 self._token = path.read_text().strip()
             except OSError as exc:
-                raise ApiUnavailableError(f"service account token {path}: {exc.strerror}") from exc
+                raise translate.error(
+                    None, "read", f"service account token {path}", body=exc.strerror
+                ) from exc
             self._token_read = time.monotonic()
         return self._token
 
     def request(
-        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
-    ) -> Any:
-        """The decoded JSON answer. One retry on a connection the server had closed."""
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
+        what: str | None = None,
+    ) -> Any:  # fmt: skip
+        """The decoded JSON answer. One retry on a connection the server had closed. Errors are
+        `faultline.errors` classes naming the method and `what` (default: the path)."""
+        verb, what = _VERBS.get(method, method.lower()), what or path
         headers = {"Accept": "application/json", "User-Agent": "faultline-agent"}
         payload = None
         if body is not None:
@@ -218,18 +214,16 @@ class Client:
                     conn.close()
                     self._conn = None
                     if attempt == 2:
-                        raise ApiUnavailableError(f"{method} {path}: {exc}") from exc
+                        raise translate.error(None, verb, what, body=str(exc)) from exc
                     continue  # a kept-alive connection the server closed: once more on a new one
                 except (OSError, http.client.HTTPException) as exc:
                     conn.close()
                     self._conn = None
-                    raise ApiUnavailableError(f"{method} {path}: {exc}") from exc
+                    raise translate.error(None, verb, what, body=str(exc)) from exc
                 self._conn = conn
                 break
-        if response.status == 429 or response.status >= 500:
-            raise ApiUnavailableError(f"{method} {path}: HTTP {response.status}: {_message(data)}")
         if response.status >= 400:
-            raise ApiError(response.status, method, path, _message(data))
+            raise translate.error(response.status, verb, what, body=data, headers=dict(response.getheaders()))
         return json.loads(data) if data else None
 
     def close(self) -> None:
@@ -239,31 +233,14 @@ class Client:
                 self._conn = None
 
 
-def _message(data: bytes) -> str:
-    try:
-        return str(json.loads(data).get("message", ""))[:500]
-    except (ValueError, AttributeError):
-        return data[:200].decode(errors="replace")
-
-
 def _quote(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
-def node_conditions(node: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """A Node document's conditions by type, as plain dicts."""
-    return {
-        str(c.get("type")): {
-            "status": str(c.get("status", "")),
-            "reason": str(c.get("reason") or ""),
-            "message": str(c.get("message") or ""),
-        }
-        for c in (node.get("status") or {}).get("conditions") or []
-    }
-
-
 def read_node_status(client: Client, node: str) -> dict[str, Any]:
-    result: dict[str, Any] = client.request("GET", f"/api/v1/nodes/{_quote(node)}/status")
+    result: dict[str, Any] = client.request(
+        "GET", f"/api/v1/nodes/{_quote(node)}/status", what=f"Node {node}"
+    )
     return result
 
 
@@ -272,20 +249,14 @@ def patch_node_conditions(
 ) -> dict[str, Any] | None:
     """Set conditions (merged by type) and delete the condition types in `delete`, in one status patch;
     the patched Node, or None when there was nothing to write."""
-    items: list[dict[str, str]] = [*conditions, *({"type": t, "$patch": "delete"} for t in delete)]
-    if not items:
+    body = bodies.conditions_patch(conditions, delete)
+    if body is None:
         return None
     result: dict[str, Any] = client.request(
-        "PATCH", f"/api/v1/nodes/{_quote(node)}/status", {"status": {"conditions": items}},
-        content_type=STRATEGIC_MERGE,
+        "PATCH", f"/api/v1/nodes/{_quote(node)}/status", body, content_type=bodies.STRATEGIC_MERGE,
+        what=f"status of Node {node}",
     )  # fmt: skip
     return result
-
-
-def micro_time(now: dt.datetime | None = None) -> str:
-    """A MicroTime (RFC 3339 with microseconds, UTC)."""
-    now = now or dt.datetime.now(dt.UTC)
-    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def post_node_event(
@@ -293,27 +264,10 @@ def post_node_event(
     instance: str,
 ) -> None:  # fmt: skip
     """An events.k8s.io/v1 Event about a Node (in `default`, where node events live)."""
-    body = node_event(
+    body = bodies.node_event(
         node, reason=reason, note=note, action=action, warning=warning, controller=controller,
         instance=instance,
     )  # fmt: skip
-    client.request("POST", "/apis/events.k8s.io/v1/namespaces/default/events", body)
-
-
-def node_event(
-    node: str, *, reason: str, note: str, action: str, warning: bool, controller: str, instance: str
-) -> dict[str, Any]:
-    """The body of an events.k8s.io/v1 Event about a Node (also sent by `faultline.kube`)."""
-    return {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": f"{node}.{os.urandom(8).hex()}"},  # generateName may not end in "."
-        "eventTime": micro_time(),
-        "reportingController": controller,
-        "reportingInstance": instance,
-        "action": action,
-        "reason": reason,
-        "note": note[:1024],
-        "type": "Warning" if warning else "Normal",
-        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-    }
+    client.request(
+        "POST", "/apis/events.k8s.io/v1/namespaces/default/events", body, what=f"Event on Node {node}"
+    )

@@ -1,0 +1,130 @@
+"""The full transport: the official `kubernetes` client (the one module that imports it), for the
+workers, the development tooling and the tests.
+
+Every call goes through `call`, `read_json` or `send_json`, which translate the client's exceptions once
+(`faultline.kube.translate`): callers see `faultline.errors` classes, never `ApiException`. The hot paths
+(reading Nodes and pods, patching Nodes, posting Events, evictions) use `read_json`/`send_json`: the answer
+is read as plain JSON (`_preload_content=False`) instead of being built into client models, which cost
+more CPU than the calls themselves in the quarantine and drain benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.config import incluster_config
+
+from faultline.errors import ConfigError, FaultlineError
+from faultline.kube import translate
+
+ApiClient = client.ApiClient
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def api_client(
+    kubeconfig: str | Path | None, *, environ: Mapping[str, str] | None = None
+) -> client.ApiClient:
+    """An API client (its own Configuration: nothing global is changed) from a kubeconfig file, or, with
+    None, from the pod's service account: KUBERNETES_SERVICE_HOST/PORT and the token and CA in
+    FAULTLINE_SERVICE_ACCOUNT_DIR (default: the standard mount). The token file is re-read as the
+    kubelet rotates it."""
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return client.ApiClient(configuration)
+    env = dict(os.environ if environ is None else environ)
+    directory = Path(env.get("FAULTLINE_SERVICE_ACCOUNT_DIR", str(SERVICE_ACCOUNT_DIR)))
+    try:
+        loader = incluster_config.InClusterConfigLoader(  # type: ignore[no-untyped-call]
+            token_filename=str(directory / "token"), cert_filename=str(directory / "ca.crt"), environ=env
+        )
+        loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException as exc:
+        raise ConfigError(f"no kubeconfig given and no in-cluster credentials: {exc}") from exc
+    return client.ApiClient(configuration)
+
+
+@contextlib.contextmanager
+def translated(verb: str, what: str) -> Iterator[None]:
+    """Calls of the generated client inside this block raise `faultline.errors` classes: the API
+    server's answer by status, and no answer at all (connection refused, timed out) as
+    ApiUnavailableError."""
+    try:
+        yield
+    except client.exceptions.ApiException as exc:
+        raise translate.error(exc.status, verb, what, body=exc.body, headers=exc.headers) from exc
+    except FaultlineError:
+        raise
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise translate.error(None, verb, what, body=str(exc)) from exc
+
+
+def call(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`method(*args, **kwargs)` with its errors translated; its answer as client models."""
+    with translated(verb, what):
+        return method(*args, **kwargs)
+
+
+def read_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The call's answer as plain JSON (no model objects: cheaper, and simple to read)."""
+    with translated(verb, what):
+        response = method(*args, _preload_content=False, **kwargs)
+        return json.loads(response.data)
+
+
+def send_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """A write whose answer is not needed: the answer is read (the connection goes back to the pool)
+    but not turned into client models."""
+    with translated(verb, what):
+        response = method(*args, _preload_content=False, **kwargs)
+        response.data  # noqa: B018 - reading the body releases the connection
+
+
+# The generated API groups, for the operation modules (and for tests that set up objects).
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+def apps(api: client.ApiClient) -> client.AppsV1Api:
+    return client.AppsV1Api(api)
+
+
+def batch(api: client.ApiClient) -> client.BatchV1Api:
+    return client.BatchV1Api(api)
+
+
+def policy(api: client.ApiClient) -> client.PolicyV1Api:
+    return client.PolicyV1Api(api)
+
+
+def coordination(api: client.ApiClient) -> client.CoordinationV1Api:
+    return client.CoordinationV1Api(api)
+
+
+def events_api(api: client.ApiClient) -> client.EventsV1Api:
+    return client.EventsV1Api(api)
+
+
+def custom(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def extensions(api: client.ApiClient) -> client.ApiextensionsV1Api:
+    return client.ApiextensionsV1Api(api)
+
+
+def rbac(api: client.ApiClient) -> client.RbacAuthorizationV1Api:
+    return client.RbacAuthorizationV1Api(api)
+
+
+def token_request(seconds: int) -> client.AuthenticationV1TokenRequest:
+    return client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
+    )
