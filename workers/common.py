@@ -162,7 +162,11 @@ class ClaimLoop:
             try:
                 if self.resync is not None:
                     self.resync()
-                self.store.reap(self.stage, self.max_attempts, collection=self.collection)
+                _, parked = self.store.reap(self.stage, self.max_attempts, collection=self.collection)
+                if parked:  # claims that expired `max_attempts` times (their holders died or hung)
+                    self.metrics.parked.inc(parked)
+                    fields = {"stage": self.stage, "worker": self.metrics.worker, "parked": parked}
+                    log.warning("%s: %d expired claims parked", self.stage, parked, extra=fields)
                 self.metrics.queue.set(self.store.count_pending(self.stage, collection=self.collection))
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 log.warning("%s: maintenance pass failed: %s", self.stage, exc)
