@@ -5,15 +5,19 @@ API errors translated once into `faultline.errors`.
     bodies      what both transports send and read: condition patches, a Node Event, a Node's conditions
     client      the full transport (the official `kubernetes` client): api_client, translated calls
     lite        the light transport for the node agent (standard library; never imports `kubernetes`)
-    nodes       read, list_all, patch (merge, guarded by resourceVersion), conditions, write/apply_conditions
+    nodes       read, list_all, patch (merge, guarded by resourceVersion), conditions, write/apply_conditions;
+                create, delete, patch_status (the simulated kubelet and tests)
     events      post_node: an Event about a Node
-    pods        on_node, list_all, read, evict (ThrottledError: a PodDisruptionBudget says not now), delete
+    pods        on_node, list_all, read, evict (ThrottledError: a PodDisruptionBudget says not now), delete,
+                patch_status (the simulated kubelet)
     namespaces  read
     jobs        create, read, list_all
     resources   RemediationRequests (create/get/list/patch status), create_object (any served kind, by
                 discovery), ensure_crds (package data in crds/)
     tokens      mint: a ServiceAccount token, for tests of least-privilege RBAC
 
+Generated API groups (`core`, `batch`, ...) stay reachable for tests that set up objects; a call made on
+them directly goes inside `client.translated(verb, what)` so that its errors are translated too.
 Callers branch on `faultline.errors` classes (NotFoundError, ConflictError, ThrottledError, ForbiddenError,
 InvalidError, ApiUnavailableError), never on status codes. Submodules load on first use, so the agent,
 which imports only `faultline.kube.lite`, never loads the `kubernetes` package (its footprint matters on
