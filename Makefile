@@ -9,6 +9,7 @@ BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
 .PHONY: setup system-deps tools replay check test bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
+.PHONY: image lock image-tools sbom push verify-image registry
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -52,6 +53,51 @@ proto-check: setup
 # Go module proxy into .cache/bin (skipped when current; see tools/build.sh).
 tools:
 	bash tools/build.sh
+
+# The one OCI image for every component (image/build.sh): from HEAD and requirements/image.lock, a Debian 12
+# root filesystem from Debian's packages (mmdebstrap; needs root), reproducible; written to
+# .cache/image/faultline.oci.tar with its digest in .cache/image/digest.
+image: setup system-deps
+	bash image/build.sh
+
+# requirements/image.lock: pyproject's runtime dependencies and the nvml extra, pinned with every
+# artifact's hash for CPython 3.11 on x86_64 Linux (the image's Python). Existing pins are kept where
+# they still fit; `make lock LOCK_UPGRADE=--upgrade` moves everything to the newest. A unit test
+# (tests/unit/test_image_lock.py) fails when pyproject asks for something the lock does not satisfy.
+LOCK_UPGRADE ?=
+LOCK_ARGS := pyproject.toml --extra nvml --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_36 --custom-compile-command 'make lock'
+UV_VERSION := 0.13.9
+lock: setup
+	@$(BIN)/uv --version 2>/dev/null | grep -qF ' $(UV_VERSION) ' || $(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	$(BIN)/uv pip compile $(LOCK_ARGS) --quiet $(LOCK_UPGRADE) -o requirements/image.lock
+
+# syft, cosign, crane and helm for the supply chain (tools/build.sh).
+image-tools:
+	bash tools/build.sh syft cosign crane helm
+
+# CycloneDX SBOM of the image: .cache/image/sbom.cdx.json.
+sbom: image-tools
+	bash image/supply-chain.sh sbom
+
+# Push the image by digest (REGISTRY/images/faultline), sign it, attest its SBOM; push and sign the chart
+# (oci://REGISTRY/faultline). REGISTRY=host:port, e.g. the one `make registry` serves.
+REGISTRY ?=
+REGISTRY_PORT ?= 5000
+push: image-tools
+	@test -n "$(REGISTRY)" || { echo "error: REGISTRY=host:port is required (make registry serves one)"; exit 1; }
+	bash image/supply-chain.sh push $(REGISTRY)
+
+# Verify the image's signature and SBOM attestation and the chart's signature (COSIGN_KEY: a public key;
+# default the local one). Without REGISTRY: push to a registry on a free loopback port, verify, stop it.
+COSIGN_KEY ?=
+verify-image: image-tools
+	@if [ -n "$(REGISTRY)" ]; then bash image/supply-chain.sh verify $(REGISTRY) $(COSIGN_KEY); \
+	else bash image/supply-chain.sh selftest; fi
+
+# A registry on loopback in the foreground (crane), for push and for the local cluster to pull from.
+registry: image-tools
+	bash image/supply-chain.sh registry 127.0.0.1:$(REGISTRY_PORT)
 
 # The Debian packages the tests need (systemd-journal-remote, PostgreSQL), installed when missing.
 system-deps:

@@ -8,6 +8,7 @@ need=()
 [ -x /lib/systemd/systemd-journal-remote ] || need+=(systemd-journal-remote)
 command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # the image's Debian root filesystem (make image)
+command -v strip >/dev/null || need+=(binutils)  # make image strips the wheels' native extensions
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
