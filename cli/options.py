@@ -172,7 +172,7 @@ def command(group: typer.Typer, name: str, model: type[C]) -> Callable[[Body[C]]
 
     def decorate(body: Body[C]) -> Body[C]:
         def run(resolved: settings.Resolved) -> None:
-            log.info("settings", extra={"component": name, **summary(resolved)})
+            log.debug("settings", extra={"component": name, **summary(resolved)})
             body(typing.cast(C, resolved.config))
 
         register(group, name, model, run, body.__doc__)

@@ -123,17 +123,17 @@ def test_log_options_are_global_to_every_command() -> None:
 
 
 def test_a_component_logs_its_settings_as_json_lines_in_a_pod() -> None:
-    """stderr is not a terminal (a pod): JSON lines by default; the start-up line names each setting that is
-    not a default and where it came from, with the secret masked."""
+    """stderr is not a terminal (a pod): JSON lines by default; at debug level the start-up line names each
+    setting that is not a default and where it came from, with the secret masked."""
     argv = [sys.executable, "-m", "faultline", "worker", "quarantine", "--rules", "/nonexistent/rules.yaml",
             "--lease", "9s"]  # fmt: skip
-    env = {**os.environ, "MONGODB_URI": "mongodb://admin:hunter2@db", "FAULTLINE_LOG_LEVEL": "info"}
+    env = {**os.environ, "MONGODB_URI": "mongodb://admin:hunter2@db", "FAULTLINE_LOG_LEVEL": "debug"}
     env.pop("FAULTLINE_LOG_FORMAT", None)
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 2  # the rules file is missing: a configuration error, after the line below
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     start = next(line for line in lines if line["event"] == "settings")
-    assert (start["level"], start["logger"], start["component"]) == ("info", "cli.options", "quarantine")
+    assert (start["level"], start["logger"], start["component"]) == ("debug", "cli.options", "quarantine")
     assert start["settings"] == {
         "lease": "9s",
         "mongodb_uri": "**********",
