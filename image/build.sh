@@ -4,8 +4,11 @@
 #   1. the project's wheel from the last commit (`git archive HEAD`, SOURCE_DATE_EPOCH = its time; or
 #      IMAGE_REF=<commit>), and
 #      the dependency wheels that requirements/image.lock pins by hash (downloaded once into .cache);
-#   2. a Debian 12 root filesystem from Debian's packages (mmdebstrap): python3 (3.11), ca-certificates,
-#      tzdata, systemd (only for journalctl, which the agent runs), without docs, man pages or locales;
+#   2. a Debian 12 root filesystem from Debian's packages (mmdebstrap): python3 (3.11), libstdc++6
+#      (google-re2's extension links it; manylinux wheels expect it from the system), ca-certificates,
+#      tzdata, systemd
+#      (for journalctl, which the agent runs: bookworm packages it nowhere else), without docs, man pages
+#      or locales;
 #   3. inside it, a virtual environment /opt/faultline with the wheels installed --require-hashes
 #      --no-deps, `pip check`ed; then pip, setuptools and the Debian packages that only the install needed
 #      are removed, and what the image does not run is pruned (see image/customize.sh);
@@ -72,7 +75,7 @@ exclude+=(--dpkgopt='path-include=/usr/share/doc/*/copyright')  # licences stay 
 mmdebstrap --quiet --mode=root --variant=essential --format=directory \
   --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
   --aptopt='APT::Install-Recommends "false"' "${exclude[@]}" \
-  --include=python3,python3-venv,ca-certificates,tzdata,systemd \
+  --include=python3,python3-venv,libstdc++6,ca-certificates,tzdata,systemd \
   --customize-hook="bash '$root/image/customize.sh' \"\$1\" '$work/wheels'" \
   "$suite" "$work/rootfs" \
   "deb $mirror $suite main" "deb $mirror $suite-updates main" "deb $security $suite-security main"
