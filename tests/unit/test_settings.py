@@ -200,3 +200,13 @@ def test_a_bad_setting_stops_the_command_before_it_connects() -> None:
     result = CliRunner().invoke(cli_app.app, ["worker", "drain", "--lease", "abc"], env={"MONGODB_URI": URI})
     assert isinstance(result.exception, ConfigError)
     assert "[flag --lease]" in str(result.exception)
+
+
+def test_a_model_built_directly_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only `cli.settings.resolve` reads the environment: a model built in code (tests, benchmarks) holds
+    exactly the values given."""
+    monkeypatch.setenv("FAULTLINE_THREADS", "99")
+    monkeypatch.setenv("MONGODB_URI", "mongodb://elsewhere")
+    cfg = config.DrainConfig(mongodb_uri=URI)
+    assert cfg.threads == 8
+    assert cfg.mongodb_uri.get_secret_value() == URI
