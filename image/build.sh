@@ -2,13 +2,12 @@
 # Builds faultline's one OCI image (every component; entrypoint: the `faultline` console script) with no
 # Docker and no base image pull:
 #   1. the project's wheel from the last commit (`git archive HEAD`, SOURCE_DATE_EPOCH = its time; or
-#      IMAGE_REF=<commit>), and
-#      the dependency wheels that requirements/image.lock pins by hash (downloaded once into .cache);
+#      IMAGE_REF=<commit>), and the dependency wheels that requirements/image.lock pins by hash
+#      (downloaded once into .cache);
 #   2. a Debian 12 root filesystem from Debian's packages (mmdebstrap): python3 (3.11), libstdc++6
 #      (google-re2's extension links it; manylinux wheels expect it from the system), ca-certificates,
-#      tzdata, systemd
-#      (for journalctl, which the agent runs: bookworm packages it nowhere else), without docs, man pages
-#      or locales;
+#      tzdata, systemd (for journalctl, which the agent runs: bookworm ships it in no smaller package),
+#      without docs, man pages or locales;
 #   3. inside it, a virtual environment /opt/faultline with the wheels installed --require-hashes
 #      --no-deps, `pip check`ed; then pip, setuptools and the Debian packages that only the install needed
 #      are removed, and what the image does not run is pruned (see image/customize.sh);
@@ -107,5 +106,6 @@ EOF
   --layer "debian@$base_epoch=" --layer "dependencies@$base_epoch=opt/faultline" --layer "faultline=$app" | tee "$work/oci.txt"
 grep '^digest:' "$work/oci.txt" | cut -d' ' -f2 > "$out/digest"
 echo "$version" > "$out/version"
+echo "$revision" > "$out/revision"
 echo "image: OCI archive written ($((SECONDS - t)) s); built in $((SECONDS - started)) s"
 rm -rf "$work"

@@ -29,6 +29,13 @@ registry_flags=(--allow-http-registry --allow-insecure-registry)
 sign_flags=(--tlog-upload=false --use-signing-config=false "${registry_flags[@]}")
 verify_flags=(--insecure-ignore-tlog=true "${registry_flags[@]}")
 
+quiet() {  # run a command; show what it printed only when it fails
+  local log rc=0; log=$(mktemp)
+  "$@" >"$log" 2>&1 || rc=$?
+  [ $rc = 0 ] || cat "$log" >&2
+  rm -f "$log"
+  return $rc
+}
 need() { [ -s "$out/digest" ] || { echo "error: no image: run make image" >&2; exit 1; }; }
 log() { echo "supply-chain: $*"; }
 
@@ -46,7 +53,7 @@ print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))' "$out/sbom.cdx.j
 keypair() {
   [ -s "$keys/cosign.key" ] && return
   mkdir -p "$keys" && chmod 700 "$keys"
-  (cd "$keys" && "$bin/cosign" generate-key-pair >/dev/null 2>&1)
+  (cd "$keys" && quiet "$bin/cosign" generate-key-pair)
   log "new local key pair in $keys (cosign.pub is the public key)"
 }
 
@@ -56,21 +63,26 @@ push() {
   [ -s "$out/sbom.cdx.json" ] || sbom
   digest=$(cat "$out/digest"); version=$(cat "$out/version")
   local image="$reg/images/faultline"
-  "$bin/crane" push --insecure "$out/oci" "$image@$digest" >/dev/null
-  "$bin/crane" tag --insecure "$image@$digest" "$version"
+  quiet "$bin/crane" push --insecure "$out/oci" "$image@$digest"
+  quiet "$bin/crane" tag --insecure "$image@$digest" "$version"
   log "pushed $image@$digest (tag $version)"
-  "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$image@$digest" 2>/dev/null
-  "$bin/cosign" attest --key "$keys/cosign.key" --type cyclonedx --predicate "$out/sbom.cdx.json" \
-    "${sign_flags[@]}" "$image@$digest" 2>/dev/null
+  quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$image@$digest"
+  quiet "$bin/cosign" attest --key "$keys/cosign.key" --type cyclonedx --predicate "$out/sbom.cdx.json" \
+    "${sign_flags[@]}" "$image@$digest"
   log "signed and attested the SBOM"
-  rm -rf "$out/chart" && mkdir -p "$out/chart"
-  "$bin/helm" package "$root/charts/faultline" --destination "$out/chart" >/dev/null
+  # The chart from the image's commit (it links the CRD from faultline/kube), as the image is.
+  rm -rf "$out/chart" && mkdir -p "$out/chart/src"
+  git -C "$root" archive "$(cat "$out/revision")" charts faultline/kube/crds | tar -x -C "$out/chart/src"
+  quiet "$bin/helm" package "$out/chart/src/charts/faultline" --destination "$out/chart"
+  rm -rf "$out/chart/src"
   local tgz; tgz=$(ls "$out"/chart/faultline-*.tgz)
-  chart_digest=$("$bin/helm" push "$tgz" "oci://$reg" --plain-http 2>&1 | sed -n 's/^Digest: //p')
+  local pushed; pushed=$("$bin/helm" push "$tgz" "oci://$reg" --plain-http 2>&1) || { echo "$pushed" >&2; exit 1; }
+  chart_digest=$(sed -n 's/^Digest: //p' <<<"$pushed")
   [ -n "$chart_digest" ] || { echo "error: helm push gave no digest" >&2; exit 1; }
-  "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$reg/faultline@$chart_digest" 2>/dev/null
+  quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$reg/faultline@$chart_digest"
   echo "$chart_digest" > "$out/chart/digest"
-  log "pushed and signed the chart: helm install faultline oci://$reg/faultline --version ${tgz##*/faultline-} (strip .tgz)"
+  local chart_version=${tgz##*/faultline-}; chart_version=${chart_version%.tgz}
+  log "pushed and signed the chart: helm install faultline oci://$reg/faultline --version $chart_version"
 }
 
 verify() {
@@ -78,23 +90,31 @@ verify() {
   need
   digest=$(cat "$out/digest")
   local image="$reg/images/faultline@$digest"
-  "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$image" >/dev/null
+  quiet "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$image"
   log "signature verified: $image"
-  "$bin/cosign" verify-attestation --key "$key" --type cyclonedx "${verify_flags[@]}" "$image" >/dev/null
+  quiet "$bin/cosign" verify-attestation --key "$key" --type cyclonedx "${verify_flags[@]}" "$image"
   log "SBOM attestation verified"
   if [ -s "$out/chart/digest" ]; then
-    "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$reg/faultline@$(cat "$out/chart/digest")" >/dev/null
+    quiet "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$reg/faultline@$(cat "$out/chart/digest")"
     log "chart signature verified: $reg/faultline@$(cat "$out/chart/digest")"
   fi
 }
 
 free_port() { "$root/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+registry_pid=
+stop_registry() {
+  [ -n "$registry_pid" ] || return 0
+  kill "$registry_pid" 2>/dev/null || true
+  wait "$registry_pid" 2>/dev/null || true
+}
+
 selftest() {
   local port; port=$(free_port)
   "$bin/crane" registry serve --address "127.0.0.1:$port" >"$out/registry.log" 2>&1 &
-  local pid=$!
-  trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true' EXIT
+  registry_pid=$!
+  trap stop_registry EXIT
+  local pid=$registry_pid
   local deadline=$((SECONDS + 30))
   until "$bin/crane" catalog --insecure "127.0.0.1:$port" >/dev/null 2>&1; do
     [ $SECONDS -lt $deadline ] || { echo "error: the registry did not start" >&2; exit 1; }
