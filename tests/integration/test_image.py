@@ -142,16 +142,30 @@ def test_size_goal(builds: tuple[Build, Build]) -> None:
     assert first.unpacked_mb <= SIZE_GOAL_MB
 
 
-def test_runs_as_the_non_root_user_with_journalctl(unpacked: tuple[Path, dict[str, object]]) -> None:
+def test_runs_as_the_non_root_user_and_journalctl_reads_a_journal_file(
+    unpacked: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
     root, config = unpacked
     assert config["User"] == "65532:65532"
     assert config["Entrypoint"] == ["/opt/faultline/bin/faultline"]
-    probe = {**config, "Entrypoint": ["/bin/sh", "-c"]}
-    p = run(*oci.chroot_argv(root, probe, ["id -u; journalctl --version | head -1; python3 -V"]), timeout=60)
-    assert p.returncode == 0, p.stderr
-    uid, journalctl, python = p.stdout.splitlines()
-    assert (uid, journalctl.split()[0], python.rsplit(".", 1)[0]) == ("65532", "systemd", "Python 3.11")
     assert not (root / "opt/faultline/lib/python3.11/site-packages/pip").exists()
+    # A real journal file (systemd-journal-remote, as the journal tests write them), read in the image
+    # the way the agent reads one: journalctl --file ... -o json.
+    export = tmp_path / "kernel.export"
+    export.write_text(
+        "__REALTIME_TIMESTAMP=1796000000000000\n__MONOTONIC_TIMESTAMP=5000000\n"
+        "_BOOT_ID=4b1d3c2a9e8f4d7c8b6a5f4e3d2c1b0a\n_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\n"
+        "MESSAGE=NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n\n"
+    )
+    ok("/lib/systemd/systemd-journal-remote", f"--output={root / 'tmp' / 'kernel.journal'}", export)
+    (root / "tmp" / "kernel.journal").chmod(0o644)
+    probe = {**config, "Entrypoint": ["/bin/sh", "-c"]}
+    script = "id -u; python3 -V; journalctl --file /tmp/kernel.journal -o json --no-pager"
+    p = run(*oci.chroot_argv(root, probe, [script]), timeout=60)
+    assert p.returncode == 0, p.stderr
+    uid, python, entry = p.stdout.splitlines()
+    assert (uid, python.rsplit(".", 1)[0]) == ("65532", "Python 3.11")
+    assert json.loads(entry)["MESSAGE"].endswith("GPU has fallen off the bus.")
 
 
 def test_help_and_sample_replay_match_the_host(
