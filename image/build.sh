@@ -31,7 +31,8 @@ for c in mmdebstrap strip; do
   command -v $c >/dev/null || { echo "error: $c is missing: make system-deps" >&2; exit 1; }
 done
 ref=$(git rev-parse "${IMAGE_REF:-HEAD}^{commit}")  # IMAGE_REF: build another commit
-if ! git diff --quiet "$ref" -- faultline sources patterns dataflows sinks workers cli devtools pyproject.toml; then
+product=(faultline sources patterns dataflows sinks workers cli devtools pyproject.toml)
+if ! git diff --quiet "$ref" -- "${product[@]}"; then
   echo "image: note: uncommitted changes are not in the image; it is built from ${ref:0:12}"
 fi
 
@@ -103,7 +104,8 @@ cat > "$work/config.json" <<EOF
 EOF
 "$py" -m devtools.oci "$work/rootfs" --layout "$out/oci" --archive "$out/faultline.oci.tar" \
   --epoch "$epoch" --config "$work/config.json" \
-  --layer "debian@$base_epoch=" --layer "dependencies@$base_epoch=opt/faultline" --layer "faultline=$app" | tee "$work/oci.txt"
+  --layer "debian@$base_epoch=" --layer "dependencies@$base_epoch=opt/faultline" --layer "faultline=$app" \
+  | tee "$work/oci.txt"
 grep '^digest:' "$work/oci.txt" | cut -d' ' -f2 > "$out/digest"
 echo "$version" > "$out/version"
 echo "$revision" > "$out/revision"

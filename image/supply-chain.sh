@@ -42,12 +42,20 @@ log() { echo "supply-chain: $*"; }
 sbom() {
   need
   local t=$SECONDS
-  "$bin/syft" scan --quiet "oci-archive:$out/faultline.oci.tar" -o "cyclonedx-json=$out/sbom.cdx.json"
+  "$bin/syft" scan --quiet --source-name faultline "oci-archive:$out/faultline.oci.tar" \
+    -o "cyclonedx-json=$out/sbom.cdx.json"
   log "SBOM $out/sbom.cdx.json: $("$root/.venv/bin/python" -c '
 import collections, json, sys
 purls = [c.get("purl", "") for c in json.load(open(sys.argv[1]))["components"]]
 kinds = collections.Counter(p.split("/")[0].removeprefix("pkg:") for p in purls if p)
 print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))' "$out/sbom.cdx.json") ($((SECONDS - t)) s)"
+}
+
+sbom_subject() {  # the image digest the SBOM describes (syft records it as the component's version)
+  [ -s "$out/sbom.cdx.json" ] || return 0
+  "$root/.venv/bin/python" -c '
+import json, sys
+print(json.load(open(sys.argv[1]))["metadata"]["component"]["version"])' "$out/sbom.cdx.json"
 }
 
 keypair() {
@@ -60,7 +68,7 @@ keypair() {
 push() {
   local reg=$1 digest version chart_digest
   need; keypair
-  [ -s "$out/sbom.cdx.json" ] || sbom
+  [ "$(sbom_subject)" = "$(cat "$out/digest")" ] || sbom  # an SBOM of this image, not of an earlier one
   digest=$(cat "$out/digest"); version=$(cat "$out/version")
   local image="$reg/images/faultline"
   quiet "$bin/crane" push --insecure "$out/oci" "$image@$digest"
@@ -76,7 +84,8 @@ push() {
   quiet "$bin/helm" package "$out/chart/src/charts/faultline" --destination "$out/chart"
   rm -rf "$out/chart/src"
   local tgz; tgz=$(ls "$out"/chart/faultline-*.tgz)
-  local pushed; pushed=$("$bin/helm" push "$tgz" "oci://$reg" --plain-http 2>&1) || { echo "$pushed" >&2; exit 1; }
+  local pushed
+  pushed=$("$bin/helm" push "$tgz" "oci://$reg" --plain-http 2>&1) || { echo "$pushed" >&2; exit 1; }
   chart_digest=$(sed -n 's/^Digest: //p' <<<"$pushed")
   [ -n "$chart_digest" ] || { echo "error: helm push gave no digest" >&2; exit 1; }
   quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$reg/faultline@$chart_digest"
@@ -100,7 +109,11 @@ verify() {
   fi
 }
 
-free_port() { "$root/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() {
+  "$root/.venv/bin/python" -c '
+import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
 
 registry_pid=
 stop_registry() {

@@ -223,8 +223,13 @@ def pushed(registry: str) -> str:
     return registry
 
 
-def test_sbom_lists_debian_and_python_packages(pushed: str) -> None:
-    components = json.loads((OUT / "sbom.cdx.json").read_text())["components"]
+def test_sbom_describes_this_image_with_its_debian_and_python_packages(
+    pushed: str, builds: tuple[Build, Build]
+) -> None:
+    sbom = json.loads((OUT / "sbom.cdx.json").read_text())
+    assert sbom["metadata"]["component"]["version"] == builds[0].digest
+    assert sbom["metadata"]["component"]["name"] == "faultline"
+    components = sbom["components"]
     purls = {c.get("purl", "").split("@")[0] for c in components}
     assert {
         "pkg:deb/debian/python3.11",
