@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -292,8 +293,11 @@ def _run_agent(config: config.AgentConfig) -> None:
     if config.ingest_socket or config.ingest_tcp:
         spool = ingest.IngestSpool(config.state_dir / "ingest")
         logs.append(LogInput("grpc", "grpc", ingest.IngestSource(spool)))
-    flow = node_flow.build(config.node, backend, compiled, sinks, logs=logs, polling=polling,
-                           gpu_source="dcgm" if config.gpu_backend == "dcgm" else "nvml")  # fmt: skip
+    stop = threading.Event()  # set by SIGTERM: the flow ends in order (see dataflows.runner)
+    gpu_source = "dcgm" if config.gpu_backend == "dcgm" else "nvml"
+    flow = node_flow.build(
+        config.node, backend, compiled, sinks, logs=logs, polling=polling, gpu_source=gpu_source, stop=stop
+    )
     if config.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 
@@ -313,11 +317,19 @@ def _run_agent(config: config.AgentConfig) -> None:
         )
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     try:
-        if runner.run(flow, epoch_interval=dt.timedelta(seconds=config.snapshot_interval), recovery=recovery):
+        epoch = dt.timedelta(seconds=config.snapshot_interval)
+        if runner.run(flow, epoch_interval=epoch, recovery=recovery, on_stop=lambda: _stop_inputs(stop)):
             err.print("agent: stopped by signal", markup=False)
     finally:
         if server is not None:
             server.stop(grace=2).wait()
+
+
+def _stop_inputs(stop: threading.Event) -> None:
+    from sources import wake  # noqa: PLC0415
+
+    stop.set()
+    wake.notify()  # the inputs' partition is asleep in wake.wait: let it see the stop now
 
 
 def _recovery(directory: Path) -> RecoveryConfig:

@@ -16,6 +16,7 @@ revision number, so both sinks stay idempotent under replays. Step ids are const
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,20 +89,30 @@ def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
     )
 
 
+def revision_base() -> int:
+    """Revisions an agent starting now writes above: milliseconds since the epoch times 2**20 (an earlier
+    agent would need over a million matches per millisecond of its life to get past it; about 2**61 today,
+    inside BSON's int64)."""
+    return int(time.time() * 1000) << 20
+
+
 class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]):
     """The node's detector, its faults' last written signatures and the number of matches observed so
     far; all of it is the recovery snapshot.
 
     A changed fault is written with that number as its revision: it depends only on how far into the
     input the detector is, not on how the input was cut into batches, so a restarted agent that replays
-    from its snapshot (in other batches) reaches the same revisions, and the store keeps the newest."""
+    from its snapshot (in other batches) reaches the same revisions, and the store keeps the newest.
+    The count starts at the wall clock's milliseconds times 2**20 (`revision_base`), not at 0: an agent
+    that starts with no snapshot (its state directory lost, a new node of the same name) must still write
+    above what an earlier agent of the node stored, or its faults would be ignored by the store."""
 
     def __init__(self, node: str, compiled: CompiledPacks, resume: dict[str, Any] | None = None) -> None:
         now = dt.datetime.now(dt.UTC)
         if resume is None:
             self.detector = NodeDetector(node, compiled)
             self.seen: dict[str, tuple[Any, ...]] = {}
-            self.sequence = 0
+            self.sequence = revision_base()
             self.resend_at = now + dt.timedelta(seconds=RESEND_S)
         else:
             self.detector = NodeDetector.restore(node, compiled, resume["detector"])
@@ -109,7 +120,7 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]
             # Past anything written before the restart: matches processed after the snapshot were
             # written with higher numbers, and those of sources that cannot replay (NVML events) never
             # come back, so counting on from the snapshot would leave later writes below the stored ones.
-            self.sequence = int(resume["sequence"]) + RESTART_GAP
+            self.sequence = max(int(resume["sequence"]) + RESTART_GAP, revision_base())
             self.resend_at = now  # the sinks get the whole state again at once
 
     def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
@@ -161,16 +172,18 @@ def build(
     logs: list[LogInput] | None = None,
     polling: GpuPolling | None = None,
     gpu_source: str = "nvml",
+    stop: threading.Event | None = None,
 ) -> Dataflow:
     """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate. `logs` are kernel-log
-    inputs (journal, syslog file, kmsg) whose entries are matched as their pack source."""
+    inputs (journal, syslog file, kmsg) whose entries are matched as their pack source. Setting `stop`
+    ends the flow in order once what was read is handled (the last snapshot is written)."""
     devices = {d.index: d for d in backend.devices()}
     flow = Dataflow(FLOW_ID)
     inputs: list[tuple[str, FixedPartitionedSource[Any, Any]]] = [
         (STEP_GPU, GpuEventSource(backend, polling))
     ]
     inputs += [(log.step_id, log.source) for log in logs or []]
-    batches = op.input(STEP_INPUT, flow, Inputs(inputs))
+    batches = op.input(STEP_INPUT, flow, Inputs(inputs, stop))
 
     def match_gpu(events: list[gpu.GpuEvent]) -> list[scan.Timed]:
         out = []

@@ -2,9 +2,11 @@
 bytewax.run` calls), not its testing helper, with SIGTERM and SIGINT as an orderly stop.
 
 As PID 1 in a container, a process that installs no SIGTERM handler ignores SIGTERM (the kernel does not
-apply the default action to init), and the pod is killed only after its grace period. Here both signals
-raise inside the flow; Bytewax then stops its workers and reports "signal received", which `run` turns
-into a normal return. Recovery snapshots already written stay: the next start resumes from the last one.
+apply the default action to init), and the pod is killed only after its grace period. With `on_stop`
+(the agent: it ends its inputs, see `sources.inputs`), the first SIGTERM or SIGINT asks the flow to finish
+in order, so Bytewax closes the last epoch and writes its snapshot; without it, or on a second signal,
+the signal raises inside the flow, Bytewax aborts ("signal received") and `run` returns normally: the
+next start resumes from the last snapshot written.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -32,17 +35,21 @@ def run(
     epoch_interval: dt.timedelta = dt.timedelta(seconds=10),
     recovery: RecoveryConfig | None = None,
     handle_signals: bool = True,
+    on_stop: Callable[[], None] | None = None,
 ) -> bool:
     """Run `flow` in this process with `workers` worker threads until its inputs end or, with
     `handle_signals` (only in the main thread, where handlers can be installed), a stop signal arrives;
-    returns whether it was stopped by a signal. Other errors propagate."""
+    returns whether it was stopped by a signal. `on_stop`: called (in the signal handler: it must only
+    set flags) on the first signal instead of aborting the flow. Other errors propagate."""
     stopped = threading.Event()
     handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
 
     def stop(signum: int, _frame: FrameType | None) -> None:
-        if stopped.is_set():
-            return  # one stop is enough; a second signal while Bytewax shuts down changes nothing
+        first = not stopped.is_set()
         stopped.set()
+        if first and on_stop is not None:
+            on_stop()  # the flow ends itself; a second signal aborts it
+            return
         raise Stopped(signal.Signals(signum).name)
 
     previous: dict[signal.Signals, Any] = {}

@@ -6,6 +6,7 @@ so an idle agent costs little CPU and a queued fault is taken at once. Items are
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,17 @@ class _InputsPartition(StatefulSourcePartition[tuple[int, list[Any]], dict[str, 
     answers SPIN_CALLS empty calls without blocking, so the worker carries that batch through the
     downstream steps before it looks again (and sleeps if nothing came). Inputs marked `notifies`
     (their threads call `wake.notify()`) are not scheduled by time. The snapshot holds each input's
-    own snapshot under its step id."""
+    own snapshot under its step id.
 
-    def __init__(self, parts: list[tuple[str, StatefulSourcePartition[Any, Any]]]) -> None:
+    Once `stop` is set (a SIGTERM), the next look that finds nothing pending ends the input: Bytewax
+    then finishes the flow in order and writes the last snapshot, so a restart resumes after everything
+    this agent handled."""
+
+    def __init__(
+        self, parts: list[tuple[str, StatefulSourcePartition[Any, Any]]], stop: threading.Event | None = None
+    ) -> None:
         self.parts = parts
+        self.stop = stop
         self.spin = 0  # empty answers left before the inputs are looked at again
 
     def next_batch(self) -> list[tuple[int, list[Any]]]:
@@ -57,6 +65,8 @@ class _InputsPartition(StatefulSourcePartition[tuple[int, list[Any]], dict[str, 
         if out:
             self.spin = SPIN_CALLS
             return out
+        if self.stop is not None and self.stop.is_set():
+            raise StopIteration  # everything read was handed over: end the flow in order
         now = dt.datetime.now(dt.UTC)
         due = [
             awake for _, part in self.parts
@@ -79,10 +89,14 @@ class _InputsPartition(StatefulSourcePartition[tuple[int, list[Any]], dict[str, 
 
 
 class Inputs(FixedPartitionedSource[tuple[int, list[Any]], dict[str, Any]]):
-    """Single-partition sources (by step id, in order) as one source; see `_InputsPartition`."""
+    """Single-partition sources (by step id, in order) as one source; see `_InputsPartition`. Setting
+    `stop` ends the input once nothing is pending (an orderly shutdown)."""
 
-    def __init__(self, sources: list[tuple[str, FixedPartitionedSource[Any, Any]]]) -> None:
+    def __init__(
+        self, sources: list[tuple[str, FixedPartitionedSource[Any, Any]]], stop: threading.Event | None = None
+    ) -> None:
         self.sources = sources
+        self.stop = stop
 
     def list_parts(self) -> list[str]:
         return ["inputs"]
@@ -97,4 +111,4 @@ class Inputs(FixedPartitionedSource[tuple[int, list[Any]], dict[str, Any]]):
             if len(names) != 1:
                 raise ValueError(f"input {inner_id} has partitions {names}; the agent's inputs have one each")
             parts.append((inner_id, source.build_part(inner_id, names[0], resume.get(inner_id))))
-        return _InputsPartition(parts)
+        return _InputsPartition(parts, self.stop)

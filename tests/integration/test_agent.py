@@ -188,8 +188,9 @@ def test_xid_to_fault_document_and_condition_then_clear(
             "RESTART_BM",
             "open",
         )
-        item = faults.database["queue"].find_one({"_id": f"quarantine/{fid}"})
-        assert item["quarantine"]["state"] == "pending"
+        queue = faults.database["queue"]  # the work item is written right after the fault
+        poll("the fault's work item", lambda: queue.find_one({"_id": f"quarantine/{fid}"}), 10)
+        assert queue.find_one({"_id": f"quarantine/{fid}"})["quarantine"]["state"] == "pending"
         (event,) = list(faults.database["health_events"].find({"code": "XID-79"}))
         assert (event["node"], event["healthy"], event["check"], event["metadata"]) == (
             node, False, "xid", {"source": "nvml"}
@@ -323,3 +324,32 @@ def test_health_field_and_hung_monitor_through_the_simulator(
         poll("GpuMonitorHealthy True", lambda: condition("GpuMonitorHealthy") == "True", 15)
         assert faults.find_one({"code": "GPU-MONITOR-UNHEALTHY"})["state"] == "resolved"
         assert faults.count_documents({"code": "GPU-DRIVER-UNRESPONSIVE"}) == 0  # not for 300 s
+
+
+def test_sigterm_stops_the_agent_in_order(cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path) -> None:
+    """What the kubelet sends a pod's PID 1 (which ignores SIGTERM unless it handles it): the agent ends
+    its flow in order and exits 0 at once, with its last snapshot written, so the restarted agent counts
+    on from what it had seen (well within the 5 s snapshot interval: a stop loses nothing)."""
+    node = cluster.node_names[0]
+    database = f"agent_sigterm_{os.getpid()}"
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    fid = fault_id(node, "GPU", "0000:18:00", "XID-31")  # GPU 0 of a simulated node
+    try:
+        agent = start_agent(cluster, mongo, node, database, tmp_path)
+        sim(tmp_path, node, "--gpu", "0", "--xid", "31")
+        faults = client[database]["faults"]
+        poll("the XID", lambda: (faults.find_one({"_id": fid}) or {}).get("count") == 1, 20)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(15) == 0
+        assert agent.stderr is not None
+        assert "agent: stopped by signal" in agent.stderr.read()
+        agent.stderr.close()
+        again = start_agent(cluster, mongo, node, database, tmp_path)
+        try:
+            sim(tmp_path, node, "--gpu", "0", "--xid", "31")
+            poll("the second XID", lambda: faults.find_one({"_id": fid})["count"] == 2, 20)
+        finally:
+            stop_agent(again)
+    finally:
+        client.drop_database(database)
+        client.close()

@@ -135,15 +135,34 @@ def test_inputs_wake_for_timed_inputs_and_cap_the_sleep() -> None:
 def test_detector_resends_its_state_after_a_restore_and_counts_past_old_revisions() -> None:
     compiled = compiler.compile_packs(loader.load([], builtin=True), check_examples=False)
     entries = [_entry(0, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.")]
+    base = node.revision_base()
     logic = node.DetectLogic("n1", compiled)
     assert logic.notify_at() > dt.datetime.now(dt.UTC) + dt.timedelta(seconds=node.RESEND_S - 5)
     (first,), _ = logic.on_item(node._entry_matcher(compiled, "journal", 1)(entries))
     [(fault, revision)] = first.changed
-    assert fault.code == "XID-79" and revision == 1
+    assert fault.code == "XID-79" and base < revision <= node.revision_base() + 1
     restored = node.DetectLogic("n1", compiled, logic.snapshot())
     assert restored.notify_at() <= dt.datetime.now(dt.UTC)  # due at once: the sinks catch up
     (again,), _ = restored.on_notify()
     assert [f.code for f in again.faults] == ["XID-79"] and again.changed == []
     more = [_entry(1, "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.")]
     (later,), _ = restored.on_item(node._entry_matcher(compiled, "journal", 1)(more))
-    assert later.changed[0][1] > node.RESTART_GAP  # above whatever was written before the restart
+    assert later.changed[0][1] > revision + node.RESTART_GAP  # above whatever was written before the restart
+
+
+def test_an_agent_starting_without_a_snapshot_writes_above_an_earlier_agent() -> None:
+    """Its state directory lost (a reinstalled node, a wiped hostPath): its revisions must still be newer
+    than those an earlier agent of the node stored, or the store would ignore its faults."""
+    compiled = compiler.compile_packs(loader.load([], builtin=True), check_examples=False)
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
+    earlier = node.DetectLogic("n1", compiled)
+    for i in range(50):  # an agent that has written many revisions
+        (update,), _ = earlier.on_item(node._entry_matcher(compiled, "journal", 1)([_entry(i, line)]))
+    [(_, old)] = update.changed
+    deadline = time.monotonic() + 1
+    while node.revision_base() <= old and time.monotonic() < deadline:
+        time.sleep(0.001)  # the next millisecond: what any restart takes at least
+    fresh = node.DetectLogic("n1", compiled)
+    (update,), _ = fresh.on_item(node._entry_matcher(compiled, "journal", 1)([_entry(60, line)]))
+    [(_, new)] = update.changed
+    assert new > old
