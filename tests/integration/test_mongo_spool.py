@@ -10,9 +10,18 @@ from typing import Any
 import pymongo
 import pytest
 
-from faultline.models import NodeUpdate
 from devtools.mongo import LocalMongo
-from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id, fault_id
+from faultline.models import (
+    Action,
+    Component,
+    Entity,
+    Fault,
+    FaultState,
+    HealthEvent,
+    NodeUpdate,
+    event_id,
+    fault_id,
+)
 from sinks.mongo import MongoSink, Spool
 
 pytestmark = pytest.mark.integration
