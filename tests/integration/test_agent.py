@@ -336,14 +336,16 @@ def test_sigterm_stops_the_agent_in_order(cluster: LocalCluster, mongo: LocalMon
     fid = fault_id(node, "GPU", "0000:18:00", "XID-31")  # GPU 0 of a simulated node
     try:
         agent = start_agent(cluster, mongo, node, database, tmp_path)
-        sim(tmp_path, node, "--gpu", "0", "--xid", "31")
-        faults = client[database]["faults"]
-        poll("the XID", lambda: (faults.find_one({"_id": fid}) or {}).get("count") == 1, 20)
-        agent.send_signal(signal.SIGTERM)
-        assert agent.wait(15) == 0
-        assert agent.stderr is not None
-        assert "agent: stopped by signal" in agent.stderr.read()
-        agent.stderr.close()
+        try:
+            sim(tmp_path, node, "--gpu", "0", "--xid", "31")
+            faults = client[database]["faults"]
+            poll("the XID", lambda: (faults.find_one({"_id": fid}) or {}).get("count") == 1, 20)
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(15) == 0
+            assert agent.stderr is not None
+            assert "agent: stopped by signal" in agent.stderr.read()
+        finally:
+            stop_agent(agent)  # only does something when an assertion above failed
         again = start_agent(cluster, mongo, node, database, tmp_path)
         try:
             sim(tmp_path, node, "--gpu", "0", "--xid", "31")
