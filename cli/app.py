@@ -301,7 +301,7 @@ def _run_agent(config: config.AgentConfig) -> None:
     if config.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 
-        metrics.serve(config.metrics_port)
+        metrics.serve(config.metrics_port, host=config.metrics_address)
     recovery = _recovery(config.state_dir / "recovery")
     server = None
     if spool is not None:

@@ -5,6 +5,7 @@ Labels stay bounded: codes and components, never nodes lines or ids (one agent i
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -42,11 +43,14 @@ def healthy(max_silence: float) -> bool:
 def serve(
     port: int,
     *,
-    host: str = "127.0.0.1",
+    host: str = "0.0.0.0",  # noqa: S104 - a pod's probes and scrapes come to its IP, not to loopback
     health: Callable[[], bool] | None = None,
     registry: CollectorRegistry = REGISTRY,
 ) -> ThreadingHTTPServer:
-    """Serve `/metrics` and `/healthz` on a daemon thread; returns the server (call `shutdown()`)."""
+    """Serve `/metrics` and `/healthz` on a daemon thread; returns the server (call `shutdown()`).
+    `host`: the address to listen on; 0.0.0.0 (every IPv4 interface) by default, so a kubelet's probe to
+    the pod IP is answered (bound to 127.0.0.1 it was refused and the pod restarted); an IPv6 address
+    (e.g. "::", which also accepts IPv4 where the host allows) listens on IPv6."""
     check = health or (lambda: healthy(30.0))
 
     class Handler(BaseHTTPRequestHandler):
@@ -69,6 +73,11 @@ def serve(
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+    server = server_class((host, port), Handler)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6

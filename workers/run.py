@@ -9,6 +9,7 @@ import threading
 
 from faultline import kube, store
 from faultline.config import DrainConfig, JanitorConfig, QuarantineConfig, RemediationConfig
+from faultline.config.base import MetricsFields
 from faultline.errors import ForbiddenError
 from faultline.metrics import serve
 from workers import (
@@ -38,7 +39,7 @@ def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
 
 
 def quarantine_main(config: QuarantineConfig) -> None:
-    _serve_until_signalled(quarantine_worker(config), config.metrics_port)
+    _serve_until_signalled(quarantine_worker(config), config)
 
 
 def drain_worker(config: DrainConfig) -> drainer.Drainer:
@@ -49,7 +50,7 @@ def drain_worker(config: DrainConfig) -> drainer.Drainer:
 
 
 def drain_main(config: DrainConfig) -> None:
-    _serve_until_signalled(drain_worker(config), config.metrics_port)
+    _serve_until_signalled(drain_worker(config), config)
 
 
 def remediation_main(config: RemediationConfig) -> None:
@@ -59,7 +60,7 @@ def remediation_main(config: RemediationConfig) -> None:
     with contextlib.suppress(ForbiddenError):  # a cluster where the chart installed the CRD
         kube.resources.ensure_crds(api)  # a local cluster
     worker = remediation.Remediation(st, api, settings, config.owner or common.default_owner("remediation"))
-    _serve_until_signalled(worker, config.metrics_port)
+    _serve_until_signalled(worker, config)
 
 
 def janitor_main(config: JanitorConfig) -> None:
@@ -67,7 +68,7 @@ def janitor_main(config: JanitorConfig) -> None:
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     worker = janitor.Janitor(st, api, settings, config.owner or common.default_owner("janitor"))
-    _serve_until_signalled(worker, config.metrics_port)
+    _serve_until_signalled(worker, config)
 
 
 def cloud_provider(config: JanitorConfig) -> cloud.Provider | None:
@@ -98,9 +99,10 @@ def cloud_provider(config: JanitorConfig) -> cloud.Provider | None:
 Worker = quarantine.QuarantineWorker | drainer.Drainer | remediation.Remediation | janitor.Janitor
 
 
-def _serve_until_signalled(worker: Worker, metrics_port: int) -> None:
-    if metrics_port:
-        serve(metrics_port, host="0.0.0.0", registry=worker.metrics.registry, health=lambda: True)  # noqa: S104
+def _serve_until_signalled(worker: Worker, config: MetricsFields) -> None:
+    if config.metrics_port:
+        serve(config.metrics_port, host=config.metrics_address, registry=worker.metrics.registry,
+              health=lambda: True)  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

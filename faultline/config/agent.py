@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from faultline.config.base import Component, Flag, KubeFields, Seconds, StoreFields, alias
+from faultline.config.base import Component, Flag, KubeFields, MetricsFields, Seconds, StoreFields, alias
 
 
-class AgentConfig(Component, StoreFields, KubeFields):
+class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
     """The node agent (`faultline agent`). Its intervals are float seconds (they feed its polling loops)
     but are written like any duration ("500ms", "5s")."""
 
@@ -34,9 +34,6 @@ class AgentConfig(Component, StoreFields, KubeFields):
     state_dir: Path = Field(
         description="the agent's own files: MongoDB spool, recovery snapshots (a hostPath in a DaemonSet); "
         "unset: faultline-agent-<node> in the temporary directory"
-    )
-    metrics_port: int = Field(
-        default=0, ge=0, le=65535, description="TCP port of /metrics and /healthz; 0: not served"
     )
     syslog_file: Path | None = Field(default=None, description="follow this syslog file across rotations")
     kmsg: Path | None = Field(default=None, description="read kernel messages from this kmsg device")

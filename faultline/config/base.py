@@ -117,10 +117,19 @@ class KubeFields(BaseModel):
     )  # fmt: skip
 
 
-class WorkerFields(BaseModel):
+class MetricsFields(BaseModel):
     metrics_port: int = Field(
         default=0, ge=0, le=65535, description="TCP port of /metrics and /healthz; 0: not served"
     )
+    metrics_address: str = Field(
+        default="0.0.0.0",  # noqa: S104 - in a pod the kubelet's probes and Prometheus come from outside
+        min_length=1,
+        description="address /metrics and /healthz listen on: 0.0.0.0 (every IPv4 interface: a pod's "
+        "probes reach it on the pod IP), :: (IPv6 and IPv4), or one address such as 127.0.0.1",
+    )
+
+
+class WorkerFields(MetricsFields):
     owner: str | None = Field(
         default=None,
         description="this replica's name in claim leases; unset: host/pid (unique per process, so a "
