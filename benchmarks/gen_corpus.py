@@ -183,6 +183,7 @@ def scenario_node02(t: float) -> list[Event]:
         ),
         (t + 900, k, xid("2a", 95, "Uncontained: SM 0 ECC DBE, channel 0x0000004b")),
         (t + 901, k, xid("2a", 45, "Ch 0000004b")),
+        # user space's line (nvidia-smi in a reset job): no evidence of a repair, it clears nothing
         (t + 1500, "nvidia-reset[7711]", "GPU 00000000:2A:00.0 was successfully reset."),
         (t + 2000, k, xid("ab", 94, "Contained: SM 3 ECC DBE, RST: No, channel 0x00000012")),
     ]

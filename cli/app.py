@@ -262,6 +262,7 @@ def _run_agent(config: config.AgentConfig) -> None:
     from sources import ingest, simulator  # noqa: PLC0415
     from sources.gpu_source import GpuPolling  # noqa: PLC0415
     from sources.inputs import LogInput  # noqa: PLC0415
+    from sources.repairs import from_store as repair_notices  # noqa: PLC0415
 
     compiled = _compile(list(config.packs))
     backend: GpuBackend
@@ -287,7 +288,9 @@ def _run_agent(config: config.AgentConfig) -> None:
         ),
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }
-    polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after)
+    polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after,
+                         config.repair_poll_interval)  # fmt: skip
+    repairs = repair_notices(config.mongodb_uri.get_secret_value(), config.database, config.node)
     logs = _log_inputs(config, compiled)
     spool = None
     if config.ingest_socket or config.ingest_tcp:
@@ -296,8 +299,9 @@ def _run_agent(config: config.AgentConfig) -> None:
     stop = threading.Event()  # set by SIGTERM: the flow ends in order (see dataflows.runner)
     gpu_source = "dcgm" if config.gpu_backend == "dcgm" else "nvml"
     flow = node_flow.build(
-        config.node, backend, compiled, sinks, logs=logs, polling=polling, gpu_source=gpu_source, stop=stop
-    )
+        config.node, backend, compiled, sinks, logs=logs, polling=polling, gpu_source=gpu_source, stop=stop,
+        repairs=repairs,
+    )  # fmt: skip
     if config.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 
@@ -373,19 +377,22 @@ def sim_inject(
     ] = None,
     lost: Annotated[bool, typer.Option(help="The GPU falls off the bus.")] = False,
     clear: Annotated[bool, typer.Option(help="The GPU reports healthy again (resolves its faults).")] = False,
+    reset: Annotated[
+        bool, typer.Option(help="The GPU is reset: its volatile errors and pending remaps clear (no line).")
+    ] = False,
     hang: Annotated[
         float | None, typer.Option(min=0, help="The GPU backend's reads hang for this many seconds.")
     ] = None,
     sim_dir: Annotated[Path | None, typer.Option(help="Simulator control directory.")] = None,
 ) -> None:
-    """Make a simulated GPU report an event (exactly one of --xid, --field, --lost, --clear, --hang)."""
+    """Make a simulated GPU report an event (one of --xid, --field, --lost, --clear, --reset, --hang)."""
     from sources import simulator  # noqa: PLC0415
 
     given = (("xid", xid is not None), ("field", field is not None), ("lost", lost), ("healthy", clear),
-             ("hang", hang is not None))  # fmt: skip
+             ("reset", reset), ("hang", hang is not None))  # fmt: skip
     chosen = [name for name, on in given if on]
     if len(chosen) != 1:
-        raise typer.BadParameter("give exactly one of --xid, --field, --lost, --clear, --hang")
+        raise typer.BadParameter("give exactly one of --xid, --field, --lost, --clear, --reset, --hang")
     kind, name, value = chosen[0], "", xid or 0
     if field is not None:
         try:

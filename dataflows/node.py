@@ -7,7 +7,8 @@ detection -> MongoDB and Kubernetes.
 
 All sources sit behind one input partition that sleeps until a source's thread notifies it
 (`sources.inputs`), so an idle agent costs little CPU and a queued fault is taken at once; the GPU
-backend's source is `sources.gpu_source`.
+backend's source is `sources.gpu_source`, which also re-reads the GPUs of repairs the janitor verified
+on this node (`sources.repairs`: how a GPU reset is recognised on real hardware).
 
 The detector shell emits, after each batch, every fault of the node and the ones that changed with a
 revision number, so both sinks stay idempotent under replays. Step ids are constants.
@@ -34,6 +35,7 @@ from sources import entry_match, gpu, scan
 from sources.gpu_source import GpuEventSource, GpuPolling
 from sources.inputs import Inputs, LogInput
 from sources.journal import Entry
+from sources.repairs import Notices
 
 FLOW_ID = "node"
 STEP_INPUT = "inputs"  # one Bytewax input holding every source (sources.inputs); recovery keys below
@@ -173,14 +175,16 @@ def build(
     polling: GpuPolling | None = None,
     gpu_source: str = "nvml",
     stop: threading.Event | None = None,
+    repairs: Notices | None = None,
 ) -> Dataflow:
     """`sinks` by step id (STEP_MONGO, STEP_KUBE): each receives every NodeUpdate. `logs` are kernel-log
     inputs (journal, syslog file, kmsg) whose entries are matched as their pack source. Setting `stop`
-    ends the flow in order once what was read is handled (the last snapshot is written)."""
+    ends the flow in order once what was read is handled (the last snapshot is written). `repairs`: the
+    node's verified repairs (`sources.repairs.from_store`), whose GPUs the GPU source re-reads."""
     devices = {d.index: d for d in backend.devices()}
     flow = Dataflow(FLOW_ID)
     inputs: list[tuple[str, FixedPartitionedSource[Any, Any]]] = [
-        (STEP_GPU, GpuEventSource(backend, polling))
+        (STEP_GPU, GpuEventSource(backend, polling, repairs))
     ]
     inputs += [(log.step_id, log.source) for log in logs or []]
     batches = op.input(STEP_INPUT, flow, Inputs(inputs, stop))

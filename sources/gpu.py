@@ -26,12 +26,13 @@ class GpuDevice:
 
 @dataclass(frozen=True)
 class GpuEvent:
-    """Something a backend saw happen: `kind` is xid, lost (fallen off the bus), reset (a GPU reset
-    completed) or healthy (the backend sees the GPU healthy again: resolves all its faults)."""
+    """Something a backend saw happen: `kind` is xid, lost (fallen off the bus), healthy (the backend
+    sees the GPU healthy again: resolves all its faults) or repaired (the GPU read healthy after a
+    repair the janitor verified: `name` is the step, GPU_RESET or REBOOT; see `sources.repairs`)."""
 
     ts: float
     gpu: int  # -1: the node (monitor events, node-wide incidents)
-    kind: str  # xid | lost | reset | healthy | field | counter | monitor
+    kind: str  # xid | lost | healthy | repaired | field | counter | monitor
     value: int = 0
     position: int | None = None  # where a replayable backend resumes after this event
     name: str = ""  # the field or counter (kind field/counter); what failed (kind monitor)
@@ -59,6 +60,24 @@ class GpuBackend(Protocol):
 COUNTERS = frozenset(
     {"pcie_replay", "nvlink_replay", "nvlink_recovery", "nvlink_crc", "ecc_sbe_volatile", "ecc_sbe_aggregate"}
 )
+# What a GPU must read after a reset or reboot to count as repaired: reachable, no uncorrectable ECC
+# error since the reset (the volatile count restarts at the reset), no row remapping or page retirement
+# still waiting for one, spare rows left, every NVLink that was up at the start up, not at its shutdown
+# temperature. Fields a backend does not report are not evidence either way; a GPU missing from the
+# read (not read at all) is not healthy: no evidence.
+MUST_BE_ZERO_AFTER_REPAIR = ("lost", "ecc_dbe_volatile", "remapped_rows_pending", "retired_pages_pending",
+                             "remapped_rows_failure", "nvlink_down", "thermal_shutdown")  # fmt: skip
+REPAIR_STEPS = {"GPU_RESET": "a GPU reset", "REBOOT": "a reboot"}
+
+
+def repair_verdict(fields: dict[str, int] | None) -> str | None:
+    """None when a GPU's fresh read shows it repaired; otherwise why not (for the log)."""
+    if fields is None:
+        return "not read"
+    bad = [f"{name}={fields[name]}" for name in MUST_BE_ZERO_AFTER_REPAIR if fields.get(name, 0) != 0]
+    return ", ".join(bad) if bad else None
+
+
 MONITOR_OK, MONITOR_UNHEALTHY, MONITOR_UNRESPONSIVE = 0, 1, 2
 
 
@@ -137,9 +156,8 @@ def message(event: GpuEvent, device: GpuDevice | None) -> str | None:
         )
     if event.kind == "lost":
         return f"NVRM: GPU {device.pci}.0: GPU has fallen off the bus."
-    if event.kind == "reset":
-        domain, bus, dev = device.pci.split(":")
-        return f"GPU 0000{domain}:{bus.upper()}:{dev.upper()}.0 was successfully reset."
+    if event.kind == "repaired" and event.name in REPAIR_STEPS:
+        return f"GPU {device.pci} reads healthy after {REPAIR_STEPS[event.name]} (GPU backend)"
     if event.kind == "healthy":
         return f"GPU {device.pci} reports healthy (GPU backend)"
     return None

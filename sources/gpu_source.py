@@ -1,6 +1,9 @@
 """The GPU backend (NVML, DCGM or the simulator) as a Bytewax source: its blocking waits and field polls
 run on their own threads and hand events over a bounded queue; the partition's resume state is the
 backend's replay position and the last fields read.
+
+With `repairs` (the node's verified repairs, `sources.repairs`), a third thread reads them every
+`repair_interval` seconds and each field poll judges the rounds' GPUs from the read it just made.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from dataclasses import dataclass
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from faultline import metrics
-from sources import gpu, wake
+from faultline import metrics, store
+from sources import gpu, repairs, wake
 from sources.inputs import MAX_WAIT_S
 
 WAIT_S = 0.5  # the longest one backend wait for events blocks (the thread checks for stop between)
@@ -27,6 +30,7 @@ class GpuPolling:
     interval: float = 1.0
     hung_after: float = 10.0
     unresponsive_after: float = 300.0
+    repair_interval: float = 5.0  # between reads of the node's verified repairs (when given)
 
 
 GpuResume = tuple[int | None, dict[int, dict[str, int]]]
@@ -37,8 +41,14 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
     and checks the poll thread is not stuck. Resume state: the replay position of the backend (the
     simulator's) and the last fields read, so a restart reports only what changed meanwhile."""
 
-    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling, resume: GpuResume | None) -> None:
+    def __init__(
+        self, backend: gpu.GpuBackend, polling: GpuPolling, resume: GpuResume | None,
+        notices: repairs.Notices | None = None,
+    ) -> None:  # fmt: skip
         self.backend = backend
+        self.notices = notices
+        self.pending_repairs: list[store.RepairNotice] = []
+        self.repair_watch = repairs.RepairWatch(backend.devices())
         self.polling = polling
         self.notifies = True  # its threads call wake.notify() after queueing
         self.position, self.fields = resume if resume is not None else (None, {})
@@ -54,8 +64,19 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
             threading.Thread(target=self._wait, name="gpu-events", daemon=True),
             threading.Thread(target=self._poll, name="gpu-fields", daemon=True),
         ]
+        if notices is not None:
+            self.threads.append(threading.Thread(target=self._read_repairs, name="gpu-repairs", daemon=True))
         for thread in self.threads:
             thread.start()
+
+    def _read_repairs(self) -> None:
+        assert self.notices is not None
+        while not self.stop.is_set():
+            try:
+                self.pending_repairs = self.notices()
+            except Exception as exc:  # noqa: BLE001 - the store away: keep the last answer, try again
+                repairs.log.debug("repairs not read: %s", exc)
+            self.stop.wait(self.polling.repair_interval)
 
     def _wait(self) -> None:  # the backend blocks; Bytewax's next_batch must not
         while not self.stop.is_set():
@@ -70,6 +91,7 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
         previous = self.fields
         while not self.stop.is_set():
             self.call_started = time.monotonic()
+            notices = self.pending_repairs  # read before the fields: the read below is after the repair
             try:
                 with metrics.FIELD_READ.time():
                     current = self.backend.read_fields()
@@ -78,6 +100,8 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
             else:
                 self.failure = None
                 for event in gpu.field_changes(previous, current, time.time()):
+                    self.queue.put(event)
+                for event in self.repair_watch.judge(notices, current, time.time()) if notices else ():
                     self.queue.put(event)
                 previous = self.latest = current
                 self.queue.put(gpu.GpuEvent(time.time(), -1, "fields", 0))  # a marker: the read is done
@@ -115,12 +139,16 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
 
 
 class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, GpuResume]):
-    def __init__(self, backend: gpu.GpuBackend, polling: GpuPolling | None = None) -> None:
+    def __init__(
+        self, backend: gpu.GpuBackend, polling: GpuPolling | None = None,
+        notices: repairs.Notices | None = None,
+    ) -> None:  # fmt: skip
         self.backend = backend
         self.polling = polling or GpuPolling()
+        self.notices = notices
 
     def list_parts(self) -> list[str]:
         return ["gpu"]
 
     def build_part(self, step_id: str, for_part: str, resume_state: GpuResume | None) -> _GpuPartition:
-        return _GpuPartition(self.backend, self.polling, resume_state)
+        return _GpuPartition(self.backend, self.polling, resume_state, self.notices)

@@ -9,7 +9,9 @@ file from where it was when the backend started. A scenario is a YAML timeline r
 
 Health fields are state: the simulated GPUs' fields are the fold of every field record in the control
 file (a restarted backend knows them), and `read_fields` returns them the way NVML would be read. A
-`hang` record makes the next reads block for that many seconds, as a stuck driver call does.
+`hang` record makes the next reads block for that many seconds, as a stuck driver call does. A
+`reset` record (`{gpu: 3, reset: true}`, `sim inject --reset`) resets a GPU: its volatile error and
+pending fields return to 0, and nothing is logged (see `RESET_CLEARS`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ WATCH_MAX_S = 0.25  # inotify waits are cut this short too, so that close() is n
 _IN_MODIFY, _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x2, 0x8, 0x80, 0x100
 _IN_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, padded)
 FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# What a GPU reset does to a simulated GPU's fields: the volatile uncorrectable count restarts, pending
+# remappings and page retirements take effect, links come back up. A lost GPU stays lost. A reset writes
+# no line (a real one writes none to the kernel log either): the agent sees its effect in the next read.
+RESET_CLEARS = frozenset(
+    {"ecc_dbe_volatile", "remapped_rows_pending", "retired_pages_pending", "nvlink_down"}
+)
 
 
 def default_dir() -> Path:
@@ -144,6 +152,8 @@ class SimulatorBackend:
                     fields[e.name] = e.value
                 elif e.kind == "hang":
                     self._hang_until = e.ts + e.value
+                elif e.kind == "reset" and fields is not None:
+                    fields.update(dict.fromkeys(RESET_CLEARS & fields.keys(), 0))  # no line: see RESET_CLEARS
                 else:
                     if e.kind == "healthy" and fields is not None:
                         fields.update(dict.fromkeys(fields, 0))

@@ -14,9 +14,25 @@ and runs the last round's step:
   Node to go away (a new instance takes its place under another name) or to come back with a new boot
   id and Ready. The round's faults were the old hardware's: the janitor resolves them itself.
 Then it validates: every fault of the round must be resolved by the node agent's fresh healthy report
-within `validate_timeout`. The round's outcome (Succeeded, Failed, TimedOut, NotCleared) goes to the
-repairs document and the request's status; anything but Succeeded sets the remediation stage pending
-again, so the next round escalates. Nothing stays in progress forever: every wait has a timeout.
+within `validate_timeout`.
+
+How a repair becomes that report on a real node: the janitor never tells the agent that faults are
+gone; it records, on the round, that its step verifiably happened (`Store.record_step_verified`: the
+reset Job succeeded, which with `backoffLimit: 0` and `restartPolicy: Never` means the reset script
+exited 0 for every GPU; or the node came back Ready with a new boot id). While the round validates,
+the node agent reads those verified rounds of its node from the store (`Store.repairs_to_confirm`),
+re-reads the round's GPUs through its GPU backend (NVML, DCGM, the simulator) and reports each GPU
+that reads healthy (not lost, nothing pending, no uncorrectable errors since the reset); the `gpu`
+pack's `gpu-repaired` patterns turn that report into a clear of the faults the step repairs. A GPU
+still unhealthy is not reported, its faults stay open, validation ends NotCleared and the next round
+escalates. The two never import each other: they meet in the `repairs` documents. (A kernel-log
+line cannot do this: the driver writes none for a reset, and anything user space writes, such as
+nvidia-smi's "was successfully reset", could be written by any tenant.) A reboot is also recognised
+by the kernel's boot line in the new boot's log (the `node` pack's boot marker).
+
+The round's outcome (Succeeded, Failed, TimedOut, NotCleared) goes to the repairs document and the
+request's status; anything but Succeeded sets the remediation stage pending again, so the next round
+escalates. Nothing stays in progress forever: every wait has a timeout.
 
 A janitor killed mid-repair loses nothing: the round records when it started, the node's boot id before
 the repair and whether the provider call was made, so whoever takes the claim over waits for the same
@@ -114,6 +130,9 @@ class Janitor:
             outcome, message = "Failed", f"{type(exc).__name__}: {exc}"[:500]
         if outcome == "Succeeded" and step == remedies.REPLACE and not external:
             self.store.resolve_faults(current.fault_keys, f"janitor: {message}")  # the old hardware's
+        if outcome == "Succeeded" and step in (remedies.GPU_RESET, remedies.REBOOT) and not external:
+            # the step verifiably happened: the node agent re-reads the round's GPUs from now on
+            self.store.record_step_verified(repair.id, index, self.store.clock(), message)
         if outcome == "Succeeded":
             status(name, "Validating")
             if external:  # the external remediator may have finished before this janitor looked
@@ -267,8 +286,8 @@ class Janitor:
         while self.store.clock() < deadline and not self.stop.is_set():
             job = kube.jobs.read(self.api, self.settings.namespace, name)
             status = job.get("status", {})
-            if status.get("succeeded"):
-                return "Succeeded", "the Job succeeded"
+            if status.get("succeeded"):  # backoffLimit 0, restartPolicy Never: the command exited 0
+                return "Succeeded", "the Job succeeded (its command exited 0)"
             if status.get("failed"):
                 return "Failed", "the Job failed (GPU processes still running, or the reset failed)"
             self.stop.wait(self.settings.poll.total_seconds())

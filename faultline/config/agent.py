@@ -57,6 +57,11 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
         default=300.0, gt=0,
         description="unhealthy this long (duration): the driver is unresponsive (a node fault)",
     )  # fmt: skip
+    repair_poll_interval: Seconds = Field(
+        default=5.0, gt=0, le=300,
+        description="between reads of this node's verified repairs in MongoDB (duration): how soon after "
+        "the janitor's reset or reboot the GPUs are re-read to confirm it",
+    )  # fmt: skip
     ingest_socket: Path | None = Field(
         default=None, description="serve gRPC HealthIngest on this Unix socket (mode 0600); unset: off"
     )

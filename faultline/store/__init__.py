@@ -19,6 +19,8 @@ Hand-over between workers, through typed fields (`documents`) and named operatio
 - remediation -> janitor: completing a claim with `also=store.to_janitor()` sets `janitor.state`
   pending; the janitor gives a round that failed back with `also=store.to_remediation()`.
 - quarantine reads `repair_in_progress(node)` (the janitor's stage pending or claimed) before release.
+- janitor -> node agent: `record_step_verified` marks a round's step done (reset Job succeeded, node
+  back); the agent reads `repairs_to_confirm(node)` while the janitor validates that round.
 
 Work is taken by claims (`claims`): each work document carries a `StageStatus` per stage (`state`,
 `attempts`, `seq`, `lease_owner`, `lease_until`, `updated_at`, `error`, `retry_after`). A failure gives
@@ -63,6 +65,7 @@ from faultline.store.documents import (
     Parked,
     PodRecord,
     Repair,
+    RepairNotice,
     RepairRound,
     StageStatus,
     WorkItem,
@@ -75,7 +78,7 @@ __all__ = [
     "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR", "NODEDRAIN",
     "PARKED", "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",
     "Clock", "Drain",
-    "DryRun", "FaultRecord", "Lease", "NodeHold", "Owned", "Parked", "PodRecord", "Repair", "RepairRound",
-    "StageStatus", "Store", "WorkItem", "connect", "episode_label", "repair_key", "retry_delay", "to_janitor",
-    "to_remediation", "unreachable_is_transient", "utc", "utcnow",
+    "DryRun", "FaultRecord", "Lease", "NodeHold", "Owned", "Parked", "PodRecord", "Repair", "RepairNotice",
+    "RepairRound", "StageStatus", "Store", "WorkItem", "connect", "episode_label", "repair_key",
+    "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient", "utc", "utcnow",
 ]  # fmt: skip

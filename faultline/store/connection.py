@@ -71,6 +71,7 @@ class Store(Claims, Faults, Holds, Drains, Repairs):
         self.queue.create_index([("node", pymongo.ASCENDING)])
         self.drains.create_index([(f"{NODEDRAIN}.state", pymongo.ASCENDING)])
         self.nodes.create_index([("quarantined", pymongo.ASCENDING)])
+        self.repairs.create_index([("node", pymongo.ASCENDING)])  # the node agents' repairs_to_confirm
 
     def close(self) -> None:
         """Close the client (the store is unusable afterwards)."""

@@ -10,6 +10,9 @@ Hand-over fields between workers (each written only through a named store operat
 - `Drain.episode` and `Drain.result == "drained"` (drainer -> remediation): that episode's node is empty.
 - `Repair.remediation.state` / `Repair.janitor.state` (remediation <-> janitor): a pending janitor stage
   carries out the last round; a pending remediation stage decides the next round (an escalation).
+- `RepairRound.verified_at` (janitor -> node agent): the round's step verifiably happened (reset Job
+  succeeded, node back with a new boot id); while the round validates, the agent re-reads the round's
+  GPUs and reports those that read healthy (`RepairNotice`).
 """
 
 from __future__ import annotations
@@ -188,6 +191,10 @@ class RepairRound(Document):
     started_at: UTCDateTime | None = None  # the janitor's first holder of the round
     boot_before: str | None = None  # the node's boot id then (a takeover waits for the same reboot)
     cloud_call: str | None = None  # the provider's answer, once called (never called twice)
+    # the janitor's verified outcome of its step, before validation (the reset Job succeeded; the node
+    # is back with a new boot id): what the node agent re-reads its GPUs' health on (`RepairNotice`)
+    verified_at: UTCDateTime | None = None
+    evidence: str | None = None
     outcome: str | None = None  # Succeeded | Failed | TimedOut | NotCleared | ContactSupport
     at: UTCDateTime | None = None
     message: str | None = None
@@ -208,6 +215,17 @@ class Repair(Document):
     result: str | None = None
     remediation: StageStatus = Field(default_factory=StageStatus)
     janitor: StageStatus = Field(default_factory=lambda: StageStatus(state=IDLE))
+
+
+class RepairNotice(BaseModel):
+    """A repair the janitor carried out on a node and verified, now being validated (read by the node
+    agent: `Store.repairs_to_confirm`). `round_id` is `<repair id>#<round index>`; `gpus` the PCI bus
+    ids the round repaired."""
+
+    round_id: str
+    step: str  # GPU_RESET | REBOOT
+    gpus: tuple[str, ...]
+    verified_at: dt.datetime
 
 
 class Parked(BaseModel):

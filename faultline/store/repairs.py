@@ -2,8 +2,13 @@
 
 Remediation makes it (`open_repair`), decides each round and appends it (`add_round`), and hands the
 round to the janitor when its claim closes (`to_janitor()`); the janitor records the round's start
-(`start_round`), its cloud call (`record_cloud_call`) and outcome (`record_round_outcome`), and gives
-a failed round back to remediation (`to_remediation()`), which escalates.
+(`start_round`), its cloud call (`record_cloud_call`), the verified outcome of its step
+(`record_step_verified`) and the round's outcome (`record_round_outcome`), and gives a failed round
+back to remediation (`to_remediation()`), which escalates.
+
+The node agent reads one thing here: `repairs_to_confirm(node)`, the verified rounds of its node that
+the janitor is validating now, so it can re-read those GPUs' health and report the ones that read
+healthy (one equality query on `node` and the janitor's stage, made every few seconds per agent).
 """
 
 from __future__ import annotations
@@ -86,6 +91,32 @@ class Repairs(Base):
     def record_cloud_call(self, repair_id: str, index: int, said: str) -> None:
         self.repairs.update_one({"_id": repair_id}, {"$set": {f"rounds.{index}.cloud_call": said}})
 
+    def record_step_verified(self, repair_id: str, index: int, at: dt.datetime, evidence: str) -> None:
+        """Round `index`'s step verifiably happened (the Job succeeded, the node is back): the node agent
+        re-reads the round's GPUs from now on (`repairs_to_confirm`). Idempotent: a takeover that
+        verifies again writes the same fields."""
+        here = f"rounds.{index}"
+        self.repairs.update_one(
+            {"_id": repair_id}, {"$set": {f"{here}.verified_at": utc(at), f"{here}.evidence": evidence[:500]}}
+        )
+
+    def repairs_to_confirm(self, node: str) -> list[documents.RepairNotice]:
+        """The node's repairs the janitor verified and is validating now: the last round of each repair
+        whose janitor stage is claimed, with `verified_at` set and no outcome yet."""
+        out = []
+        for doc in self.repairs.find({"node": node, f"{JANITOR}.state": CLAIMED}, {"rounds": 1}):
+            rounds = doc.get("rounds") or []
+            if not rounds:
+                continue
+            last = documents.RepairRound.from_doc(rounds[-1])
+            if last.verified_at is None or last.outcome:
+                continue
+            out.append(documents.RepairNotice(
+                round_id=f"{doc['_id']}#{len(rounds) - 1}", step=last.step, gpus=tuple(last.gpus),
+                verified_at=last.verified_at,
+            ))  # fmt: skip
+        return out
+
     def record_round_outcome(
         self,
         repair_id: str,
@@ -108,6 +139,9 @@ def _round_doc(r: documents.RepairRound) -> dict[str, Any]:
     if not r.external:  # as remediation always wrote them: the external fields only on external rounds
         doc.pop("external")
         doc.pop("timeout")
+    for key in ("verified_at", "evidence"):  # the janitor's, written when it verified the step
+        if doc.get(key) is None:
+            doc.pop(key, None)
     for key, value in doc.items():
         if isinstance(value, dt.datetime):
             doc[key] = utc(value)

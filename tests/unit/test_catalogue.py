@@ -50,4 +50,4 @@ def test_only_user_space_patterns_trust_user_space_lines() -> None:
         for lp in loader.load().patterns.values()
         if lp.pattern.origin == "any" and set(lp.pattern.sources) & set(LOG_SOURCES)
     }
-    assert trusting == {"gpu-reset-done"}  # written by the reset job (issue 14 item 6 replaces it)
+    assert trusting == set()  # a repair is confirmed by the GPU backend's read, not a log line (item 6)
