@@ -36,6 +36,21 @@ if ! git diff --quiet "$ref" -- "${product[@]}"; then
   echo "image: note: uncommitted changes are not in the image; it is built from ${ref:0:12}"
 fi
 
+# One build at a time per output directory: two would share (and delete) one work tree.
+mkdir -p "$out"
+exec 9>"$out/.lock"
+flock -w 1800 9 || { echo "error: another image build holds $out/.lock" >&2; exit 1; }
+
+# What a killed mmdebstrap may leave mounted in the work tree (/proc, /dev, /sys) is unmounted, deepest
+# first, before anything is removed, and removal never crosses into another file system (the host's /dev).
+clean_work() {
+  local m
+  for m in $(awk -v w="$1/" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r); do
+    umount -l "$m"
+  done
+  rm -rf --one-file-system "$1"
+}
+
 started=$SECONDS
 epoch=$(git log -1 --format=%ct "$ref")
 # The Debian and dependency layers' own epoch: the last change to their recipe or the lock, so that other
@@ -44,7 +59,7 @@ base_epoch=$(git log -1 --format=%ct "$ref" -- image requirements)
 revision=$ref
 export SOURCE_DATE_EPOCH=$epoch PYTHONHASHSEED=0
 work="$out/work"
-rm -rf "$work"
+clean_work "$work"
 mkdir -p "$work/src" "$work/wheels" "$out/wheels"
 
 # 1. Wheels: the project's from HEAD; the dependencies by hash (pip verifies them against the lock).
@@ -110,4 +125,4 @@ grep '^digest:' "$work/oci.txt" | cut -d' ' -f2 > "$out/digest"
 echo "$version" > "$out/version"
 echo "$revision" > "$out/revision"
 echo "image: OCI archive written ($((SECONDS - t)) s); built in $((SECONDS - started)) s"
-rm -rf "$work"
+clean_work "$work"
