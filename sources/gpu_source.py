@@ -4,6 +4,10 @@ backend's replay position and the last fields read.
 
 With `repairs` (the node's verified repairs, `sources.repairs`), a third thread reads them every
 `repair_interval` seconds and each field poll judges the rounds' GPUs from the read it just made.
+
+The fields in the resume state belong to one boot of the node: after a reboot the GPUs were
+re-initialised, so the first read reports every abnormal state afresh (a GPU still lost, or with a
+remapping still pending, after a reboot is a fault again instead of "no change").
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from faultline import metrics, store
 from sources import gpu, repairs, wake
+from sources.follow import current_boot_id
 from sources.inputs import MAX_WAIT_S
 
 WAIT_S = 0.5  # the longest one backend wait for events blocks (the thread checks for stop between)
@@ -33,7 +38,7 @@ class GpuPolling:
     repair_interval: float = 5.0  # between reads of the node's verified repairs (when given)
 
 
-GpuResume = tuple[int | None, dict[int, dict[str, int]]]
+GpuResume = tuple[int | None, dict[int, dict[str, int]], str]  # position, last fields read, their boot
 
 
 class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
@@ -43,15 +48,18 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
 
     def __init__(
         self, backend: gpu.GpuBackend, polling: GpuPolling, resume: GpuResume | None,
-        notices: repairs.Notices | None = None,
+        notices: repairs.Notices | None = None, boot_id: str = "",
     ) -> None:  # fmt: skip
         self.backend = backend
+        self.boot_id = boot_id
         self.notices = notices
         self.pending_repairs: list[store.RepairNotice] = []
         self.repair_watch = repairs.RepairWatch(backend.devices())
         self.polling = polling
         self.notifies = True  # its threads call wake.notify() after queueing
-        self.position, self.fields = resume if resume is not None else (None, {})
+        self.position, self.fields, boot = (*resume, "")[:3] if resume is not None else (None, {}, boot_id)
+        if boot != boot_id:  # another boot (or a snapshot from before boots were kept): report afresh
+            self.fields = {}
         if self.position is not None:
             backend.resume(self.position)  # before the waiting thread starts
         self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
@@ -131,7 +139,7 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
         return None if not self.queue.empty() else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=MAX_WAIT_S)
 
     def snapshot(self) -> GpuResume:
-        return self.position, self.fields
+        return self.position, self.fields, self.boot_id
 
     def close(self) -> None:
         self.stop.set()
@@ -141,14 +149,15 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
 class GpuEventSource(FixedPartitionedSource[gpu.GpuEvent, GpuResume]):
     def __init__(
         self, backend: gpu.GpuBackend, polling: GpuPolling | None = None,
-        notices: repairs.Notices | None = None,
+        notices: repairs.Notices | None = None, boot_id: str | None = None,
     ) -> None:  # fmt: skip
         self.backend = backend
         self.polling = polling or GpuPolling()
         self.notices = notices
+        self.boot_id = current_boot_id() if boot_id is None else boot_id
 
     def list_parts(self) -> list[str]:
         return ["gpu"]
 
     def build_part(self, step_id: str, for_part: str, resume_state: GpuResume | None) -> _GpuPartition:
-        return _GpuPartition(self.backend, self.polling, resume_state, self.notices)
+        return _GpuPartition(self.backend, self.polling, resume_state, self.notices, self.boot_id)

@@ -17,6 +17,7 @@ from patterns import compiler, loader
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
 from sources import gpu, simulator
+from sources.gpu_source import GpuEventSource
 from sources.repairs import RepairWatch
 
 DEVICES = [gpu.GpuDevice(0, "GPU-a", "0000:18:00"), gpu.GpuDevice(1, "GPU-b", "0000:2a:00")]
@@ -138,3 +139,23 @@ def test_a_simulated_reset_clears_volatile_and_pending_fields_only(tmp_path: Pat
         assert gpu.message(gpu.GpuEvent(1.0, 1, "reset"), DEVICES[1]) is None  # a reset writes no line
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize(
+    ("resume", "kept"),
+    [
+        ((None, {1: {"lost": 1}}, "boot-a"), True),  # the same boot: only changes are reported
+        ((None, {1: {"lost": 1}}, "boot-b"), False),  # rebooted: every abnormal state is reported afresh
+        ((None, {1: {"lost": 1}}), False),  # a snapshot from before boots were kept
+    ],
+)
+def test_the_fields_of_another_boot_are_not_resumed(
+    tmp_path: Path, resume: tuple[object, ...], kept: bool
+) -> None:
+    source = GpuEventSource(simulator.SimulatorBackend("n1", directory=tmp_path, gpus=2), boot_id="boot-a")
+    part = source.build_part("gpu", "gpu", resume)  # type: ignore[arg-type]
+    try:
+        assert part.fields == ({1: {"lost": 1}} if kept else {})
+        assert part.snapshot()[2] == "boot-a"
+    finally:
+        part.close()
