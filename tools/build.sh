@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the local infrastructure for tests and the demo into .cache/bin from the Go module proxy:
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, helm and ferretdb; and the supply-chain
-# tools the image build uses (syft, cosign, crane), built only when named (make image / make verify-image do).
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, etcd, helm and ferretdb; the
+# supply-chain tools the image build uses (syft, cosign, crane), built only when named (make image / make
+# verify-image do); and the real nodes' runtime (containerd with its shim and ctr, runc with seccomp through
+# cgo and Debian's libseccomp-dev, the static pause program), built only when named (the real-node fixture
+# and `faultline dev cluster up --real-nodes` do).
 # Each tool is stamped with a hash of its module files and the Go version; a current tool is skipped,
 # and the Go build cache makes a rebuild after a small change quick.
 #
-#   tools/build.sh [TOOL...]     # TOOL: kubernetes etcd helm ferretdb syft cosign crane
+#   tools/build.sh [TOOL...]     # TOOL: kubernetes etcd helm ferretdb syft cosign crane containerd runc pause
 #                                # (default: the first four, what the tests and the demo need)
 set -euo pipefail
 shopt -s nullglob
@@ -24,13 +27,15 @@ ferretdb_version=v1.24.2
 syft_version=v1.57.2      # the versions the tool modules under tools/<name>/ pin
 cosign_version=v3.1.3
 crane_version=v0.22.1
+containerd_version=v2.4.2
+runc_version=v1.5.3
 
 stamp_of() {  # the hash of what a tool's build depends on
   local files=("$root/tools/$1"/go.mod "$root/tools/$1"/go.sum "$root/tools/$1"/*.go "$root/tools/build.sh")
   { cat "${files[@]}"; echo "$gover"; } | sha256sum | cut -c1-16
 }
 
-build() {  # build TOOL "ldflags" output-names... -- packages...
+build() {  # build TOOL "ldflags" output-names... -- packages...  (env: tags=..., cgo=1 to override)
   local tool=$1 ldflags=$2; shift 2
   local outputs=() pkgs=()
   while [ "$1" != "--" ]; do outputs+=("$1"); shift; done
@@ -46,8 +51,8 @@ build() {  # build TOOL "ldflags" output-names... -- packages...
   local started=$SECONDS
   local out="$bin/"  # several packages: each binary named after its directory
   [ ${#pkgs[@]} -eq 1 ] && out="$bin/${outputs[0]}"  # one: named as asked (etcd's main package is server/v3)
-  (cd "$root/tools/$tool" && go mod download && go build -trimpath -tags selinux,notest,grpcnotrace \
-    -ldflags "-s -w $ldflags" -o "$out" "${pkgs[@]}")
+  (cd "$root/tools/$tool" && go mod download && CGO_ENABLED=${cgo:-0} go build -trimpath \
+    -tags "${tags-selinux,notest,grpcnotrace}" -ldflags "-s -w $ldflags" -o "$out" "${pkgs[@]}")
   echo "$stamp" > "$stampfile"
   echo "tools: built $tool in $((SECONDS - started)) s"
 }
@@ -68,9 +73,9 @@ tools=("$@")
 for tool in "${tools[@]}"; do
   case $tool in
     kubernetes)
-      build kubernetes "$(kube_ldflags)" kube-apiserver kube-controller-manager kube-scheduler kubectl -- \
+      build kubernetes "$(kube_ldflags)" kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet -- \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl ;;
+        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet ;;
     etcd)
       build etcd "" etcd -- go.etcd.io/etcd/server/v3 ;;
     helm)
@@ -85,7 +90,19 @@ for tool in "${tools[@]}"; do
     crane)
       build crane "-X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$crane_version" crane -- \
         github.com/google/go-containerregistry/cmd/crane ;;
-    *) echo "error: unknown tool $tool (kubernetes, etcd, helm, ferretdb, syft, cosign, crane)" >&2; exit 2 ;;
+    containerd)
+      tags=no_btrfs,no_devmapper,no_zfs build containerd \
+        "-X github.com/containerd/containerd/v2/version.Version=$containerd_version" \
+        containerd containerd-shim-runc-v2 ctr -- github.com/containerd/containerd/v2/cmd/containerd \
+        github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr ;;
+    runc)  # runc embeds its version; cgo for its nsenter and seccomp (libseccomp-dev)
+      command -v gcc >/dev/null && pkg-config --exists libseccomp ||
+        { echo "error: runc needs gcc and libseccomp-dev: make system-deps" >&2; exit 1; }
+      cgo=1 tags=seccomp build runc "" runc -- github.com/opencontainers/runc ;;
+    pause)
+      tags="" build pause "" pause -- . ;;  # tools/pause/main.go, static (no cgo)
+    *) echo "error: unknown tool $tool (kubernetes, etcd, helm, ferretdb, syft, cosign, crane, containerd, runc," \
+         "pause)" >&2; exit 2 ;;
   esac
 done
 echo "tools: ready in $bin (etcd $etcd_version, FerretDB $ferretdb_version, Kubernetes $k8s_version, helm $helm_version)"

@@ -2,13 +2,20 @@
 # Installs the Debian packages the test suite needs when they are missing (the README's `make test` and
 # CI run this first, so both need the same machine): systemd-journal-remote writes the real journal files
 # the journal tests follow; PostgreSQL is the second storage backend FerretDB is tested on (and the
-# benchmarks' store). Needs root (or passwordless sudo) only when something is missing.
+# benchmarks' store); the real-node packages below run real pods in the local cluster. Needs root (or passwordless sudo) only when something is missing.
 set -euo pipefail
 need=()
 [ -x /lib/systemd/systemd-journal-remote ] || need+=(systemd-journal-remote)
 command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # the image's Debian root filesystem (make image)
 command -v strip >/dev/null || need+=(binutils)  # make image strips the wheels' native extensions
+# The local cluster's real nodes: runc is built with cgo against libseccomp; bridge CNI plugins from Debian;
+# iptables for the pods' DNAT to the API server and the store on loopback.
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+[ -e /usr/include/seccomp.h ] || need+=(libseccomp-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need+=(iptables)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -10,7 +10,7 @@ mod=$(go mod download -json "k8s.io/kubernetes@${version}" | sed -n 's/.*"GoMod"
 goline=$(grep -m1 '^go ' "$mod")
 godebug=$(grep -m1 '^godebug ' "$mod" || true)
 {
-  echo "// Builds the local Kubernetes control plane for tests and the demo (not product code)."
+  echo "// Builds the local Kubernetes control plane and the real node's kubelet for tests and the demo (not product code)."
   echo "// Regenerate with tools/update-kubernetes.sh ${version}."
   echo "module faultline.local/tools/kubernetes"
   echo
@@ -18,7 +18,7 @@ godebug=$(grep -m1 '^godebug ' "$mod" || true)
   [ -n "$godebug" ] && echo "$godebug"
   echo
   echo "tool ("
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
     echo "	k8s.io/kubernetes/cmd/${cmd}"
   done
   echo ")"
