@@ -10,12 +10,32 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{- define "faultline.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{/* an image reference from (dict "repository" r "tag" t "digest" d) and a default tag: by digest
+where given (repository@sha256:...), else repository:tag */}}
+{{- define "faultline.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .tag) -}}
+{{- end -}}
 {{- end -}}
 
-{{- define "faultline.mongoSecret" -}}
-{{- if .Values.mongodb.existingSecret -}}{{ .Values.mongodb.existingSecret }}{{- else -}}{{ include "faultline.name" . }}-mongodb{{- end -}}
+{{/* the one image of every component (and of the repair Jobs) */}}
+{{- define "faultline.image" -}}
+{{- include "faultline.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* true ("true") when the chart brings the store: store.external names nothing */}}
+{{- define "faultline.store.embedded" -}}
+{{- if not (or .Values.store.external.uri .Values.store.external.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{/* the Secret holding the store's MongoDB URI, and its key */}}
+{{- define "faultline.store.secret" -}}
+{{- .Values.store.external.existingSecret | default (printf "%s-store" (include "faultline.name" .)) -}}
+{{- end -}}
+{{- define "faultline.store.secretKey" -}}
+{{- if .Values.store.external.existingSecret -}}{{ .Values.store.external.existingSecretKey }}{{- else -}}uri{{- end -}}
 {{- end -}}
 
 {{/* environment every component shares: the MongoDB URI from its Secret */}}
@@ -23,14 +43,53 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - name: MONGODB_URI
   valueFrom:
     secretKeyRef:
-      name: {{ include "faultline.mongoSecret" . }}
-      key: uri
+      name: {{ include "faultline.store.secret" . }}
+      key: {{ include "faultline.store.secretKey" . }}
+{{- end -}}
+
+{{/* the probes of a component on its metrics port (/healthz): readiness and liveness; the agent adds a
+startup probe (a first start reads the journal from its beginning) */}}
+{{- define "faultline.probes" -}}
+readinessProbe:
+  httpGet: {path: /healthz, port: metrics}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 3
+livenessProbe:
+  httpGet: {path: /healthz, port: metrics}
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 3
+{{- end -}}
+
+{{/* a container that needs nothing from the kernel beyond an ordinary process */}}
+{{- define "faultline.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* the pod of a non-root component: the image's user 65532 */}}
+{{- define "faultline.nonRootPod" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* labels selecting one component's pods */}}
+{{- define "faultline.selector" -}}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* a component's settings: the values the chart maps (dict), the common ones, then the component's
 `config` map from the values over them (any field of the component's settings model, by its name) */}}
 {{- define "faultline.settings" -}}
-{{- $cfg := merge (dict "database" .root.Values.mongodb.database "metrics_port" .root.Values.metrics.port) .settings -}}
+{{- $cfg := merge (dict "database" .root.Values.store.database "metrics_port" .root.Values.metrics.port
+  "metrics_address" .root.Values.metrics.address) .settings -}}
 {{- toYaml (mergeOverwrite $cfg (deepCopy (.values.config | default dict))) -}}
 {{- end -}}
 
@@ -92,10 +151,8 @@ spec:
       {{- with $root.Values.imagePullSecrets }}
       imagePullSecrets: {{- toYaml . | nindent 8 }}
       {{- end }}
-      securityContext:
-        runAsNonRoot: true
-        runAsUser: 65532
-        seccompProfile: {type: RuntimeDefault}
+      securityContext: {{- include "faultline.nonRootPod" . | nindent 8 }}
+      terminationGracePeriodSeconds: 30  # the worker hands its claims back within 20 s of SIGTERM
       affinity:
         podAntiAffinity:
           preferredDuringSchedulingIgnoredDuringExecution:
@@ -118,23 +175,20 @@ spec:
             {{- include "faultline.env" $root | nindent 12 }}
           {{- if $root.Values.metrics.port }}
           ports:
-            - {name: metrics, containerPort: {{ $root.Values.metrics.port }}}
-          livenessProbe:
-            httpGet: {path: /healthz, port: metrics}
-            periodSeconds: 20
+            - {name: metrics, containerPort: {{ $root.Values.metrics.port }}, protocol: TCP}
+          {{- include "faultline.probes" . | nindent 10 }}
           {{- end }}
-          securityContext:
-            allowPrivilegeEscalation: false
-            readOnlyRootFilesystem: true
-            capabilities: {drop: [ALL]}
+          securityContext: {{- include "faultline.restrictedContainer" . | nindent 12 }}
           resources: {{- toYaml .values.resources | nindent 12 }}
           volumeMounts:
             - {name: config, mountPath: {{ include "faultline.configDir" . }}, readOnly: true}
+            - {name: tmp, mountPath: /tmp}
             {{- with .mounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
       volumes:
         - {name: config, configMap: {name: {{ $name }}-config}}
+        - {name: tmp, emptyDir: {sizeLimit: 64Mi}}
         {{- with .volumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
