@@ -66,6 +66,9 @@ RESET_SCRIPT = (
 )
 
 
+# record_only: the Job prints the command it was given and succeeds (its log is the record)
+RECORD_SCRIPT = 'echo "faultline janitor (record only): would run $0: $*"'
+
 _Provider = cloud.Provider | None
 
 
@@ -170,6 +173,8 @@ class Janitor:
             inst = self._instance(node) if self.settings.reboot_via == "cloud" else None
             if inst is None:
                 self._job(name, node, self.settings.reboot_command, action="reboot")
+                if self.settings.record_only:  # nothing reboots: the Job's exit is the outcome
+                    return self._wait_job(name, started)
             else:
                 target = inst
                 self._cloud(current, where, lambda p: p.reboot(target))
@@ -228,6 +233,9 @@ class Janitor:
 
     def _job(self, name: str, node: str, command: tuple[str, ...], *, action: str) -> None:
         s = self.settings
+        privileged = not s.record_only
+        if s.record_only:
+            command = ("sh", "-c", RECORD_SCRIPT, action, *command)
         body: Any = {
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "labels": {"faultline.io/repair": action, "faultline.io/node": node}},
@@ -236,11 +244,11 @@ class Janitor:
                 "template": {
                     "metadata": {"annotations": {SIM_ACTION: action, **s.job_annotations}},
                     "spec": {
-                        "nodeName": node, "restartPolicy": "Never", "hostPID": True,
+                        "nodeName": node, "restartPolicy": "Never", "hostPID": privileged,
                         "serviceAccountName": s.service_account, "terminationGracePeriodSeconds": 5,
                         "tolerations": [{"operator": "Exists"}],
                         "containers": [{"name": action, "image": s.image, "command": list(command),
-                                        "securityContext": {"privileged": True}}],
+                                        "securityContext": {"privileged": privileged}}],
                     },
                 },
             },

@@ -173,6 +173,12 @@ class JanitorTuning(Part):
         validate_default=True,
         description="the GPU reset Job's command, given the GPUs' bus ids; empty: the built-in script",
     )
+    record_only: bool = Field(
+        default=False,
+        description="repair Jobs print the command they would run and exit 0, unprivileged and outside the "
+        "host's namespaces; a reboot then counts as done when its Job succeeds (for test machines: a real "
+        "node of the local cluster must never be rebooted or reset)",
+    )
     reboot_timeout: Duration = Field(
         default=dt.timedelta(minutes=20), gt=_ZERO,
         description="wait this long (duration) for a new boot id and Ready after a reboot",
