@@ -79,6 +79,8 @@ class LocalPKI:
         self.admin = self._issue("admin", "faultline-admin", "system:masters")
         self.controller_manager = self._issue("controller-manager", "system:kube-controller-manager", None)
         self.scheduler = self._issue("scheduler", "system:kube-scheduler", None)
+        # the API server's client certificate towards kubelets (logs, exec), which authorize it by webhook
+        self.kubelet_client = self._issue("kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
         sa = _key()
         self.sa_key = directory / "sa.key"
         self.sa_pub = directory / "sa.pub"
@@ -125,6 +127,10 @@ class LocalPKI:
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key, pair.key)
         return pair
+
+    def node(self, name: str) -> Pair:
+        """A kubelet's client certificate: the Node authorizer knows it as system:node:<name>."""
+        return self._issue(f"node-{name}", f"system:node:{name}", "system:nodes")
 
     def kubeconfig(self, path: Path, server: str, client: Pair, user: str) -> Path:
         """A kubeconfig that authenticates with the client certificate `client`."""

@@ -2,11 +2,17 @@
 
 etcd, kube-apiserver (secure port, generated PKI, RBAC on), kube-controller-manager and kube-scheduler
 run as child processes on free loopback ports in a temporary directory; simulated GPU nodes come from
-the fakelet.  `stop()` (also on exceptions, Ctrl-C and interpreter exit) leaves no process behind.
+the fakelet, and as root `real_nodes` real ones (devtools.realnode: kubelet, containerd, runc, bridge CNI,
+images from a loopback registry).  `stop()` (also on exceptions, Ctrl-C and interpreter exit) leaves no
+process behind, and undoes what real nodes changed on the machine.
 
     with LocalCluster(nodes=4) as cluster:
         api = cluster.api()          # an admin API client
         cluster.kubeconfig           # admin kubeconfig path
+
+    with LocalCluster(nodes=2, real_nodes=1) as cluster:
+        cluster.real.image           # the project's image in the loopback registry, by digest
+        cluster.expose(mongo_port)   # "<address>:<port>" at which pods reach 127.0.0.1:<port>
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from devtools import kubeconfig, procs, tools
+from devtools import kubeconfig, procs, realnode, realnode_host, tools
 from devtools.certs import LocalPKI
 
 CONTROLLERS = (
@@ -52,8 +58,14 @@ class LocalCluster:
         workdir: Path | None = None,
         node_prefix: str = "gpu-node",
         keep_workdir: bool = False,
+        real_nodes: int = 0,
+        real_prefix: str = "real-node",
+        project_image: bool = True,
     ) -> None:
         self.node_names = [f"{node_prefix}-{i:02d}" for i in range(1, nodes + 1)]
+        self.real_node_names = [f"{real_prefix}-{i:02d}" for i in range(1, real_nodes + 1)]
+        self.real: realnode.RealNodes | None = None
+        self._project_image = project_image  # real nodes: push the project's image (make image) too
         self._own_dir = workdir is None
         self.dir = workdir or Path(tempfile.mkdtemp(prefix="faultline-cluster-"))
         self.keep_workdir = keep_workdir
@@ -76,6 +88,8 @@ class LocalCluster:
         return self
 
     def _start(self) -> None:
+        if self.real_node_names:
+            realnode_host.require_root()  # before anything starts: say so clearly
         tools.ensure("etcd", "kubernetes")
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -130,6 +144,7 @@ class LocalCluster:
                 "--profiling=false",
                 "--enable-priority-and-fairness=false",
                 "--endpoint-reconciler-type=none",
+                *self._kubelet_flags(pki),
             ],
         )
         self._admin_ssl = _ssl_context(pki.ca, pki.admin.cert, pki.admin.key)
@@ -176,8 +191,38 @@ class LocalCluster:
         self.fakelet.start()
         procs.wait_for("default ServiceAccount", self._has_default_sa, 60)
         procs.wait_for("nodes Ready", self._nodes_ready, 60)
+        if self.real_node_names:
+            self.real = realnode.RealNodes(
+                self.dir / "real", server=self.server, pki=pki, names=self.real_node_names,
+                project_image=self._project_image,
+            )  # fmt: skip
+            self.real.start()
+            self.real.wait_ready(self._nodes_ready)
+
+    def _kubelet_flags(self, pki: LocalPKI) -> list[str]:
+        """How the API server reaches real kubelets (logs, exec): their node IP, its client certificate."""
+        if not self.real_node_names:
+            return []
+        return [
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.kubelet_client.cert}",
+            f"--kubelet-client-key={pki.kubelet_client.key}",
+        ]
+
+    def expose(self, port: int) -> str:
+        """`address:port` at which pods on the real nodes reach 127.0.0.1:`port` (the store, say)."""
+        if self.real is None:
+            raise RuntimeError("expose() is for real nodes: start the cluster with real_nodes")
+        return self.real.expose(port)
 
     def stop(self) -> None:
+        real_error: Exception | None = None
+        if self.real is not None:
+            real, self.real = self.real, None
+            try:
+                real.stop()
+            except Exception as exc:  # noqa: BLE001 - the control plane still stops; raised below
+                real_error = exc
         if self.fakelet is not None:
             self.fakelet.stop()
             self.fakelet = None
@@ -187,6 +232,8 @@ class LocalCluster:
         for proc in reversed(self.procs):
             proc.stop()
         self.procs.clear()
+        if real_error is not None:  # something may still be mounted under the directory: keep it
+            raise real_error
         if self._own_dir and not self.keep_workdir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -227,7 +274,7 @@ class LocalCluster:
             for n in nodes
             if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
         }
-        return set(self.node_names) <= ready
+        return set(self.node_names) | set(self.real_node_names if self.real else ()) <= ready
 
     def service_account_kubeconfig(self, namespace: str, name: str, *, seconds: int = 3600) -> Path:
         """A kubeconfig that acts as the ServiceAccount `namespace/name` (bound token, for RBAC tests)."""

@@ -1,5 +1,6 @@
 """`faultline dev cluster up|down`: a local cluster and FerretDB in the foreground, and a way to stop one
-left running in the background (by the state file `up` writes)."""
+left running in the background (by the state file `up` writes). With real nodes, `down` also undoes what
+they changed on the machine when `up` could not (it was killed), as the next `up` would."""
 
 from __future__ import annotations
 
@@ -12,15 +13,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from devtools import procs
+from devtools import procs, realnode_host
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 
 STATE = Path(tempfile.gettempdir()) / f"faultline-dev-cluster-{os.getuid()}.json"
 
 
-def up(nodes: int, emit: Callable[[str], None], *, state: Path = STATE) -> None:
-    """Run until SIGINT/SIGTERM; emit `KUBECONFIG=...` and `MONGODB_URI=...` once everything is ready."""
+def up(
+    nodes: int,
+    emit: Callable[[str], None],
+    *,
+    state: Path = STATE,
+    real_nodes: int = 0,
+    project_image: bool = True,
+) -> None:
+    """Run until SIGINT/SIGTERM; emit `KUBECONFIG=...` and `MONGODB_URI=...` once everything is ready.
+    With `real_nodes` (root only): also `REGISTRY=...`, `IMAGE=...` (the project's image there, unless not
+    `project_image`) and `MONGODB_URI_PODS=...` (the store as pods on real nodes reach it)."""
     if state.exists() and procs.alive(json.loads(state.read_text()).get("pid", 0)):
         raise SystemExit(
             f"a dev cluster is already running (see {state}); stop it with `faultline dev cluster down`"
@@ -30,17 +40,23 @@ def up(nodes: int, emit: Callable[[str], None], *, state: Path = STATE) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    cluster = LocalCluster(nodes=nodes)
+    if real_nodes:
+        realnode_host.require_root()
+    cluster = LocalCluster(nodes=nodes, real_nodes=real_nodes, project_image=project_image)
     mongo = LocalMongo()
     try:
         cluster.start()
         mongo.start()
         assert mongo.proc is not None
+        real = cluster.real
+        own = [*cluster.procs, *(real.procs if real else []), mongo.proc]
+        if real is not None and real.registry.proc is not None:
+            own.append(real.registry.proc)
         state.write_text(
             json.dumps(
                 {
                     "pid": os.getpid(),
-                    "children": [p.pid for p in cluster.procs] + [mongo.proc.pid],
+                    "children": [p.pid for p in own],
                     "kubeconfig": str(cluster.kubeconfig),
                     "mongodb_uri": mongo.uri,
                 }
@@ -48,10 +64,17 @@ def up(nodes: int, emit: Callable[[str], None], *, state: Path = STATE) -> None:
         )
         emit(f"KUBECONFIG={cluster.kubeconfig}")
         emit(f"MONGODB_URI={mongo.uri}")
-        emit(f"# ready in {cluster.ready_seconds:.1f} s with {nodes} simulated GPU nodes; Ctrl-C to stop")
+        if real is not None:
+            emit(f"REGISTRY={real.registry.address}")
+            if real.image:
+                emit(f"IMAGE={real.image}")
+            emit(f"MONGODB_URI_PODS=mongodb://{cluster.expose(mongo.port)}/?directConnection=true")
+        with_real = f" and {real_nodes} real nodes" if real_nodes else ""
+        ready = f"{cluster.ready_seconds:.1f} s with {nodes} simulated GPU nodes{with_real}"
+        emit(f"# ready in {ready}; Ctrl-C to stop")
         while True:
             time.sleep(1)
-            dead = [p.name for p in [*cluster.procs, mongo.proc] if p is not None and not p.alive()]
+            dead = [p.name for p in own if not p.alive()]
             if dead:
                 raise SystemExit(f"{', '.join(dead)} exited; stopping")
     except KeyboardInterrupt:
@@ -66,7 +89,10 @@ def up(nodes: int, emit: Callable[[str], None], *, state: Path = STATE) -> None:
 def down(*, state: Path = STATE, timeout: float = 30.0) -> str:
     """Stop the dev cluster recorded in `state`; return what was done."""
     if not state.exists():
-        return "no dev cluster is running"
+        cleaned = realnode_host.cleanup_stale() if os.geteuid() == 0 else []
+        return "no dev cluster is running" + (
+            f"; undid the host changes of real nodes left by a crash ({len(cleaned)})" if cleaned else ""
+        )
     info = json.loads(state.read_text())
     pid = int(info.get("pid", 0))
     if procs.alive(pid):
@@ -76,8 +102,11 @@ def down(*, state: Path = STATE, timeout: float = 30.0) -> str:
     for child in leftovers:  # `up` was killed hard: stop its process groups ourselves
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
+    cleaned = realnode_host.cleanup_stale() if os.geteuid() == 0 else []  # what its real nodes changed
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
-    return f"stopped the dev cluster (pid {pid})" + (
-        f" and {len(leftovers)} orphaned processes" if leftovers else ""
+    return (
+        f"stopped the dev cluster (pid {pid})"
+        + (f" and {len(leftovers)} orphaned processes" if leftovers else "")
+        + (f"; undid the host changes of its real nodes ({len(cleaned)})" if cleaned else "")
     )

@@ -12,10 +12,16 @@ from faultline.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "tools" / "build.sh"
 TOOLS = {
-    "kubernetes": ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
+    "kubernetes": ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet"),
     "etcd": ("etcd",),
     "ferretdb": ("ferretdb",),
     "helm": ("helm",),
+    "crane": ("crane",),
+    "cosign": ("cosign",),
+    "syft": ("syft",),
+    "containerd": ("containerd", "containerd-shim-runc-v2", "ctr"),
+    "runc": ("runc",),
+    "pause": ("pause",),
 }
 
 
@@ -31,7 +37,7 @@ def binary(name: str) -> Path:
 
 
 def ensure(*tools: str) -> None:
-    """Build the named tools (kubernetes, etcd, ferretdb, helm) unless they are current."""
+    """Build the named tools (see `TOOLS`) unless they are current."""
     if not BUILD_SCRIPT.exists():
         missing = [b for t in tools for b in TOOLS[t] if not (bin_dir() / b).exists()]
         if missing:

@@ -3,6 +3,11 @@
 Each test gets its own namespace or database. The binaries are built (or found current) by the
 fixtures themselves, so these tests never skip. When the session's fixtures end, no process they
 started may be left: the outermost fixture asserts it.
+
+`real_cluster` is a second control plane with a real node (kubelet, containerd, runc, bridge CNI; needs
+root), started only by the tests that ask for it; when it stops, the machine must be as it was before it
+started (addresses, links, iptables rules, mounts, network namespaces, cgroups, processes): asserted by
+`no_host_change_left_behind` at the end of the session.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from devtools import procs
+from devtools import procs, realnode_host
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube
@@ -37,6 +42,50 @@ def no_process_left_behind() -> Iterator[None]:
     left = [pid for pid in STARTED if procs.alive(pid)]
     named = [f"{pid} {name}" for pid, name in procs.pids_named(INFRA) if pid in STARTED]
     assert not left, f"processes left after the session: {named or left}"
+
+
+HOST_CHANGES: list[str] = []  # what a real-node cluster left on the machine after it stopped
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_host_change_left_behind() -> Iterator[None]:
+    yield
+    assert not HOST_CHANGES, f"real nodes left changes on the machine: {HOST_CHANGES}"
+
+
+@pytest.fixture(scope="session")
+def real_nodes_watched() -> Iterator[None]:
+    """Asked for by whatever starts real nodes: at the session's end, none of their marks (state files,
+    node addresses, bridges, iptables chains, container cgroups, mounts) may be on the machine."""
+    yield
+    HOST_CHANGES.extend(realnode_host.leftovers())
+
+
+@pytest.fixture(scope="session")
+def real_cluster(mongo: LocalMongo, real_nodes_watched: None) -> Iterator[LocalCluster]:
+    """One real node and one simulated node, and the project's image in the cluster's loopback registry
+    (`cluster.real.image`). Needs root."""
+    before = realnode_host.host_snapshot()
+    c = LocalCluster(nodes=1, real_nodes=1, node_prefix="sim-node")
+    try:
+        c.start()
+        assert c.real is not None
+        STARTED.extend(p.pid for p in (*c.procs, *c.real.procs))
+        if c.real.registry.proc is not None:
+            STARTED.append(c.real.registry.proc.pid)
+        yield c
+    finally:
+        work = c.dir / "real"
+        c.stop()
+        after = realnode_host.host_snapshot()
+        HOST_CHANGES.extend(realnode_host.snapshot_diff(before, after))
+        HOST_CHANGES.extend(f"process {pid}" for pid in realnode_host.processes_under(work))
+
+
+@pytest.fixture(scope="session")
+def real_store(real_cluster: LocalCluster, mongo: LocalMongo) -> str:
+    """The session's FerretDB as pods on the real node reach it (host:port)."""
+    return real_cluster.expose(mongo.port)
 
 
 @pytest.fixture(scope="session")

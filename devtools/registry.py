@@ -1,0 +1,99 @@
+"""The loopback registry real nodes pull from, and what is pushed to it, through the image tooling's own
+entry points: `image/supply-chain.sh registry` serves it (crane), `image/supply-chain.sh push` pushes the
+project's image by digest with its signature, SBOM attestation and the chart (what `make push` does).
+
+The pause image (the pods' sandbox) is ours too: tools/pause (a static Go program) in an image FROM
+scratch written by devtools.oci, pushed with crane.
+
+    with LocalRegistry(workdir) as reg:
+        ref = reg.push_project_image()        # 127.0.0.1:PORT/images/faultline@sha256:...
+        pause = reg.push_pause_image()        # 127.0.0.1:PORT/faultline/pause:<version>
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from types import TracebackType
+
+from devtools import oci, procs, tools
+from faultline.errors import ConfigError
+
+SUPPLY_CHAIN = tools.REPO / "image" / "supply-chain.sh"
+IMAGE_DIR = tools.REPO / ".cache" / "image"
+PAUSE_TAG = "faultline/pause:1"
+
+
+class LocalRegistry:
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.address = ""
+        self.proc: procs.Proc | None = None
+
+    def start(self) -> LocalRegistry:
+        tools.ensure("crane")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.address = f"127.0.0.1:{procs.free_port()}"
+        self.proc = procs.Proc(
+            "registry", ["bash", str(SUPPLY_CHAIN), "registry", self.address], self.dir / "registry.log"
+        )
+        procs.wait_for("the registry", self._answers, 30, proc=self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    def __enter__(self) -> LocalRegistry:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _answers(self) -> bool:
+        return _crane("catalog", "--insecure", self.address, check=False).returncode == 0
+
+    def push_project_image(self) -> str:
+        """The project's image (`make image`; built here when missing) pushed by digest, signed, its SBOM
+        attested and the chart pushed beside it: `image/supply-chain.sh push`. Returns the reference."""
+        if not (IMAGE_DIR / "digest").is_file():
+            _script(["bash", str(tools.REPO / "image" / "build.sh")], "make image", timeout=1800)
+        tools.ensure("crane", "cosign", "syft", "helm")
+        _script(["bash", str(SUPPLY_CHAIN), "push", self.address], "image/supply-chain.sh push", timeout=900)
+        return f"{self.address}/images/faultline@{(IMAGE_DIR / 'digest').read_text().strip()}"
+
+    def push_pause_image(self) -> str:
+        """The sandbox image: the static pause program as /pause in an image of its own."""
+        tools.ensure("pause")
+        root = self.dir / "pause-root"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        shutil.copy2(tools.binary("pause"), root / "pause")
+        layout = self.dir / "pause-oci"
+        oci.build(
+            root, layout, layers=[oci.Layer("pause", ("",))], epoch=0,
+            config={"Entrypoint": ["/pause"], "User": "65535:65535"},
+            annotations={"org.opencontainers.image.title": "faultline-pause"}, ref_name="1",
+        )  # fmt: skip
+        ref = f"{self.address}/{PAUSE_TAG}"
+        _crane("push", "--insecure", str(layout), ref)
+        return ref
+
+
+def _crane(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(  # noqa: S603 - our own binary
+        [str(tools.binary("crane")), *args], capture_output=True, text=True, check=False, timeout=120
+    )
+    if check and done.returncode != 0:
+        raise ConfigError(f"crane {' '.join(args)} failed: {done.stderr.strip()}")
+    return done
+
+
+def _script(argv: list[str], what: str, *, timeout: float) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)  # noqa: S603
+    if done.returncode != 0:
+        raise ConfigError(f"{what} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
