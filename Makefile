@@ -1,4 +1,5 @@
-# faultline developer entry points. The README names two of them: `make replay` and `make test`.
+# faultline developer entry points. The README names three of them: `make replay`, `make test` and
+# `make demo`.
 SHELL := /bin/bash
 # The first interpreter on PATH that runs and is 3.11 or 3.12 (a pyenv shim may exist but not run).
 PYTHON ?= $(shell for p in python3.12 python3.11 python3; do \
@@ -8,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup system-deps tools replay check test bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
+.PHONY: setup system-deps tools replay check test demo bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
 .PHONY: image lock image-tools sbom push verify-image registry
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
@@ -105,6 +106,12 @@ system-deps:
 
 test: system-deps check tools
 	$(BIN)/pytest
+
+# The whole chart on a local cluster of simulated GPU nodes, four scripted faults shown live, a timeline
+# (the README's third command). DEMO_ARGS=--keep leaves it running.
+DEMO_ARGS ?=
+demo: setup tools
+	$(BIN)/faultline demo $(DEMO_ARGS)
 
 # A local control plane with 4 simulated GPU nodes and FerretDB, in the foreground until Ctrl-C.
 cluster: setup tools

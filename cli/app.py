@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli import config_cmd, options
+from cli import config_cmd, demo, options
 from faultline import config
 from faultline.errors import FaultlineError, PackError
 
@@ -48,6 +48,7 @@ app.add_typer(store_app, name="store")
 worker_app = typer.Typer(help="faultline's workers, each run as a Deployment.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
 app.add_typer(config_cmd.app, name="config")
+app.command("demo")(demo.demo)
 app.callback()(options.log_options)  # --log-format, --log-level: logging is configured here, once
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
@@ -495,30 +496,17 @@ def status(cfg: config.StatusConfig) -> None:
 @cluster_app.command("up")
 def cluster_up(
     nodes: Annotated[int, typer.Option(min=1, max=500, help="Simulated GPU nodes (8 GPUs each).")] = 4,
-    real_nodes: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            max=4,
-            help="Real nodes (kubelet, containerd, runc, bridge CNI) running real pods; needs root. Their "
-            "changes to the machine are undone on stop, or by `dev cluster down` after a crash.",
-        ),
-    ] = 0,
-    image: Annotated[
-        bool, typer.Option(help="With real nodes: push the project's image (make image) to their registry.")
-    ] = True,
 ) -> None:
     """Run etcd, the API server, controller manager, scheduler, simulated nodes and FerretDB until Ctrl-C.
 
-    Prints `KUBECONFIG=<path>` and `MONGODB_URI=<uri>` once ready; with real nodes also `REGISTRY=`,
-    `IMAGE=` and `MONGODB_URI_PODS=` (the store's address from their pods).
+    Prints `KUBECONFIG=<path>` and `MONGODB_URI=<uri>` once ready.
     """
     from devtools import session  # noqa: PLC0415
 
     def emit(line: str) -> None:
         print(line, flush=True)  # noqa: T201 - the contract is plain lines on stdout
 
-    session.up(nodes, emit, real_nodes=real_nodes, project_image=image)
+    session.up(nodes, emit)
 
 
 @cluster_app.command("down")
