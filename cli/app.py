@@ -496,17 +496,30 @@ def status(cfg: config.StatusConfig) -> None:
 @cluster_app.command("up")
 def cluster_up(
     nodes: Annotated[int, typer.Option(min=1, max=500, help="Simulated GPU nodes (8 GPUs each).")] = 4,
+    real_nodes: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=4,
+            help="Real nodes (kubelet, containerd, runc, bridge CNI) running real pods; needs root. Their "
+            "changes to the machine are undone on stop, or by `dev cluster down` after a crash.",
+        ),
+    ] = 0,
+    image: Annotated[
+        bool, typer.Option(help="With real nodes: push the project's image (make image) to their registry.")
+    ] = True,
 ) -> None:
     """Run etcd, the API server, controller manager, scheduler, simulated nodes and FerretDB until Ctrl-C.
 
-    Prints `KUBECONFIG=<path>` and `MONGODB_URI=<uri>` once ready.
+    Prints `KUBECONFIG=<path>` and `MONGODB_URI=<uri>` once ready; with real nodes also `REGISTRY=`,
+    `IMAGE=` and `MONGODB_URI_PODS=` (the store's address from their pods).
     """
     from devtools import session  # noqa: PLC0415
 
     def emit(line: str) -> None:
         print(line, flush=True)  # noqa: T201 - the contract is plain lines on stdout
 
-    session.up(nodes, emit)
+    session.up(nodes, emit, real_nodes=real_nodes, project_image=image)
 
 
 @cluster_app.command("down")
