@@ -69,6 +69,7 @@ class RealNodes:
         realnode_host.add_chain(self.state)
         api_port = int(self.server.rsplit(":", 1)[1])
         realnode_host.dnat(self.state, SERVICE_IP, 443, api_port)
+        realnode_host.record_sysctls(self.state)
         for i, name in enumerate(self.names):
             ip = realnode_host.node_ip(self.state.slot, i)
             realnode_host.add_address(self.state, ip)

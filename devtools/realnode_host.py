@@ -15,14 +15,17 @@ line leaves a record of everything it may have done:
   state, the CNI configuration and IP allocations, the pod logs;
 - the few paths the runtime uses outside it that cannot be moved: containerd's shim sockets in
   /run/containerd/s, the kubelet's /var/log/containers links, the CNI result cache /var/lib/cni; each is
-  removed only where the state says it did not exist before.
+  removed only where the state says it did not exist before;
+- the kernel settings kubelet sets at start unless told to fail instead (vm.overcommit_memory,
+  kernel.panic, kernel.panic_on_oops, ...): their values before the first kubelet, restored when the last
+  set of real nodes on the machine stops (a second set started meanwhile inherits the first's record).
 
 `cleanup(state)` undoes all of it in order: processes whose command line names the work directory
 (kubelet, containerd, shims) and every container (`runc delete --force`, which also removes its
 cgroups, then whatever is left in the runtime's cgroup parent), every mount under the work directory
 (deepest first; the directory is removed only when nothing is mounted under it, so a hostPath bind mount
 can never lead the removal into the host), the network namespaces, the iptables chain, the bridge, the
-addresses. Each step is idempotent; errors are collected and raised together at the end.
+addresses, the kernel settings. Each step is idempotent; errors are collected and raised together at the end.
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ RUNTIME_CGROUP = "k8s.io"  # containers' cgroups: /sys/fs/cgroup/<hierarchy>/k8s
 SHIM_SOCKETS = Path("/run/containerd/s")
 # paths the runtime uses regardless of its configuration
 OUTSIDE = ("/run/containerd", "/var/log/containers", "/var/lib/cni")
+# what kubelet's container manager sets at start (setupKernelTunables) unless protectKernelDefaults makes
+# it fail instead; on this machine kernel.panic is 1 and panic_on_oops 0, which it would turn into 10 and 1
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+)  # fmt: skip
 
 
 @dataclass
@@ -62,6 +71,7 @@ class HostState:
     dnat: list[list[str]] = field(default_factory=list)  # [match address, port, to port]
     existed: dict[str, bool] = field(default_factory=dict)  # OUTSIDE path -> existed before the start
     pids: list[int] = field(default_factory=list)  # helpers that name no work directory (the registry)
+    sysctls: dict[str, str] = field(default_factory=dict)  # KUBELET_SYSCTLS before any kubelet ran
 
     @property
     def path(self) -> Path:
@@ -143,11 +153,41 @@ def _hierarchies() -> list[Path]:
 
 
 def _address_in_use(slot: int) -> bool:
-    out = _run(["ip", "-4", "-o", "addr", "show"], check=True)
+    out = run(["ip", "-4", "-o", "addr", "show"], check=True)
     return f" 10.254.{slot}." in out or f" 10.89.{slot}." in out
 
 
 # -- changes, each recorded first ----------------------------------------------------------------------
+def record_sysctls(state: HostState) -> None:
+    """Before the first kubelet: the kernel settings it will change, as they are (or, when other real
+    nodes run, as they were before theirs)."""
+    others = [s for s in live_states() if s.slot != state.slot and s.sysctls]
+    state.sysctls = others[0].sysctls if others else {k: read_sysctl(k) for k in KUBELET_SYSCTLS}
+    state.save()
+
+
+def read_sysctl(key: str) -> str:
+    return Path("/proc/sys", key).read_text().strip()
+
+
+def live_states() -> list[HostState]:
+    states = []
+    for path in sorted(STATE_DIR.glob("slot-*.json")):
+        with contextlib.suppress(ValueError, TypeError, OSError):
+            state = HostState.load(path)
+            if procs.alive(state.owner):
+                states.append(state)
+    return states
+
+
+def _restore_sysctls(state: HostState) -> None:
+    if any(s.slot != state.slot for s in live_states()):  # their kubelets run on: the last one restores
+        return
+    for key, value in state.sysctls.items():
+        if read_sysctl(key) != value:
+            Path("/proc/sys", key).write_text(value)
+
+
 def record_pid(state: HostState, pid: int) -> None:
     """A process of ours (one of tools' binaries) that a cleanup after a crash must stop."""
     state.pids.append(pid)
@@ -157,16 +197,16 @@ def record_pid(state: HostState, pid: int) -> None:
 def add_address(state: HostState, ip: str) -> None:
     state.addresses.append(ip)
     state.save()
-    _run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], check=True)
+    run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], check=True)
 
 
 def add_bridge(state: HostState) -> None:
     state.bridge = f"{BRIDGE_PREFIX}{state.slot}"
     state.save()
     gw = f"{state.gateway}/{pod_subnet(state.slot).prefixlen}"
-    _run(["ip", "link", "add", "name", state.bridge, "type", "bridge"], check=True)
-    _run(["ip", "addr", "add", gw, "dev", state.bridge], check=True)
-    _run(["ip", "link", "set", state.bridge, "up"], check=True)
+    run(["ip", "link", "add", "name", state.bridge, "type", "bridge"], check=True)
+    run(["ip", "addr", "add", gw, "dev", state.bridge], check=True)
+    run(["ip", "link", "set", state.bridge, "up"], check=True)
     Path(f"/proc/sys/net/ipv4/conf/{state.bridge}/route_localnet").write_text("1")
 
 
@@ -206,10 +246,11 @@ def cleanup(state: HostState) -> None:
     step("mounts", _unmount_under, work)
     step("iptables", _remove_chain, state)
     if state.bridge:
-        step("bridge", _run, ["ip", "link", "del", state.bridge])
+        step("bridge", run, ["ip", "link", "del", state.bridge])
     for ip in state.addresses:
-        step(f"address {ip}", _run, ["ip", "addr", "del", f"{ip}/32", "dev", "lo"])
+        step(f"address {ip}", run, ["ip", "addr", "del", f"{ip}/32", "dev", "lo"])
     step("outside paths", _remove_outside, state)
+    step("kernel settings", _restore_sysctls, state)
     if mounts_under(work):
         errors.append(f"mounts remain under {work}; it was not removed: {mounts_under(work)}")
     else:
@@ -250,8 +291,8 @@ def _exe_under(pid: int, directory: Path) -> bool:
 def _delete_containers(work: Path) -> None:
     binary = str(tools.bin_dir() / "runc")
     for root in sorted(work.glob("*/runc/*")):  # <node>/runc/<containerd namespace>
-        for ident in _run([binary, "--root", str(root), "list", "-q"]).split():
-            _run([binary, "--root", str(root), "delete", "--force", ident])
+        for ident in run([binary, "--root", str(root), "list", "-q"]).split():
+            run([binary, "--root", str(root), "delete", "--force", ident])
 
 
 def container_ids(work: Path) -> list[str]:
@@ -307,7 +348,7 @@ def _unmount_under(work: Path) -> None:
         if not points:
             return
         for point in sorted(set(points), key=lambda p: -p.count("/")):
-            _run(["umount", "-l", point])
+            run(["umount", "-l", point])
     if mounts_under(work):
         raise RuntimeError(f"still mounted: {mounts_under(work)}")
 
@@ -318,13 +359,13 @@ def _remove_chain(state: HostState) -> None:
     for hook in ("PREROUTING", "OUTPUT"):
         while chain_jumps(state.chain, hook):
             _iptables("-D", hook, "-j", state.chain)
-    if state.chain in _run(["iptables", "-w", "-t", "nat", "-S"]):
+    if state.chain in run(["iptables", "-w", "-t", "nat", "-S"]):
         _iptables("-F", state.chain)
         _iptables("-X", state.chain)
 
 
 def chain_jumps(chain: str, hook: str) -> bool:
-    return f"-A {hook} -j {chain}" in _run(["iptables", "-w", "-t", "nat", "-S", hook])
+    return f"-A {hook} -j {chain}" in run(["iptables", "-w", "-t", "nat", "-S", hook])
 
 
 def _remove_outside(state: HostState) -> None:
@@ -369,81 +410,11 @@ def _remove_if_only_empty_dirs(top: Path) -> None:
         top.rmdir()
 
 
-# -- what is left (for tests and `dev cluster down`) ---------------------------------------------------
-def leftovers() -> list[str]:
-    """Anything of any local cluster's real nodes still on the machine."""
-    left = [f"state file {p}" for p in sorted(STATE_DIR.glob("slot-*.json"))] if STATE_DIR.is_dir() else []
-    addrs = _run(["ip", "-4", "-o", "addr", "show"])
-    left += [f"address {w}" for w in addrs.split() if w.startswith("10.254.") and w.endswith("/32")]
-    links = _run(["ip", "-o", "link", "show"])
-    left += [f"link {w.rstrip(':')}" for w in links.split() if w.startswith(BRIDGE_PREFIX)]
-    rules = _run(["iptables", "-w", "-t", "nat", "-S"]) if shutil.which("iptables") else ""
-    left += [f"iptables {r}" for r in rules.splitlines() if CHAIN_PREFIX in r]
-    left += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob(f"*/{RUNTIME_CGROUP}/*") if d.is_dir()]
-    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    left += [f"mount {m.split()[4]}" for m in mounts if "/faultline-cluster-" in m.split()[4]]
-    return left
-
-
-def footprint(state: HostState, ids: list[str] | None = None) -> list[str]:
-    """What of the real nodes recorded in `state` is on the machine now (empty after a cleanup); `ids`:
-    their containers (default: those its work directory knows, which a cleanup removes)."""
-    work = Path(state.workdir)
-    ids = container_ids(work) if ids is None else ids
-    left = [f"state file {state.path}"] if state.path.exists() else []
-    left += [f"process {pid}" for pid in processes_under(work)]
-    left += [f"mount {m}" for m in mounts_under(work)]
-    lo = _run(["ip", "-4", "-o", "addr", "show", "dev", "lo"])
-    left += [f"address {ip}" for ip in state.addresses if f" {ip}/32 " in lo]
-    if state.bridge and Path(f"/sys/class/net/{state.bridge}").exists():
-        left.append(f"bridge {state.bridge}")
-    if state.chain and state.chain in _run(["iptables", "-w", "-t", "nat", "-S"]):
-        left.append(f"iptables chain {state.chain}")
-    left += [f"cgroup {d}" for i in ids for d in Path("/sys/fs/cgroup").glob(f"*/{RUNTIME_CGROUP}/{i}")]
-    results = Path("/var/lib/cni/results")
-    left += [f"CNI result {r}" for r in _tree(results)[1:] if any(f"-{i}-" in r.name for i in ids)]
-    if work.exists():
-        left.append(f"directory {work}")
-    return left
-
-
-def host_snapshot() -> dict[str, set[str]]:
-    """What real nodes may change, as sets to compare before a start and after a stop."""
-    links = {line.split()[1].split("@")[0].rstrip(":") for line in _run(["ip", "-o", "link"]).splitlines()}
-    addrs = {" ".join(line.split()[1:4:2]) for line in _run(["ip", "-o", "addr", "show"]).splitlines()}
-    rules = {r for r in _run(["iptables-save"]).splitlines() if r.startswith(("-A", ":", "*"))}
-    mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
-    cgroups = {str(d) for d in Path("/sys/fs/cgroup").glob("*/*") if d.is_dir()}
-    cgroups |= {str(d) for d in Path("/sys/fs/cgroup").glob(f"*/{RUNTIME_CGROUP}/*") if d.is_dir()}
-    return {
-        "link": links,
-        "address": addrs,
-        "iptables": {r.split(" [")[0] for r in rules},  # chain lines carry packet counters
-        "mount": {m for m in mounts if "/faultline-cluster-" in m or "netns" in m},  # not other work's
-        "netns": set(_run(["ip", "netns", "list"]).split()),
-        "cgroup": cgroups,
-        "path": {str(p) for top in OUTSIDE for p in _tree(Path(top))},
-    }
-
-
-def _tree(top: Path) -> list[Path]:
-    return [top, *top.rglob("*")] if top.is_dir() else []
-
-
-def snapshot_diff(before: dict[str, set[str]], after: dict[str, set[str]]) -> list[str]:
-    """What `after` has that `before` had not, and the reverse."""
-    changes = []
-    for kind, was in before.items():
-        changes += [f"{kind} added: {x}" for x in sorted(after[kind] - was)]
-        changes += [f"{kind} removed: {x}" for x in sorted(was - after[kind])]
-    return changes
-
-
 def _iptables(*args: str) -> None:
-    _run(["iptables", "-w", "-t", "nat", *args], check=True)
+    run(["iptables", "-w", "-t", "nat", *args], check=True)
 
 
-def _run(argv: list[str], *, check: bool = False) -> str:
+def run(argv: list[str], *, check: bool = False) -> str:
     """Run a host tool; its output (stdout), or raise with its stderr when `check` and it failed."""
     done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603 - fixed tools
     if check and done.returncode != 0:

@@ -19,7 +19,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from devtools import procs, realnode_host
+from devtools import procs, realnode_check, realnode_host
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube
@@ -58,14 +58,14 @@ def real_nodes_watched() -> Iterator[None]:
     """Asked for by whatever starts real nodes: at the session's end, none of their marks (state files,
     node addresses, bridges, iptables chains, container cgroups, mounts) may be on the machine."""
     yield
-    HOST_CHANGES.extend(realnode_host.leftovers())
+    HOST_CHANGES.extend(realnode_check.leftovers())
 
 
 @pytest.fixture(scope="session")
 def real_cluster(mongo: LocalMongo, real_nodes_watched: None) -> Iterator[LocalCluster]:
     """One real node and one simulated node, and the project's image in the cluster's loopback registry
     (`cluster.real.image`). Needs root."""
-    before = realnode_host.host_snapshot()
+    before = realnode_check.host_snapshot()
     c = LocalCluster(nodes=1, real_nodes=1, node_prefix="sim-node")
     try:
         c.start()
@@ -77,8 +77,8 @@ def real_cluster(mongo: LocalMongo, real_nodes_watched: None) -> Iterator[LocalC
     finally:
         work = c.dir / "real"
         c.stop()
-        after = realnode_host.host_snapshot()
-        HOST_CHANGES.extend(realnode_host.snapshot_diff(before, after))
+        after = realnode_check.host_snapshot()
+        HOST_CHANGES.extend(realnode_check.snapshot_diff(before, after))
         HOST_CHANGES.extend(f"process {pid}" for pid in realnode_host.processes_under(work))
 
 

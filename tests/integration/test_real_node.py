@@ -20,7 +20,7 @@ from typing import Any
 import pymongo
 import pytest
 
-from devtools import procs, realnode, realnode_host, session, tools
+from devtools import procs, realnode, realnode_check, realnode_host, session, tools
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -221,7 +221,7 @@ def test_dev_cluster_down_undoes_a_crashed_real_node(tmp_path: Path, real_nodes_
         crashed = next(s for s in map(realnode_host.HostState.load, realnode_host.STATE_DIR.glob("slot-*.json"))
                        if s.owner == up.pid)  # fmt: skip
         ids = realnode_host.container_ids(Path(crashed.workdir))
-        left = realnode_host.footprint(crashed, ids)
+        left = realnode_check.footprint(crashed, ids)
         for kind in ("process", "mount", "address", "bridge", "iptables chain", "cgroup", "directory"):
             assert any(item.startswith(kind) for item in left), (kind, left)
     finally:
@@ -233,4 +233,4 @@ def test_dev_cluster_down_undoes_a_crashed_real_node(tmp_path: Path, real_nodes_
         if up.stdout is not None:
             up.stdout.close()
     assert "undid the host changes of its real nodes" in said, said
-    assert realnode_host.footprint(crashed, ids) == []
+    assert realnode_check.footprint(crashed, ids) == []
