@@ -28,11 +28,6 @@ if TYPE_CHECKING:
     from devtools.demo import DemoStack
     from devtools.demo_scenario import Case, NodeView
 
-REAL_NODE_NOT_YET = (
-    "--real-node: not yet. Real kubelet nodes in the local cluster (devtools/realnode) have not landed in "
-    "this version; the demo runs on simulated GPU nodes only"
-)
-
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
@@ -134,7 +129,13 @@ def demo(
     keep: Annotated[
         bool, typer.Option(help="Leave everything running after the scenario (Ctrl-C stops it).")
     ] = False,
-    real_node: Annotated[bool, typer.Option(help="Add a real kubelet node (root only).")] = False,
+    real_node: Annotated[
+        bool,
+        typer.Option(
+            help="Add a real kubelet node (root only) where the chart's pods run for real (the "
+            "project's image, `make image`); its repair Jobs only record what they would do."
+        ),
+    ] = False,
 ) -> None:
     """Run the whole chart on a local cluster of simulated GPU nodes and play four faults, live: an XID 79
     under a training pod (quarantine, drain, reboot, release), a burst of application XID 13 (nothing
@@ -148,7 +149,7 @@ def demo(
     console = Console(highlight=False, soft_wrap=True, emoji=False, width=wide)
     signal.signal(signal.SIGTERM, _interrupt)
     screen = Screen(console)
-    stack = DemoStack()
+    stack = DemoStack(real_node=real_node)
     failed = True
     try:
         stack.start(say=screen.say)
@@ -167,12 +168,16 @@ def demo(
 
 
 def _refuse(*, real_node: bool, keep: bool) -> None:
-    from devtools import procs, session  # noqa: PLC0415
+    from devtools import procs, realnode_host, session  # noqa: PLC0415
 
     problem = ""
     if real_node:
-        problem = REAL_NODE_NOT_YET
-    elif keep and session.STATE.exists() and procs.alive(json.loads(session.STATE.read_text()).get("pid", 0)):
+        try:
+            realnode_host.require_root()
+        except FaultlineError as exc:
+            problem = f"--real-node: {exc}"
+    running = session.STATE.exists() and procs.alive(json.loads(session.STATE.read_text()).get("pid", 0))
+    if not problem and keep and running:
         problem = f"--keep: a dev cluster is running (see {session.STATE}); `faultline dev cluster down`"
     if problem:
         Console(stderr=True).print(f"error: {problem}", markup=False)

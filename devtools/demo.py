@@ -101,22 +101,29 @@ class DemoStack:
     mongo: LocalMongo | None = None
     components: list[Component] = field(default_factory=list)
     sa_seconds: int = 6 * 3600
+    real_node: bool = False  # add a real kubelet node (root): the chart's pods run there for real
 
     # -- start / stop --------------------------------------------------------------------------------
     def start(self, say: Any = print) -> DemoStack:
         try:
             tools.ensure("helm")  # the cluster and the store build (or find) their own
             say(f"starting the local control plane with {self.nodes} simulated GPU nodes")
-            self.cluster = LocalCluster(nodes=self.nodes, workdir=self.dir / "cluster").start()
+            if self.real_node:
+                say("and a real kubelet node (containerd, runc) pulling the project's image from a loopback "
+                    "registry")  # fmt: skip
+            real = 1 if self.real_node else 0
+            self.cluster = LocalCluster(nodes=self.nodes, workdir=self.dir / "cluster", real_nodes=real)
+            self.cluster.start()
             say("starting FerretDB (the store)")
             self.mongo = LocalMongo(workdir=self.dir / "store").start()
             say(f"helm install {RELEASE} charts/faultline (every worker on) into {NAMESPACE}")
             self._helm_install()
             for node in self.cluster.node_names:
                 self._node_root(node)
+            also = " (on the real node the chart's pods run for real)" if self.real_node else ""
             say(
-                "simulated nodes execute no pod: the chart's agent (one per node) and its four workers run "
-                "as local processes, each as its chart ServiceAccount with its chart settings file"
+                "simulated nodes execute no pod: the chart's agent (one per simulated node) and its four "
+                f"workers run as local processes, each as its ServiceAccount with its settings file{also}"
             )
             self._run_components()
             say(f"processes: {' '.join(map(str, self.pids()))} (work directory {self.dir})")
@@ -136,9 +143,10 @@ class DemoStack:
             self.mongo.stop()
             self.mongo = None
         if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+            cluster, self.cluster = self.cluster, None
+            cluster.stop()  # a real node that could not undo its mounts raises: the directory stays
+        if not _mounted_under(self.dir):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def pids(self) -> list[int]:
         """Every process this stack started (for `--keep`'s state file and the tests)."""
@@ -176,7 +184,8 @@ class DemoStack:
         assert self.cluster is not None
         assert self.mongo is not None
         values = self.dir / "demo-values.yaml"
-        values.write_text(yaml.safe_dump({**DEMO_VALUES, **store_values(self.mongo.uri)}))
+        chosen = {**DEMO_VALUES, **store_values(self.store_uri()), **self._real_values()}
+        values.write_text(yaml.safe_dump(chosen))
         argv = [str(tools.binary("helm")), "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
                 "--create-namespace", "--kubeconfig", str(self.cluster.kubeconfig),
                 "-f", str(values)]  # fmt: skip
@@ -186,6 +195,26 @@ class DemoStack:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=120)  # noqa: S603
         if done.returncode:
             raise RuntimeError(f"helm install failed: {done.stderr.strip()}")
+
+    def store_uri(self) -> str:
+        """The store as the chart's components reach it: on loopback, or with a real node at the address
+        its pods reach it by (which the host reaches too)."""
+        assert self.mongo is not None
+        if self.cluster is None or self.cluster.real is None:
+            return self.mongo.uri
+        return f"mongodb://{self.cluster.expose(self.mongo.port)}/?retryWrites=false&directConnection=true"
+
+    def _real_values(self) -> dict[str, Any]:
+        """With a real node: the project's image by digest from the loopback registry, the agent on every
+        node (the real one has no GPU label), and repair Jobs that only record what they would do (a Job
+        on the real node must never reboot this machine)."""
+        if self.cluster is None or self.cluster.real is None:
+            return {}
+        repository, _, digest = self.cluster.real.image.partition("@")
+        agent = {**DEMO_VALUES["agent"], "nodeSelector": {"nvidia.com/gpu.present": None}}
+        record = {**DEMO_VALUES["janitor"]["config"], "record_only": True}
+        janitor = {**DEMO_VALUES["janitor"], "config": record}
+        return {"image": {"repository": repository, "digest": digest}, "agent": agent, "janitor": janitor}
 
     # -- the chart's pods as processes ------------------------------------------------------------------
     def _run_components(self) -> None:
@@ -269,6 +298,12 @@ def _local(path: str, mounts: dict[str, Path]) -> Any:
         if path == mount_path or path.startswith(mount_path.rstrip("/") + "/"):
             return local / path[len(mount_path) :].lstrip("/")
     return path
+
+
+def _mounted_under(directory: Path) -> bool:
+    """Whether anything is mounted under `directory` (never remove through a mount)."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    return any(line.split()[1].startswith(f"{directory}/") for line in mounts if len(line.split()) > 1)
 
 
 def _flag(args: list[str], name: str) -> str:

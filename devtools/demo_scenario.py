@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from devtools.demo import NAMESPACE, DemoStack
+from devtools.demo import NAMESPACE, RELEASE, DemoStack
 from faultline import kube, store
 from faultline.errors import TransientError
 from sources import simulator
@@ -49,6 +49,7 @@ class NodeView:
     drained: bool = False
     validated: bool = False
     all_codes: set[str] = field(default_factory=set)  # every fault code seen, open or resolved
+    ready_pods: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Observer:
         self.stack = stack
         self.api = stack.cluster.api()
         self.nodes = list(stack.cluster.node_names)
+        self.real = list(stack.cluster.real_node_names) if stack.cluster.real is not None else []
         self.store = store.connect(stack.mongo.uri, "faultline")
         self.on_view = on_view
         self.cases: list[Case] = []
@@ -85,7 +87,7 @@ class Observer:
         self.store.close()
 
     def poll(self) -> dict[str, NodeView]:
-        view = {n: NodeView(n) for n in self.nodes}
+        view = {n: NodeView(n) for n in [*self.nodes, *self.real]}
         for node in kube.nodes.list_all(self.api):
             v = view.get(node["metadata"]["name"])
             if v is None:
@@ -99,9 +101,12 @@ class Observer:
             v.boot_id = status.get("nodeInfo", {}).get("bootID", "")
         for pod in kube.pods.list_all(self.api, field_selector="spec.nodeName!="):
             meta, on = pod["metadata"], pod["spec"]["nodeName"]
-            if meta["namespace"] != NAMESPACE and on in view:  # the workload, not faultline's own pods
+            # the workload, not faultline's own pods (but every pod of a real node: they really run)
+            if on in view and (meta["namespace"] != NAMESPACE or on in self.real):
                 going = " (terminating)" if meta.get("deletionTimestamp") else ""
                 view[on].pods.append(meta["name"] + going)
+                if _pod_ready(pod):
+                    view[on].ready_pods.append(meta["name"])
         for request in kube.resources.list_requests(self.api):
             v = view.get(request["spec"]["node"])
             if v is not None:
@@ -170,6 +175,11 @@ class Observer:
                 seen = f" (last error: {last!r})" if last else ""
                 raise TransientError(f"timed out after {timeout:.0f} s waiting for {what}{seen}")
             time.sleep(POLL_S)
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def kernel_line(stack: DemoStack, node: str, message: str) -> None:
@@ -268,6 +278,18 @@ def run(stack: DemoStack, obs: Observer, say: Callable[[str], None], *, timeout:
         set_link(stack, nic.nodes[0], up=True)
         obs.wait(f"link up {cycle} seen", lambda v: "NIC-LINK-DOWN" not in v[nic.nodes[0]].faults, left())
     obs.wait("NIC flapping: quarantined", lambda _: {"detected", "quarantined"} <= nic.steps.keys(), left())
+
+    for real in obs.real:  # the chart's agent as a real pod: image pulled, started, its probe passing
+        case = Case("the chart's agent, a real pod", [real], "REAL-NODE", (), started=time.monotonic())
+        obs.cases.append(case)
+        say(f"real node {real}: waiting for the chart's agent pod to be Ready (its /healthz probe)")
+
+        def agent_ready(v: dict[str, NodeView], real: str = real) -> bool:
+            return any(p.startswith(f"{RELEASE}-agent-") for p in v[real].ready_pods)
+
+        obs.wait(f"the agent pod Ready on {real}", agent_ready, left())
+        pod = next(p for p in obs.view[real].ready_pods if p.startswith(f"{RELEASE}-agent-"))
+        case.check, case.ok = f"pod {pod} Ready after {time.monotonic() - case.started:.1f} s", True
 
     say("waiting for the repairs in flight to finish")
     obs.wait("XID 79 released", lambda _: "released" in xid79.steps, left())

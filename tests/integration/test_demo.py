@@ -3,6 +3,7 @@ local cluster, the four scripted cases with their timeline, in time, and nothing
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -58,12 +59,17 @@ def test_the_demo_values_reach_every_settings_file(tmp_path: Path) -> None:
     assert resolved["janitor"].service_account == "faultline-repair"  # type: ignore[attr-defined]
 
 
-def test_the_demo_plays_every_case_in_time_and_leaves_nothing() -> None:
-    started = time.monotonic()
+def _run_demo(*args: str) -> tuple[str, float, float]:
+    """`python -m faultline demo ARGS` to its end; checks the four cases' timelines and that everything
+    it started is stopped and its directory removed. Returns its output and the scenario's and setup's
+    seconds."""
     done = subprocess.run(
-        [sys.executable, "-m", "faultline", "demo"], capture_output=True, text=True, timeout=540, check=False
+        [sys.executable, "-m", "faultline", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
     )
-    took = time.monotonic() - started
     output = done.stdout
     assert done.returncode == 0, f"demo failed ({done.returncode}):\n{output[-6000:]}\n{done.stderr[-3000:]}"
     assert "simulated nodes execute no pod" in output  # it says how the chart's components run
@@ -83,11 +89,25 @@ def test_the_demo_plays_every_case_in_time_and_leaves_nothing() -> None:
     nic, line = _timeline(output, "NIC-LINK-FLAPPING")
     assert {"detected", "quarantined"} <= nic.keys(), line
 
-    # everything it started is stopped and its directory removed
     pids = re.search(r"processes: ([\d ]+) \(work directory (\S+)\)", output)
     assert pids, output[:3000]
     left = [int(p) for p in pids.group(1).split() if procs.alive(int(p))]
     assert not left, f"processes left behind: {left}"
     assert not Path(pids.group(2)).exists()
-    print(f"\ndemo: {took:.1f} s in all; scenario {scenario.group(1)} s, setup {scenario.group(2)} s")
-    print("\n".join(ln for ln in output.splitlines() if ln.startswith("timeline ")))
+    print("\n".join(ln for ln in output.splitlines() if ln.startswith(("timeline ", "scenario: "))))
+    return output, float(scenario.group(1)), float(scenario.group(2))
+
+
+def test_the_demo_plays_every_case_in_time_and_leaves_nothing() -> None:
+    started = time.monotonic()
+    _, scenario, setup = _run_demo()
+    print(f"demo: {time.monotonic() - started:.1f} s in all; scenario {scenario} s, setup {setup} s")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (CI runs as root)")
+def test_the_demo_with_a_real_node_runs_the_charts_agent_as_a_real_pod() -> None:
+    """As root (CI): a real kubelet node joins, the chart's agent DaemonSet pod runs there from the
+    project's image and passes its readiness probe; the cases on the simulated nodes play as without."""
+    output, _, _ = _run_demo("--real-node")
+    _, line = _timeline(output, "REAL-NODE")
+    assert re.search(r"pod faultline-agent-\w+ Ready after [\d.]+ s ok$", line), line

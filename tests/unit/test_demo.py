@@ -1,10 +1,12 @@
 """`faultline demo`'s pure parts: container paths mapped onto the demo's local mounts, the timeline lines
-a machine reads, and the `--real-node` flag that is not available yet."""
+a machine reads, and `--real-node` refused by name when not root."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cli import app as cli_app
@@ -36,7 +38,8 @@ def test_timeline_lines_name_each_step_reached() -> None:
     ]
 
 
-def test_real_node_says_not_yet() -> None:
+def test_real_node_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     result = CliRunner().invoke(cli_app.app, ["demo", "--real-node"])
     assert result.exit_code == 2
-    assert "not yet" in result.output
+    assert "--real-node: real nodes need root" in result.output
