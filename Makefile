@@ -113,9 +113,11 @@ DEMO_ARGS ?=
 demo: setup tools
 	$(BIN)/faultline demo $(DEMO_ARGS)
 
-# A local control plane with 4 simulated GPU nodes and FerretDB, in the foreground until Ctrl-C.
+# A local control plane with 4 simulated GPU nodes and FerretDB, in the foreground until Ctrl-C;
+# REAL_NODES=1 (root) adds a real kubelet node running real pods (undone on exit or `faultline dev cluster down`).
+REAL_NODES ?= 0
 cluster: setup tools
-	$(BIN)/faultline dev cluster up --nodes 4
+	$(BIN)/faultline dev cluster up --nodes 4 --real-nodes $(REAL_NODES)
 
 bench: setup
 	$(BIN)/python benchmarks/replay.py --memory

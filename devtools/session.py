@@ -69,6 +69,7 @@ def up(
             if real.image:
                 emit(f"IMAGE={real.image}")
             emit(f"MONGODB_URI_PODS=mongodb://{cluster.expose(mongo.port)}/?directConnection=true")
+            emit("# repair Jobs must never reboot this machine: set the chart's janitor.config.record_only")
         with_real = f" and {real_nodes} real nodes" if real_nodes else ""
         ready = f"{cluster.ready_seconds:.1f} s with {nodes} simulated GPU nodes{with_real}"
         emit(f"# ready in {ready}; Ctrl-C to stop")
