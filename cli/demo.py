@@ -195,14 +195,18 @@ def _play(stack: DemoStack, screen: Screen, console: Console) -> bool:
     error = ""
     try:
         with screen.running():
-            demo_scenario.run(stack, observer, screen.say)
+            try:
+                demo_scenario.run(stack, observer, screen.say)
+            finally:  # the live view's last frame: the final verdicts
+                screen.update(observer.view, demo_scenario.settle(observer.cases))
     except FaultlineError as exc:  # a case missed its steps: still show how far each got
         error = str(exc)
     finally:
         observer.close()
     took = time.monotonic() - began
     cases = observer.cases
-    console.print(_cases_table(cases))
+    if not screen.live_mode:  # on a terminal the live view's last frame shows it already
+        console.print(_cases_table(cases))
     for line in timeline_lines(cases):
         console.print(line, markup=False, highlight=False)
     if error:
