@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
 .PHONY: setup system-deps tools replay check test demo bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
-.PHONY: image lock image-tools sbom push verify-image registry
+.PHONY: image image-store lock image-tools sbom push verify-image registry
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -60,6 +60,12 @@ tools:
 # .cache/image/faultline.oci.tar with its digest in .cache/image/digest.
 image: setup system-deps
 	bash image/build.sh
+
+# The embedded store's images for the chart (image/store.sh), built the same way: ferretdb (the static
+# FerretDB binary of tools/ferretdb on an empty base) and postgres (Debian 12's postgresql-15; needs root).
+# Written to .cache/image/store/{ferretdb,postgres}.oci.tar with their digests beside them.
+image-store: setup system-deps
+	bash image/store.sh
 
 # requirements/image.lock: pyproject's runtime dependencies and the nvml extra, pinned with every
 # artifact's hash for CPython 3.11 on x86_64 Linux (the image's Python). Existing pins are kept where
