@@ -37,6 +37,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -114,19 +115,20 @@ def claim(workdir: Path) -> HostState:
     require_root()
     STATE_DIR.mkdir(mode=0o700, exist_ok=True)
     cleanup_stale()
+    outside = [*OUTSIDE, *(str(h / RUNTIME_CGROUP) for h in _hierarchies())]
+    existed = {p: os.path.lexists(p) for p in outside}
     for slot in range(1, 250):
-        state = HostState(slot=slot, workdir=str(workdir))
+        if _address_in_use(slot):  # something else uses the slot's networks: leave them alone
+            continue
+        state = HostState(slot=slot, workdir=str(workdir), existed=existed)
+        tmp = STATE_DIR / f".claim-{os.getpid()}"
+        tmp.write_text(json.dumps(asdict(state), indent=1))
         try:
-            with state.path.open("x") as f:
-                f.write("{}")
+            os.link(tmp, state.path)  # exclusive, and never seen without its content
         except FileExistsError:
             continue
-        if _address_in_use(slot):  # something else uses the slot's networks: leave them alone
-            state.path.unlink()
-            continue
-        outside = [*OUTSIDE, *(str(h / RUNTIME_CGROUP) for h in _hierarchies())]
-        state.existed = {p: os.path.lexists(p) for p in outside}
-        state.save()
+        finally:
+            tmp.unlink()
         return state
     raise ConfigError(f"no free slot for real nodes in {STATE_DIR}")
 
@@ -139,8 +141,7 @@ def cleanup_stale() -> list[str]:
     for path in sorted(STATE_DIR.glob("slot-*.json")):
         try:
             state = HostState.load(path)
-        except (ValueError, TypeError):  # claimed but never written: its owner died at once
-            path.unlink(missing_ok=True)
+        except (ValueError, TypeError):  # not a state file of this version: not ours to judge
             continue
         if not procs.alive(state.owner):
             cleanup(state)
@@ -233,9 +234,9 @@ def cleanup(state: HostState) -> None:
     """Undo everything `state` records (idempotent); raise once at the end if anything stays."""
     errors: list[str] = []
 
-    def step(what: str, fn: object, *args: object) -> None:
+    def step(what: str, fn: Callable[..., object], *args: object) -> None:
         try:
-            fn(*args)  # type: ignore[operator]
+            fn(*args)
         except Exception as exc:  # noqa: BLE001 - every step runs; failures are reported together
             errors.append(f"{what}: {exc}")
 
