@@ -18,11 +18,8 @@ from devtools import realnode_host as host
 
 def leftovers() -> list[str]:
     """Anything of any local cluster's real nodes still on the machine."""
-    left = (
-        [f"state file {p}" for p in sorted(host.STATE_DIR.glob("slot-*.json"))]
-        if host.STATE_DIR.is_dir()
-        else []
-    )
+    left = [f"state file {p}" for p in sorted(host.STATE_DIR.glob("slot-*.json"))]
+    left += [f"directory {host.STATE_DIR}"] if host.STATE_DIR.exists() and not left else []
     addrs = host.run(["ip", "-4", "-o", "addr", "show"])
     left += [f"address {w}" for w in addrs.split() if w.startswith("10.254.") and w.endswith("/32")]
     links = host.run(["ip", "-o", "link", "show"])

@@ -121,6 +121,7 @@ def claim(workdir: Path) -> HostState:
         if _address_in_use(slot):  # something else uses the slot's networks: leave them alone
             continue
         state = HostState(slot=slot, workdir=str(workdir), existed=existed)
+        STATE_DIR.mkdir(mode=0o700, exist_ok=True)  # again: the last cleanup removes it
         tmp = STATE_DIR / f".claim-{os.getpid()}"
         tmp.write_text(json.dumps(asdict(state), indent=1))
         try:
@@ -259,6 +260,8 @@ def cleanup(state: HostState) -> None:
     if errors:
         raise RuntimeError("real-node cleanup incomplete: " + "; ".join(errors))
     state.path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the last one out leaves no directory behind either
+        STATE_DIR.rmdir()
 
 
 def processes_under(work: Path) -> list[int]:
