@@ -130,6 +130,9 @@ def test_an_external_store_brings_no_store_objects() -> None:
     assert {k for k, _ in kinds(docs)} & {"StatefulSet", "Service", "Deployment"} == set()
     secret = next(d for d in docs if d["kind"] == "Secret")
     assert secret["stringData"] == {"uri": "mongodb://mongo:27017"}
+    assert secret["metadata"]["name"] == "fl-store-uri"  # not fl-store: the embedded store's, kept
+    env = {e["name"]: e for e in workloads(docs)["fl-agent"]["containers"][0]["env"]}
+    assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-store-uri", "key": "uri"}
     docs = render("store.external.existingSecret=my-mongo", "store.external.existingSecretKey=connection")
     assert not any(d["kind"] == "Secret" for d in docs)
     assert not STORE_KINDS & kinds(docs)
@@ -401,6 +404,20 @@ def test_helm_install_creates_every_object_and_an_upgrade_keeps_the_stores_passw
         out = _helm(cluster.kubeconfig, "get", "manifest", release, "--namespace", ns)
         made = kinds([d for d in yaml.safe_load_all(out) if d])
         assert {("Deployment", f"{release}-{w}") for w in WORKERS} <= made
+        # to an external store and back (README): the embedded store's Secret outlives the switch, so the
+        # volume's password is the same when the StatefulSet comes back
+        _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install, "--set", EXTERNAL)
+        out = _helm(cluster.kubeconfig, "get", "manifest", release, "--namespace", ns)
+        made = kinds([d for d in yaml.safe_load_all(out) if d])
+        assert ("StatefulSet", f"{release}-postgres") not in made and (
+            "Secret",
+            f"{release}-store-uri",
+        ) in made
+        kept = core.read_namespaced_secret(f"{release}-store", ns)
+        assert base64.b64decode(kept.data["password"]).decode() == password
+        _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install)
+        back = core.read_namespaced_secret(f"{release}-store", ns)
+        assert base64.b64decode(back.data["password"]).decode() == password
         _helm(cluster.kubeconfig, "uninstall", release, "--namespace", ns, "--wait")
         # kept (helm.sh/resource-policy): the password of the data the volume still holds
         assert core.read_namespaced_secret(f"{release}-store", ns)

@@ -32,7 +32,9 @@ where given (repository@sha256:...), else repository:tag */}}
 
 {{/* the Secret holding the store's MongoDB URI, and its key */}}
 {{- define "faultline.store.secret" -}}
-{{- .Values.store.external.existingSecret | default (printf "%s-store" (include "faultline.name" .)) -}}
+{{- if .Values.store.external.existingSecret -}}{{ .Values.store.external.existingSecret }}
+{{- else if .Values.store.external.uri -}}{{ include "faultline.name" . }}-store-uri
+{{- else -}}{{ include "faultline.name" . }}-store{{- end -}}
 {{- end -}}
 {{- define "faultline.store.secretKey" -}}
 {{- if .Values.store.external.existingSecret -}}{{ .Values.store.external.existingSecretKey }}{{- else -}}uri{{- end -}}
