@@ -370,12 +370,15 @@ def _helm(kubeconfig: Path, *args: str) -> str:
     return out.stdout
 
 
-def test_helm_install_creates_every_object_and_an_upgrade_keeps_the_stores_password(
-    cluster: LocalCluster, api: Any
-) -> None:
+def _manifest(kubeconfig: Path, release: str, ns: str) -> set[tuple[str, str]]:
+    out = _helm(kubeconfig, "get", "manifest", release, "--namespace", ns)
+    return kinds([d for d in yaml.safe_load_all(out) if d])
+
+
+def test_helm_install_and_upgrades_keep_the_stores_password(cluster: LocalCluster, api: Any) -> None:
     """A real install into the local API server: it validates every object (NetworkPolicies, the
-    StatefulSet's claim template, security contexts). An upgrade turning every worker on keeps the
-    generated password (lookup), which the PostgreSQL volume was initialised with."""
+    StatefulSet's claim template, security contexts). Upgrades (every worker on; to an external store and
+    back) keep the generated password (lookup), which the PostgreSQL volume was initialised with."""
     ns, release = f"chart-{uuid.uuid4().hex[:6]}", f"i{uuid.uuid4().hex[:5]}"
     core = kube.core(api)
     install = ["--namespace", ns, "--set", "networkPolicy.enabled=true", "--set", f"image.digest={DIGEST}"]
@@ -384,35 +387,24 @@ def test_helm_install_creates_every_object_and_an_upgrade_keeps_the_stores_passw
         secret = core.read_namespaced_secret(f"{release}-store", ns)
         password = base64.b64decode(secret.data["password"]).decode()
         assert len(password) == 32
-        out = _helm(cluster.kubeconfig, "get", "manifest", release, "--namespace", ns)
-        made = kinds([d for d in yaml.safe_load_all(out) if d])
+        made = _manifest(cluster.kubeconfig, release, ns)
         assert {("StatefulSet", f"{release}-postgres"), ("Deployment", f"{release}-ferretdb"),
                 ("DaemonSet", f"{release}-agent"), ("NetworkPolicy", f"{release}-ferretdb")} <= made  # fmt: skip
         postgres = kube.client.apps(api).read_namespaced_stateful_set(f"{release}-postgres", ns)
         assert postgres.spec.volume_claim_templates[0].spec.resources.requests == {"storage": "8Gi"}
-        _helm(
-            cluster.kubeconfig,
-            "upgrade",
-            release,
-            str(CHART),
-            *install,
-            *(a for s in ALL_ON for a in ("--set", s)),
-        )
+        all_on = [a for s in ALL_ON for a in ("--set", s)]
+        _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install, *all_on)
         again = core.read_namespaced_secret(f"{release}-store", ns)
         assert base64.b64decode(again.data["password"]).decode() == password
         assert password in base64.b64decode(again.data["uri"]).decode()
-        out = _helm(cluster.kubeconfig, "get", "manifest", release, "--namespace", ns)
-        made = kinds([d for d in yaml.safe_load_all(out) if d])
+        made = _manifest(cluster.kubeconfig, release, ns)
         assert {("Deployment", f"{release}-{w}") for w in WORKERS} <= made
         # to an external store and back (README): the embedded store's Secret outlives the switch, so the
         # volume's password is the same when the StatefulSet comes back
         _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install, "--set", EXTERNAL)
-        out = _helm(cluster.kubeconfig, "get", "manifest", release, "--namespace", ns)
-        made = kinds([d for d in yaml.safe_load_all(out) if d])
-        assert ("StatefulSet", f"{release}-postgres") not in made and (
-            "Secret",
-            f"{release}-store-uri",
-        ) in made
+        made = _manifest(cluster.kubeconfig, release, ns)
+        assert ("StatefulSet", f"{release}-postgres") not in made
+        assert ("Secret", f"{release}-store-uri") in made
         kept = core.read_namespaced_secret(f"{release}-store", ns)
         assert base64.b64decode(kept.data["password"]).decode() == password
         _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install)
