@@ -164,7 +164,11 @@ _REBOOT = ("nsenter", "-t", "1", "-m", "-u", "-i", "-n", "--", "systemctl", "reb
 class JanitorTuning(Part):
     namespace: str = Field(default="faultline-system", min_length=1, description="where repair Jobs run")
     service_account: str = Field(default="faultline-janitor", description="the repair Jobs' ServiceAccount")
-    image: str = Field(default="ghcr.io/faultline/janitor:latest", description="the repair Jobs' image")
+    image: str = Field(
+        default="ghcr.io/faultline/faultline:latest",
+        description="the repair Jobs' image: faultline's own (one image for every component); the chart "
+        "sets the reference it runs, by digest where given",
+    )
     reboot_command: tuple[str, ...] = Field(
         default=_REBOOT, min_length=1, description="the reboot Job's command (run in the host's namespaces)"
     )
