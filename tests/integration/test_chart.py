@@ -249,7 +249,9 @@ def test_the_agents_host_paths() -> None:
     assert agent_file["state_dir"] == "/var/lib/faultline"
     assert agent_file["ingest_socket"] == "/run/faultline/ingest.sock"
     assert "kmsg" not in agent_file
-    assert agent["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in agent  # the node's default runtime
+    with_class = workloads(render("agent.nvidia.runtimeClassName=nvidia"))["fl-agent"]
+    assert with_class["runtimeClassName"] == "nvidia"
     env = {e["name"]: e.get("value") for e in agent["containers"][0]["env"]}
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
 
@@ -259,7 +261,8 @@ def test_the_agents_host_paths() -> None:
     mounts = {m["mountPath"]: m for m in agent["containers"][0]["volumeMounts"]}
     assert "/host/sys" not in mounts and "/run/faultline" not in mounts
     assert mounts["/var/log/other"]["readOnly"] is True
-    assert "sysfs_root" not in settings_files(docs)["agent"] and "runtimeClassName" not in agent
+    assert "sysfs_root" not in settings_files(docs)["agent"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in agent["containers"][0]["env"]}  # sim
 
 
 def test_network_policy_and_pod_monitor_when_enabled() -> None:
