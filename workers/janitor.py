@@ -248,7 +248,7 @@ class Janitor:
                         "serviceAccountName": s.service_account, "terminationGracePeriodSeconds": 5,
                         "tolerations": [{"operator": "Exists"}],
                         "containers": [{"name": action, "image": s.image, "command": list(command),
-                                        "securityContext": {"privileged": privileged}}],
+                                        "securityContext": _job_security(privileged)}],
                     },
                 },
             },
@@ -338,3 +338,12 @@ class Janitor:
             kube.resources.patch_request_status(self.api, name, status)
         except ApiError as exc:
             log.warning("could not update RemediationRequest %s: %s", name, exc)
+
+
+def _job_security(privileged: bool) -> dict[str, Any]:
+    """A repair Job's container: a real reboot or reset enters the host's namespaces (nsenter -t 1) and
+    drives the GPUs, which takes root with every capability; the image's default user (65532) would have
+    none even in a privileged container. A record-only Job needs nothing."""
+    if privileged:
+        return {"privileged": True, "runAsUser": 0, "runAsNonRoot": False}
+    return {"privileged": False, "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
