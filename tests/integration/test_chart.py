@@ -515,3 +515,17 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
         kube.resources.delete_requests(
             api, label_selector=f"faultline.io/node={node}"
         )  # the node is shared with other tests of the session
+
+
+def test_an_empty_breaker_limit_turns_it_off() -> None:
+    """values.yaml says "" turns a breaker limit off: the settings file must say null, not leave the key
+    out (the model's default share, 0.1, would then apply)."""
+    from faultline.config import QuarantineConfig  # noqa: PLC0415
+
+    def breaker_limits(*sets: str) -> tuple[Any, Any]:
+        settings = settings_files(render("quarantine.enabled=true", *sets))["quarantine"]
+        config = QuarantineConfig.model_validate({**settings, "mongodb_uri": "mongodb://mongo:27017"})
+        return config.breaker_max_share, config.breaker_max_count
+
+    assert breaker_limits() == (0.1, None)  # the default share; no count limit
+    assert breaker_limits("quarantine.breaker.maxShare=", "quarantine.breaker.maxCount=20") == (None, 20)

@@ -92,7 +92,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "faultline.settings" -}}
 {{- $cfg := merge (dict "database" .root.Values.store.database "metrics_port" .root.Values.metrics.port
   "metrics_address" .root.Values.metrics.address) .settings -}}
-{{- toYaml (mergeOverwrite $cfg (deepCopy (.values.config | default dict))) -}}
+{{- $cfg = mergeOverwrite $cfg (deepCopy (.values.config | default dict)) -}}
+{{- toYaml $cfg -}}
+{{- range (.nulls | default list) }}{{ if not (hasKey $cfg .) }}
+{{ . }}: null
+{{- end }}{{ end -}}
 {{- end -}}
 
 {{/* a component's ConfigMap: its settings file `config.yaml` (passed with --config) and the files the
