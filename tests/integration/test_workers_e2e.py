@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from devtools import procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -137,6 +138,7 @@ def test_xid_to_repair_to_uncordon(
             w.halt()
         stop_agent(agent)
         core.patch_node(node, {"spec": {"unschedulable": None}})
+        forget_repairs(api, node)  # the node is shared with other tests of the session
 
 
 def test_a_repair_that_fails_escalates_to_contact_support(
@@ -188,3 +190,18 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         st.write_fault(xid.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": now}), 2)
         core.patch_node(node, {"spec": {"unschedulable": None}})
         kube.nodes.write_conditions(api, node, [], ["FaultlineRemediation"])
+        forget_repairs(api, node)  # the node is shared with other tests of the session
+
+
+def forget_repairs(api: Any, node: str) -> None:
+    """Remove this test's RemediationRequests and repair Jobs of a node the session's tests share."""
+    selector = f"faultline.io/node={node}"
+    kube.resources.delete_requests(api, label_selector=selector)
+    kube.batch(api).delete_collection_namespaced_job(
+        "faultline-system", label_selector=selector, propagation_policy="Background"
+    )
+    procs.wait_for(
+        "the repair Jobs gone",
+        lambda: not kube.batch(api).list_namespaced_job("faultline-system", label_selector=selector).items,
+        30,
+    )
