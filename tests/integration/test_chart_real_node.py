@@ -1,0 +1,331 @@
+"""The chart proven with real pods (issue 13 item 5): `helm install oci://<loopback registry>/faultline`
+(the chart pushed beside the image) into the local cluster with a real kubelet node, the project's image by
+digest, the session's FerretDB as `store.external.uri`, the agent on the simulated GPU backend (its control
+directory inside the agent's state hostPath, where the test writes with `simulator.inject`), repair Jobs in
+record-only mode.
+
+(a) the agent DaemonSet pod on the real node becomes Ready, stays Ready (no restart) and reports (an XID 79
+    on its simulated GPU: the fault in the store and the node's GpuHealthy condition False);
+(b) `helm upgrade` with quarantine, drain, remediation and janitor on, each one real pod on the real node
+    (the simulated node is cordoned meanwhile, so the scheduler puts them there): the real node is cordoned
+    and tainted, a real pod the test started there (asking for a GPU: the drain is gpuOnly, so it leaves
+    faultline's own pods) is evicted, a RemediationRequest is created, and the repair Job's pod runs on the
+    real node and only records ("would run"); the repair is validated and the node released;
+(c) `helm uninstall`: no pod of the release, no faultline taint, label or annotation on any node. What
+    outlives the release by design is asserted as such: the finished repair Job (ttlSecondsAfterFinished
+    1 h), the RemediationRequest (cluster-scoped record) and the agent's five conditions, True with reason
+    NoFaults (nothing removes them at uninstall); the test removes them itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from devtools import procs, realnode, tools
+from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
+from faultline import kube
+from faultline.conditions import OWNED_TYPES
+from faultline.errors import NotFoundError, TransientError
+from sources import simulator
+from workers import rules
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(900),  # the first real-node test starts the cluster: tools built, image pushed
+    pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (CI runs as root)"),
+]
+NODE = "real-node-01"
+RELEASE = "fl"
+WORKERS = ("quarantine", "drain", "remediation", "janitor")
+# the local cluster's own node labels (not faultline's product): which node is real, which simulated
+CLUSTER_LABELS = frozenset({realnode.LABEL, "faultline.io/simulated"})
+CHART_VERSION = yaml.safe_load((tools.REPO / "charts" / "faultline" / "Chart.yaml").read_text())["version"]
+
+
+def _helm(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([str(tools.binary("helm")), *args], capture_output=True, text=True, env=env,
+                          check=False, timeout=180)  # fmt: skip
+    assert done.returncode == 0, f"helm {' '.join(args[:2])}: {done.stderr.strip()}"
+    return done.stdout
+
+
+def _values(cluster: LocalCluster, uri: str, database: str, state: Path, *, workers: bool) -> dict[str, Any]:
+    assert cluster.real is not None
+    repository, _, digest = cluster.real.image.partition("@")
+    fast = {"lease": "10s", "resync_interval": "500ms"}
+    return {
+        "image": {"repository": repository, "digest": digest},
+        "store": {"database": database, "external": {"uri": uri}},
+        "agent": {
+            "gpuBackend": "sim",
+            "stateDir": str(state),
+            "ingestSocket": str(state.parent / "ingest" / "ingest.sock"),
+            "sysfsRoot": "",  # the host's NICs (and the pods' veths) are not this test's subject
+            "terminationGracePeriodSeconds": 10,
+            "nodeSelector": {"nvidia.com/gpu.present": None, "kubernetes.io/hostname": NODE},
+            "config": {"sim_dir": str(state / "sim"), "gpu_poll_interval": "500ms",
+                       "repair_poll_interval": "500ms", "snapshot_interval": "2s"},
+        },
+        "quarantine": {"enabled": workers, "replicas": 1, "holdDown": "3s",
+                       "breaker": {"maxShare": ""}, "config": fast},  # one GPU node: no breaker
+        "drain": {"enabled": workers, "replicas": 1, "gpuOnly": True,
+                  "config": {**fast, "poll": "300ms"}},
+        "remediation": {"enabled": workers, "replicas": 1, "config": fast},
+        "janitor": {"enabled": workers, "replicas": 1, "rebootTimeout": "60s", "validateTimeout": "45s",
+                    "config": {"lease": "10s", "poll": "300ms", "record_only": True}},
+    }  # fmt: skip
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _release_pods(api: Any, ns: str) -> list[dict[str, Any]]:
+    pods = kube.pods.list_all(api, field_selector=f"metadata.namespace={ns}")
+    return [
+        p for p in pods if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == RELEASE
+    ]
+
+
+def _component_pod(api: Any, ns: str, component: str) -> dict[str, Any] | None:
+    for pod in _release_pods(api, ns):
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get("app.kubernetes.io/component") == component and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            return pod
+    return None
+
+
+def _diagnosis(api: Any, ns: str, db: Any) -> str:
+    """What the node, the RemediationRequests, the store and each component's log say (a failed wait)."""
+    node = kube.nodes.read(api, NODE)
+    said = [f"node marks: {_faultline_marks(node)}", f"conditions: {kube.nodes.conditions(api, NODE)}"]
+    said += [f"RR: {r['spec']} {r.get('status')}" for r in kube.resources.list_requests(api)]
+    for name in ("faults", "repairs", "nodes"):
+        said += [f"{name}: {doc}" for doc in db[name].find({}, {"_id": 0}).limit(10)]
+    for pod in _release_pods(api, ns):
+        log = kube.core(api).read_namespaced_pod_log(pod["metadata"]["name"], ns, tail_lines=25)
+        said.append(f"--- {pod['metadata']['name']}:\n{log}")
+    return "\n".join(said)
+
+
+def _faultline_marks(node: dict[str, Any]) -> list[str]:
+    meta, spec = node["metadata"], node["spec"]
+    marks = [
+        f"label {k}"
+        for k in meta.get("labels") or {}
+        if k.startswith("faultline.io/") and k not in CLUSTER_LABELS
+    ]
+    marks += [f"annotation {k}" for k in meta.get("annotations") or {} if k.startswith("faultline.io/")]
+    marks += [f"taint {t['key']}" for t in spec.get("taints") or [] if t["key"].startswith("faultline.io/")]
+    if spec.get("unschedulable"):
+        marks.append("cordoned")
+    return marks
+
+
+@pytest.fixture
+def helm_env(tmp_path: Path) -> dict[str, str]:
+    tools.ensure("helm")
+    return {**os.environ, "HELM_CACHE_HOME": str(tmp_path / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(tmp_path / "helm" / "config"),
+            "HELM_DATA_HOME": str(tmp_path / "helm" / "data")}  # fmt: skip
+
+
+@pytest.fixture
+def store_db(mongo: LocalMongo) -> Iterator[tuple[str, Any]]:
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri, serverSelectionTimeoutMS=10_000)
+    name = f"t_chart_{uuid.uuid4().hex[:8]}"
+    try:
+        yield name, client[name]
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
+def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninstalls_on_a_real_node(
+    real_cluster: LocalCluster, real_store: str, store_db: tuple[str, Any], helm_env: dict[str, str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    assert real_cluster.real is not None
+    api = real_cluster.api()
+    core = kube.core(api)
+    database, db = store_db
+    suffix = uuid.uuid4().hex[:6]
+    ns, workload = f"fl-{suffix}", f"work-{suffix}"
+    state = tmp_path / "node" / "state"
+    (state / "sim").mkdir(parents=True)
+    uri = f"mongodb://{real_store}/?retryWrites=false&directConnection=true"
+    chart = f"oci://{real_cluster.real.registry.address}/faultline"
+    values = tmp_path / "values.yaml"
+    kubeconfig = str(real_cluster.kubeconfig)
+    sim_nodes = list(real_cluster.node_names)
+    try:
+        # -- (a) install: the agent alone, a real pod on the real node -----------------------------------
+        values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state, workers=False)))
+        _helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+              "--kubeconfig", kubeconfig, "--namespace", ns, "--create-namespace", "-f", str(values))  # fmt: skip
+        procs.wait_for("the agent pod Ready on the real node",
+                       lambda: _ready(_component_pod(api, ns, "agent") or {}), 180, interval=1)  # fmt: skip
+        agent = _component_pod(api, ns, "agent")
+        assert agent is not None and agent["spec"]["nodeName"] == NODE
+        image = agent["status"]["containerStatuses"][0]
+        assert image["imageID"].endswith(real_cluster.real.image.split("@")[1])
+        assert [p["spec"]["nodeName"] for p in _release_pods(api, ns)] == [NODE]  # the agent only
+
+        simulator.inject(NODE, 3, kind="xid", value=79, directory=state / "sim")
+
+        def gpu_condition() -> dict[str, str]:
+            return kube.nodes.conditions(api, NODE).get("GpuHealthy", {})
+
+        procs.wait_for("the real node's GpuHealthy condition False (XID 79)",
+                       lambda: gpu_condition().get("status") == "False", 90, interval=0.5)  # fmt: skip
+        assert "XID-79" in gpu_condition()["reason"], gpu_condition()
+        assert db["faults"].find_one({"node": NODE}) is not None, db.list_collection_names()
+
+        # -- (b) upgrade: every worker on, each a real pod on the real node --------------------------------
+        for sim in sim_nodes:  # the scheduler's only choice for the workers: the real node
+            kube.nodes.patch(api, sim, {"spec": {"unschedulable": True}})
+        kube.nodes.patch_status(api, NODE, {"capacity": {"nvidia.com/gpu": "8"},
+                                            "allocatable": {"nvidia.com/gpu": "8"}})  # fmt: skip
+        core.create_namespace({"metadata": {"name": workload}})  # type: ignore[arg-type]
+        procs.wait_for("the workload namespace's ServiceAccount",
+                       lambda: bool(core.read_namespaced_service_account("default", workload)), 30)  # fmt: skip
+        training = {
+            "metadata": {"name": "training"},
+            "spec": {"nodeName": NODE, "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "train", "image": real_cluster.real.pause,
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        }  # fmt: skip
+        core.create_namespaced_pod(workload, training)  # type: ignore[arg-type]
+        procs.wait_for("the training pod running on the real node",
+                       lambda: kube.pods.read(api, workload, "training").get("status", {}).get("phase")
+                       == "Running", 120, interval=0.5)  # fmt: skip
+
+        values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state, workers=True)))
+        _helm(helm_env, "upgrade", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+              "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
+        for worker in WORKERS:
+            procs.wait_for(f"the {worker} pod Ready on the real node",
+                           lambda w=worker: _ready(_component_pod(api, ns, w) or {}), 180, interval=1)  # type: ignore[misc]  # fmt: skip
+            pod = _component_pod(api, ns, worker)
+            assert pod is not None and pod["spec"]["nodeName"] == NODE, worker
+
+        def quarantined() -> bool:
+            node = kube.nodes.read(api, NODE)
+            taints = {t["key"] for t in node["spec"].get("taints") or []}
+            return bool(node["spec"].get("unschedulable")) and rules.FAULT_TAINT in taints
+
+        procs.wait_for("the real node cordoned and tainted", quarantined, 120, interval=0.5)
+
+        def evicted() -> bool:
+            try:
+                pod = kube.pods.read(api, workload, "training")
+            except NotFoundError:
+                return True
+            return pod.get("status", {}).get("phase") in ("Failed", "Succeeded")
+
+        procs.wait_for("the training pod evicted", evicted, 90, interval=0.5)
+
+        def request() -> dict[str, Any] | None:
+            found = [r for r in kube.resources.list_requests(api) if r["spec"]["node"] == NODE]
+            return found[0] if found else None
+
+        procs.wait_for(
+            "a RemediationRequest for the real node", lambda: request() is not None, 90, interval=0.5
+        )
+        rr = request()
+        assert rr is not None and rr["spec"]["action"] == "REBOOT", rr
+
+        def repair_pod() -> dict[str, Any] | None:
+            for pod in kube.pods.list_all(api, field_selector=f"metadata.namespace={ns}"):
+                if "job-name" in (pod["metadata"].get("labels") or {}):
+                    return pod
+            return None
+
+        procs.wait_for("the repair Job's pod succeeded",
+                       lambda: (repair_pod() or {}).get("status", {}).get("phase") == "Succeeded", 120,
+                       interval=0.5)  # fmt: skip
+        job_pod = repair_pod()
+        assert job_pod is not None and job_pod["spec"]["nodeName"] == NODE
+        assert job_pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+        log = core.read_namespaced_pod_log(job_pod["metadata"]["name"], ns)
+        assert "faultline janitor (record only): would run reboot:" in log, log
+
+        try:
+            procs.wait_for("the real node released (repair validated, hold-down over)",
+                           lambda: not _faultline_marks(kube.nodes.read(api, NODE)), 150, interval=0.5)  # fmt: skip
+        except TransientError as exc:
+            raise AssertionError(_diagnosis(api, ns, db)) from exc
+        procs.wait_for("GpuHealthy True again", lambda: gpu_condition().get("status") == "True", 60)
+        for pod in _release_pods(api, ns):  # no component was restarted through the whole scenario
+            restarts = [s["restartCount"] for s in pod["status"].get("containerStatuses") or []]
+            assert restarts == [0] and _ready(pod), (pod["metadata"]["name"], pod["status"])
+
+        # -- (c) uninstall: nothing of the release left ----------------------------------------------------
+        _helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
+        procs.wait_for("no pod of the release", lambda: not _release_pods(api, ns), 90, interval=0.5)
+        for node in kube.nodes.list_all(api):
+            marks = [m for m in _faultline_marks(node) if not (m == "cordoned" and node["metadata"]["name"]
+                                                                in sim_nodes)]  # fmt: skip
+            assert not marks, (node["metadata"]["name"], marks)
+        assert not kube.apps(api).list_namespaced_deployment(ns).items
+        assert not kube.apps(api).list_namespaced_daemon_set(ns).items
+        # outlive the release by design (see the module's docstring): the finished repair Job, the
+        # RemediationRequest, the agent's last word on the node's GPUs
+        jobs = [
+            j.metadata.name for j in kube.batch(api).list_namespaced_job(ns).items if j.metadata is not None
+        ]
+        assert jobs == [job_pod["metadata"]["labels"]["job-name"]], jobs
+        owned = {t: c["reason"] for t, c in kube.nodes.conditions(api, NODE).items() if t in OWNED_TYPES}
+        assert owned == dict.fromkeys(OWNED_TYPES, "NoFaults"), owned
+    finally:
+        subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
+                        "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,
+                       capture_output=True, check=False, timeout=180)  # fmt: skip
+        for name in (workload, ns):
+            with contextlib.suppress(ApiException):  # not created
+                core.delete_namespace(name, propagation_policy="Background")
+        for sim in sim_nodes:
+            kube.nodes.patch(api, sim, {"spec": {"unschedulable": None}})
+        for rr in kube.resources.list_requests(api):
+            if rr["spec"].get("node") == NODE:
+                kube.custom(api).delete_cluster_custom_object(
+                    kube.resources.RR_GROUP, kube.resources.RR_VERSION, kube.resources.RR_PLURAL,
+                    rr["metadata"]["name"],
+                )  # fmt: skip
+        node = kube.nodes.read(api, NODE)
+        kube.nodes.patch(api, NODE, {
+            "metadata": {
+                "labels": {k: None for k in node["metadata"].get("labels") or {}
+                           if k.startswith("faultline.io/") and k not in CLUSTER_LABELS},
+                "annotations": {k: None for k in node["metadata"].get("annotations") or {}
+                                if k.startswith("faultline.io/")},
+            },
+            "spec": {"unschedulable": None,
+                     "taints": [t for t in node["spec"].get("taints") or []
+                                if not t["key"].startswith("faultline.io/")] or None},
+        })  # fmt: skip
+        kube.nodes.patch_status(api, NODE, {"capacity": {"nvidia.com/gpu": None},
+                                            "allocatable": {"nvidia.com/gpu": None}})  # fmt: skip
+        left = [t for t in kube.nodes.conditions(api, NODE) if t in OWNED_TYPES]
+        kube.nodes.write_conditions(api, NODE, [], left)
+
+        def namespaces_gone() -> bool:
+            names = {n.metadata.name for n in core.list_namespace().items if n.metadata is not None}
+            return not names & {ns, workload}
+
+        procs.wait_for("the test's namespaces gone", namespaces_gone, 120, interval=1)
