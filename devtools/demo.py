@@ -206,12 +206,20 @@ class DemoStack:
 
     def _real_values(self) -> dict[str, Any]:
         """With a real node: the project's image by digest from the loopback registry, the agent on every
-        node (the real one has no GPU label), and repair Jobs that only record what they would do (a Job
-        on the real node must never reboot this machine)."""
+        node (the real one has no GPU label) with its host paths under the demo's directory (the real node
+        is this machine: the chart's defaults would leave /var/lib/faultline and /run/faultline behind),
+        and repair Jobs that only record what they would do (a Job on the real node must never reboot
+        this machine)."""
         if self.cluster is None or self.cluster.real is None:
             return {}
         repository, _, digest = self.cluster.real.image.partition("@")
-        agent = {**DEMO_VALUES["agent"], "nodeSelector": {"nvidia.com/gpu.present": None}}
+        host = self.dir / "h"  # the agent's hostPaths on this machine, removed with the demo (short: the
+        # simulated nodes' agents nest the same paths under their own directory, and a socket's path
+        # must stay under 108 bytes)
+        agent = {
+            **DEMO_VALUES["agent"], "nodeSelector": {"nvidia.com/gpu.present": None},
+            "stateDir": str(host / "state"), "ingestSocket": str(host / "ingest.sock"),
+        }  # fmt: skip
         record = {**DEMO_VALUES["janitor"]["config"], "record_only": True}
         janitor = {**DEMO_VALUES["janitor"], "config": record}
         return {"image": {"repository": repository, "digest": digest}, "agent": agent, "janitor": janitor}

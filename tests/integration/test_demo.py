@@ -108,6 +108,9 @@ def test_the_demo_plays_every_case_in_time_and_leaves_nothing() -> None:
 def test_the_demo_with_a_real_node_runs_the_charts_agent_as_a_real_pod() -> None:
     """As root (CI): a real kubelet node joins, the chart's agent DaemonSet pod runs there from the
     project's image and passes its readiness probe; the cases on the simulated nodes play as without."""
+    defaults = [Path("/var/lib/faultline"), Path("/run/faultline")]  # the chart's agent hostPaths
+    before = {p for p in defaults if p.exists()}
     output, _, _ = _run_demo("--real-node")
     _, line = _timeline(output, "REAL-NODE")
     assert re.search(r"pod faultline-agent-\w+ Ready after [\d.]+ s ok$", line), line
+    assert {p for p in defaults if p.exists()} == before  # the real node is this machine: nothing left
