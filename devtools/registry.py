@@ -60,7 +60,8 @@ class LocalRegistry:
     def push_project_image(self) -> str:
         """The project's image (`make image`; built here when missing) pushed by digest, signed, its SBOM
         attested and the chart pushed beside it: `image/supply-chain.sh push`. Returns the reference."""
-        if not (IMAGE_DIR / "digest").is_file():
+        if not (IMAGE_DIR / "digest").is_file() or _built_from() != _head():
+            # built from another commit: its chart and code are not the ones under test
             _script(["bash", str(tools.REPO / "image" / "build.sh")], "make image", timeout=1800)
         tools.ensure("crane", "cosign", "syft", "helm")
         _script(["bash", str(SUPPLY_CHAIN), "push", self.address], "image/supply-chain.sh push", timeout=900)
@@ -97,3 +98,17 @@ def _script(argv: list[str], what: str, *, timeout: float) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)  # noqa: S603
     if done.returncode != 0:
         raise ConfigError(f"{what} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+def _built_from() -> str:
+    """The commit the image in IMAGE_DIR was built from ("" when unknown)."""
+    path = IMAGE_DIR / "revision"
+    return path.read_text().strip() if path.is_file() else ""
+
+
+def _head() -> str:
+    done = subprocess.run(  # noqa: S603 - our own arguments
+        ["git", "-C", str(tools.REPO), "rev-parse", "HEAD"],  # noqa: S607 - git from PATH, as image/build.sh
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip()
