@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup system-deps tools replay check test demo bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
+.PHONY: setup system-deps tools test-tools replay check test demo bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
 .PHONY: image image-store lock image-tools sbom push verify-image registry
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
@@ -110,7 +110,12 @@ registry: image-tools
 system-deps:
 	bash tools/system-deps.sh
 
-test: system-deps check tools
+# Every tool the suite uses, built before the tests (not inside a test's time limit): the control plane,
+# FerretDB and helm, the supply-chain tools (image tests) and the real node's runtime (real-node tests).
+test-tools:
+	bash tools/build.sh etcd ferretdb kubernetes helm crane syft cosign containerd runc pause
+
+test: system-deps check test-tools
 	$(BIN)/pytest
 
 # The whole chart on a local cluster of simulated GPU nodes, four scripted faults shown live, a timeline
