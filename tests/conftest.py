@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,14 @@ def write_pack(tmp_path: Path) -> Callable[[str, str], Path]:
 def sample_dir() -> Path:
     assert SAMPLE.is_dir(), "the sample corpus is committed under benchmarks/corpus/sample"
     return SAMPLE
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Tests that run the CLI, which configures the root logger (it is the entry point): put it back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.captureWarnings(capture=False)

@@ -22,25 +22,14 @@ import pytest
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
-from faultline.errors import ConflictError
 from faultline.models import fault_id
 from tests.integration.test_agent import poll, running_agent, sim, start_agent, stop_agent
+from tests.integration.test_workers_e2e import forget_repairs, system_namespace
 from workers import breaker, drainer, janitor, quarantine, remediation
 
 pytestmark = pytest.mark.integration
 GPU = ("2", "0000:3a:00")  # the simulator's GPU 2
 REPAIRED = re.compile("reads healthy after")
-
-
-def _system_namespace(api: Any) -> None:
-    core = kube.core(api)
-    kube.resources.ensure_crds(api)
-    with contextlib.suppress(ConflictError), kube.client.translated("create", "Namespace faultline-system"):
-        core.create_namespace({"metadata": {"name": "faultline-system"}})
-    with contextlib.suppress(ConflictError), kube.client.translated("create", "ServiceAccount"):
-        core.create_namespaced_service_account(
-            "faultline-system", {"metadata": {"name": "faultline-janitor"}}
-        )
 
 
 @contextlib.contextmanager
@@ -50,7 +39,7 @@ def pipeline(
 ) -> Iterator[store.Store]:  # fmt: skip
     """Every worker (one replica each) and the node's agent, which reads verified repairs every 0.3 s;
     all stopped, and the node uncordoned, however the test ends."""
-    _system_namespace(api)
+    system_namespace(api)
     st = store.Store(mongo_db)
     st.ensure_indexes()
     fast = {"lease": dt.timedelta(seconds=5), "threads": 2}
@@ -73,6 +62,7 @@ def pipeline(
             w.halt()
         stop_agent(agent)
         kube.core(api).patch_node(node, {"spec": {"unschedulable": None}})
+        forget_repairs(api, node)  # the node is shared with other tests of the session
 
 
 def _reset_jobs(api: Any, node: str, since: dt.datetime) -> list[dict[str, Any]]:

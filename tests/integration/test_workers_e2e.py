@@ -30,13 +30,7 @@ def test_xid_to_repair_to_uncordon(
 ) -> None:
     node = cluster.node_names[3]
     core = kube.core(api)
-    kube.resources.ensure_crds(api)
-    with contextlib.suppress(ConflictError), kube.client.translated("create", "Namespace faultline-system"):
-        core.create_namespace({"metadata": {"name": "faultline-system"}})
-    with contextlib.suppress(ConflictError), kube.client.translated("create", "ServiceAccount"):
-        core.create_namespaced_service_account(
-            "faultline-system", {"metadata": {"name": "faultline-janitor"}}
-        )
+    system_namespace(api)
     core.patch_namespace(namespace, {"metadata": {"labels": {drainer.MODE_LABEL: "Immediate"}}})
     for i in range(2):
         core.create_namespaced_pod(namespace, pod(f"train-{i}", node, labels={"app": "train"}))
@@ -205,3 +199,15 @@ def forget_repairs(api: Any, node: str) -> None:
         lambda: not kube.batch(api).list_namespaced_job("faultline-system", label_selector=selector).items,
         30,
     )
+
+
+def system_namespace(api: Any) -> None:
+    """The CRD, and the janitor's namespace and ServiceAccount (created once per session)."""
+    core = kube.core(api)
+    kube.resources.ensure_crds(api)
+    with contextlib.suppress(ConflictError), kube.client.translated("create", "Namespace faultline-system"):
+        core.create_namespace({"metadata": {"name": "faultline-system"}})
+    with contextlib.suppress(ConflictError), kube.client.translated("create", "ServiceAccount"):
+        core.create_namespaced_service_account(
+            "faultline-system", {"metadata": {"name": "faultline-janitor"}}
+        )

@@ -9,7 +9,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -18,15 +17,7 @@ from cli import app as cli_app
 from faultline import logs
 from workers import common
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    logging.captureWarnings(capture=False)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def _record(msg: str = "cordoned", **extra: object) -> logging.LogRecord:

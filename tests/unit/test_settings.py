@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +17,7 @@ from workers import drainer, janitor, quarantine, remediation
 URI = "mongodb://admin:hunter2@db:27017"
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """The CLI configures the root logger (it is the entry point); put it back after each test."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    logging.captureWarnings(capture=False)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def _file(tmp_path: Path, text: str) -> Path:
