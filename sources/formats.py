@@ -108,9 +108,21 @@ class Context:
 
 _ISO_CACHE: dict[str, float] = {}
 _3164_CACHE: dict[tuple[int, str], float] = {}
-_UPTIME = re.compile(r"^\[\s*(\d+)\.(\d+)\] ")
-_DMESG_T = re.compile(r"^\[(?:[A-Z][a-z]{2}) ([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\] ")
-_ISO_DMESG = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.](\d+)([+-]\d\d:?\d\d|Z) ")
+# ASCII digits only (a Unicode \d also matches digits int() refuses, such as '²'), and no more than a
+# float holds: a line is untrusted text, and one exception in a parser would stop the agent's dataflow
+_UPTIME = re.compile(r"^\[\s*(\d{1,12})\.(\d{1,9})\] ", re.ASCII)
+_DMESG_T = re.compile(
+    r"^\[(?:[A-Z][a-z]{2}) ([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\] ", re.ASCII
+)
+_ISO_DMESG = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.](\d+)([+-]\d\d:?\d\d|Z) ", re.ASCII)
+_MAX_FRACTION = 9  # digits of a fraction of a second that count (nanoseconds); later ones are dropped
+
+
+def uint(text: str, digits: int = 20) -> int | None:
+    """`text` as an unsigned integer of at most `digits` ASCII digits (20: any u64), else None."""
+    if 0 < len(text) <= digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
 
 
 def _cache_put(cache: dict[Any, float], key: Any, value: float) -> float:
@@ -126,9 +138,9 @@ def iso_epoch(text: str) -> float | None:
     rest = text[19:]
     if rest[:1] in (".", ","):
         end = 1
-        while end < len(rest) and rest[end].isdigit():
+        while end < len(rest) and "0" <= rest[end] <= "9":
             end += 1
-        frac, rest = rest[1:end], rest[end:]
+        frac, rest = rest[1:end][:_MAX_FRACTION], rest[end:]
     if rest and rest != "Z":
         zone = rest
     key = base + zone
@@ -177,8 +189,8 @@ def _strip_pri(line: str) -> tuple[str | None, bool]:
     end = line.find(">", 1, 5)
     if end <= 0:
         return None, False
-    pri = line[1:end]
-    return line[end + 1 :], pri.isdigit() and int(pri) >> 3 == 0
+    pri = uint(line[1:end], 3)
+    return line[end + 1 :], pri is not None and pri >> 3 == 0
 
 
 def parse_rfc3164(line: str, ctx: Context) -> Parsed | None:
@@ -279,13 +291,15 @@ def journal_record(fields: dict[str, Any]) -> Parsed | None:
     """A journal entry (from `-o json` or `-o export`) as a Parsed line."""
     message = _journal_message(fields.get("MESSAGE"))
     stamp = fields.get("__REALTIME_TIMESTAMP")
-    if message is None or not isinstance(stamp, str) or not stamp.isdigit():
+    micros = uint(stamp) if isinstance(stamp, str) else None
+    if message is None or micros is None:
         return None
-    ts = int(stamp) / 1e6
+    ts = micros / 1e6
     boot = None
     mono = fields.get("_SOURCE_MONOTONIC_TIMESTAMP") or fields.get("__MONOTONIC_TIMESTAMP")
-    if isinstance(mono, str) and mono.isdigit():
-        boot = ts - int(mono) / 1e6
+    uptime = uint(mono) if isinstance(mono, str) else None
+    if uptime is not None:
+        boot = ts - uptime / 1e6
     host = fields.get("_HOSTNAME")
     # _TRANSPORT is set by journald itself; SYSLOG_IDENTIFIER by the writer (used when it is alone)
     origin = fields.get("_TRANSPORT", fields.get("SYSLOG_IDENTIFIER"))
@@ -298,7 +312,7 @@ def parse_json(line: str, ctx: Context) -> Parsed | None:
         return None
     try:
         fields = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than the decoder recurses
         return None
     return journal_record(fields) if isinstance(fields, dict) else None
 
@@ -334,12 +348,15 @@ def parse_kmsg(line: str, ctx: Context) -> Parsed | None:
     if not sep:
         return None
     fields = head.split(",")
-    if len(fields) < 4 or not (fields[0].isdigit() and fields[1].isdigit() and fields[2].isdigit()):
+    if len(fields) < 4:
+        return None
+    prio, seq, micros = uint(fields[0]), uint(fields[1]), uint(fields[2])
+    if prio is None or seq is None or micros is None:
         return None
     base = ctx.boot_base if ctx.boot_base is not None else 0.0
     if "\\x0a" in message:  # kmsg escapes a multi-line record's newlines
         message = join_lines(message.replace("\\x09", " ").split("\\x0a"))
-    return Parsed(base + int(fields[2]) / 1e6, None, message, base, int(fields[0]) >> 3 == 0)
+    return Parsed(base + micros / 1e6, None, message, base, prio >> 3 == 0)
 
 
 PARSERS = {
@@ -396,8 +413,9 @@ def last_uptime(lines: list[str]) -> float | None:
             best = int(m.group(1)) + int(m.group(2)) / 10 ** len(m.group(2))
             continue
         head = ln.partition(";")[0].split(",")
-        if len(head) >= 4 and head[2].isdigit():
-            best = int(head[2]) / 1e6
+        micros = uint(head[2]) if len(head) >= 4 else None
+        if micros is not None:
+            best = micros / 1e6
     return best
 
 
