@@ -12,7 +12,14 @@ from faultline.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO / "tools" / "build.sh"
 TOOLS = {
-    "kubernetes": ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet"),
+    "kubernetes": (
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubectl",
+        "kubelet",
+        "kube-proxy",
+    ),
     "etcd": ("etcd",),
     "ferretdb": ("ferretdb",),
     "helm": ("helm",),

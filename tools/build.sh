@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the local infrastructure for tests and the demo into .cache/bin from the Go module proxy:
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, etcd, helm and ferretdb; the
-# supply-chain tools the image build uses (syft, cosign, crane), built only when named (make image / make
-# verify-image do); and the real nodes' runtime (containerd with its shim and ctr, runc with seccomp through
-# cgo and Debian's libseccomp-dev, the static pause program), built only when named (the real-node fixture
-# and `faultline dev cluster up --real-nodes` do).
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy (the real nodes'
+# Service routing), etcd, helm and ferretdb; the supply-chain tools the image build uses (syft, cosign,
+# crane), built only when named (make image / make verify-image do); and the real nodes' runtime
+# (containerd with its shim and ctr, runc with seccomp through cgo and Debian's libseccomp-dev, the static
+# pause program), built only when named (the real-node fixture and `faultline dev cluster up --real-nodes`
+# do).
 # Each tool is stamped with a hash of its module files and the Go version; a current tool is skipped,
 # and the Go build cache makes a rebuild after a small change quick.
 #
@@ -73,9 +74,10 @@ tools=("$@")
 for tool in "${tools[@]}"; do
   case $tool in
     kubernetes)
-      build kubernetes "$(kube_ldflags)" kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet -- \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet ;;
+      build kubernetes "$(kube_ldflags)" kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet \
+        kube-proxy -- k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet \
+        k8s.io/kubernetes/cmd/kube-proxy ;;
     etcd)
       build etcd "" etcd -- go.etcd.io/etcd/server/v3 ;;
     helm)

@@ -18,7 +18,7 @@ godebug=$(grep -m1 '^godebug ' "$mod" || true)
   [ -n "$godebug" ] && echo "$godebug"
   echo
   echo "tool ("
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
+  for cmd in kube-apiserver kube-controller-manager kube-proxy kube-scheduler kubectl kubelet; do
     echo "	k8s.io/kubernetes/cmd/${cmd}"
   done
   echo ")"
