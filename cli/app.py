@@ -460,6 +460,25 @@ def worker_janitor(cfg: config.JanitorConfig) -> None:
     run.janitor_main(cfg)
 
 
+@options.command(app, "uninstall", config.UninstallConfig)
+def uninstall(cfg: config.UninstallConfig) -> None:
+    """Take back faultline's marks from the cluster after its release is removed (the chart's post-delete
+    hook): node conditions, cordons, taints, labels and annotations faultline added, its
+    RemediationRequests and repair Jobs. Waits for the release's pods to stop first."""
+    from faultline import kube  # noqa: PLC0415
+    from workers import uninstall as cleanup  # noqa: PLC0415
+
+    api = kube.api_client(cfg.kubeconfig)
+    report = cleanup.run(api, namespace=cfg.namespace, repair_namespace=cfg.repair_namespace or cfg.namespace,
+                         instance=cfg.instance, wait=cfg.wait.total_seconds())  # fmt: skip
+    out.print(
+        f"released {len(report.nodes_released)} nodes, removed the conditions of "
+        f"{len(report.conditions_removed)}, deleted {len(report.requests_deleted)} RemediationRequests and "
+        f"{len(report.jobs_deleted)} repair Jobs",
+        markup=False,
+    )
+
+
 @options.command(app, "status", config.StatusConfig)
 def status(cfg: config.StatusConfig) -> None:
     """The quarantine circuit breaker, the nodes faultline holds, and the parked work items (failed

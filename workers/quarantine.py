@@ -195,7 +195,7 @@ class QuarantineWorker:
         meta, spec = obj.get("metadata", {}), obj.get("spec", {})
         labels = dict(meta.get("labels") or {})
         annotations = dict(meta.get("annotations") or {})
-        owned = _owned(annotations.get(OWNED_ANNOTATION), node)
+        owned = owned_record(annotations.get(OWNED_ANNOTATION), node)
         taints = tuple(sorted((t["key"], t.get("value", ""), t["effect"]) for t in spec.get("taints") or ()))
         state = rules.NodeState(bool(spec.get("unschedulable")), taints, labels, owned)
         faults, last_resolved = self._open_faults(node, docs)
@@ -352,7 +352,7 @@ def _open_fault(doc: store.FaultRecord) -> rules.OpenFault:
                            doc.count, doc.first_seen, stage)  # fmt: skip
 
 
-def _owned(raw: str | None, node: str) -> rules.Owned:
+def owned_record(raw: str | None, node: str) -> rules.Owned:
     """faultline's ownership record; a damaged one is reported and treated as owning nothing (so nothing
     of anyone else's is removed)."""
     if not raw:

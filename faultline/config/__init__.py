@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from faultline.config.agent import AgentConfig
 from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
-from faultline.config.commands import RetentionConfig, StatusConfig
+from faultline.config.commands import RetentionConfig, StatusConfig, UninstallConfig
 from faultline.config.workers import (
     DrainConfig,
     DrainTuning,
@@ -27,10 +27,12 @@ COMPONENTS: dict[str, type[Component]] = {
     "janitor": JanitorConfig,
     "status": StatusConfig,
     "retention": RetentionConfig,
+    "uninstall": UninstallConfig,
 }
 
 __all__ = [
     "COMPONENTS", "AgentConfig", "Component", "DrainConfig", "DrainTuning", "Duration", "Flag",
     "JanitorConfig", "JanitorTuning", "QuarantineConfig", "QuarantineTuning", "RemediationConfig",
-    "RemediationTuning", "RepairCaps", "RetentionConfig", "Seconds", "StatusConfig", "parse_seconds", "part",
+    "RemediationTuning", "RepairCaps", "RetentionConfig", "Seconds", "StatusConfig", "UninstallConfig",
+    "parse_seconds", "part",
 ]  # fmt: skip

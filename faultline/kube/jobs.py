@@ -1,4 +1,5 @@
-"""Jobs: create one, read one (plain JSON). AlreadyExistsError when a Job of that name exists."""
+"""Jobs: create one, read, list and delete them (plain JSON). AlreadyExistsError when a Job of that name
+exists."""
 
 from __future__ import annotations
 
@@ -25,3 +26,11 @@ def list_all(api: ApiClient, namespace: str, *, label_selector: str | None = Non
         "list", f"Jobs in {namespace}", batch(api).list_namespaced_job, namespace, **kwargs
     )["items"]
     return items
+
+
+def delete(api: ApiClient, namespace: str, name: str) -> None:
+    """Delete a Job and, in the background, its pods; NotFoundError when it is gone already."""
+    send_json(
+        "delete", f"Job {namespace}/{name}", batch(api).delete_namespaced_job, name, namespace,
+        propagation_policy="Background",
+    )  # fmt: skip

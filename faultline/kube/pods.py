@@ -19,13 +19,17 @@ def on_node(api: ApiClient, node: str) -> list[dict[str, Any]]:
 
 
 def list_all(
-    api: ApiClient, *, field_selector: str | None = None, what: str = "pods"
-) -> list[dict[str, Any]]:
-    """Pods of every namespace (optionally by a field selector) as plain JSON."""
-    kwargs = {"field_selector": field_selector} if field_selector else {}
-    items: list[dict[str, Any]] = read_json("list", what, core(api).list_pod_for_all_namespaces, **kwargs)[
-        "items"
-    ]
+    api: ApiClient, *, field_selector: str | None = None, label_selector: str | None = None,
+    namespace: str | None = None, what: str = "pods",
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Pods of every namespace, or of `namespace`, optionally by field and label selectors, as plain
+    JSON."""
+    kwargs = {k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v}
+    if namespace is not None:
+        found = read_json("list", what, core(api).list_namespaced_pod, namespace, **kwargs)
+    else:
+        found = read_json("list", what, core(api).list_pod_for_all_namespaces, **kwargs)
+    items: list[dict[str, Any]] = found["items"]
     return items
 
 

@@ -41,14 +41,16 @@ STORE_KINDS = {("StatefulSet", "fl-postgres"), ("Service", "fl-postgres"), ("Dep
                ("Service", "fl-ferretdb")}  # fmt: skip
 
 
-def render(*sets: str, namespace: str = NS) -> list[dict[str, Any]]:
+def render(*sets: str, namespace: str = NS, hooks: bool = False) -> list[dict[str, Any]]:
+    """The release's objects (or, with `hooks`, only its hooks' objects)."""
     argv = [str(tools.binary("helm")), "template", "fl", str(CHART), "--namespace", namespace]
     for s in sets:
         argv += ["--set", s]
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
     if out.returncode:
         raise ValueError(out.stderr.strip())
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return [d for d in docs if ("helm.sh/hook" in (d["metadata"].get("annotations") or {})) == hooks]
 
 
 def workloads(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -83,8 +85,8 @@ def test_helm_lint_strict() -> None:
 def test_defaults_monitor_only_with_the_embedded_store() -> None:
     docs = render()
     assert {k for k, _ in kinds(docs)} == {
-        "Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "ConfigMap",
-        "Service", "StatefulSet", "Deployment",
+        "Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet",
+        "ConfigMap", "Service", "StatefulSet", "Deployment",
     }  # fmt: skip
     assert kinds(docs) >= STORE_KINDS
     assert {n for k, n in kinds(docs) if k == "Deployment"} == {"fl-ferretdb"}  # no worker
@@ -122,6 +124,32 @@ def test_defaults_monitor_only_with_the_embedded_store() -> None:
     )
     assert claim["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "fast"
     assert claim["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "20Gi"
+
+
+def test_the_uninstall_hook_takes_back_the_marks_with_its_own_narrow_identity() -> None:
+    docs = render(*ALL_ON, "janitor.namespace=repairs", hooks=True)
+    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "post-delete" for d in docs)
+    by_kind = {(d["kind"], d["metadata"].get("namespace", "")): d for d in docs}
+    job = by_kind[("Job", NS)]
+    weights = {k: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for k, d in by_kind.items()}
+    assert all(w < weights[("Job", NS)] for k, w in weights.items() if k[0] != "Job")  # identity first
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["args"][:3] == ["uninstall", "--instance=fl", "--repair-namespace=repairs"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["restartPolicy"] == "Never"
+    tolerated = {t["key"] for t in pod["tolerations"]}
+    assert tolerated == {"faultline.io/fault", "node.kubernetes.io/unschedulable"}
+    cluster_rules = by_kind[("ClusterRole", "")]["rules"]
+    assert {r["resources"][0]: tuple(r["verbs"]) for r in cluster_rules} == {
+        "nodes": ("get", "list", "patch"), "nodes/status": ("get", "patch"),
+        "remediationrequests": ("list", "deletecollection"),
+    }  # fmt: skip
+    assert by_kind[("Role", NS)]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert by_kind[("Role", "repairs")]["rules"] == [
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "delete"]}
+    ]
+    assert not render("cleanup.enabled=false", hooks=True)
 
 
 def test_an_external_store_brings_no_store_objects() -> None:

@@ -6,15 +6,15 @@ record-only mode.
 
 (a) the agent DaemonSet pod on the real node becomes Ready, stays Ready (no restart) and reports (an XID 79
     on its simulated GPU: the fault in the store and the node's GpuHealthy condition False);
-(b) `helm upgrade` with quarantine, drain, remediation and janitor on, each one real pod on the real node
-    (the simulated node is cordoned meanwhile, so the scheduler puts them there): the real node is cordoned
-    and tainted, a real pod the test started there (asking for a GPU: the drain is gpuOnly, so it leaves
-    faultline's own pods) is evicted, a RemediationRequest is created, and the repair Job's pod runs on the
-    real node and only records ("would run"); the repair is validated and the node released;
-(c) `helm uninstall`: no pod of the release, no faultline taint, label or annotation on any node. What
-    outlives the release by design is asserted as such: the finished repair Job (ttlSecondsAfterFinished
-    1 h), the RemediationRequest (cluster-scoped record) and the agent's five conditions, True with reason
-    NoFaults (nothing removes them at uninstall); the test removes them itself.
+(b) `helm upgrade` switching the workers on one at a time, as the README says, each one real pod on the
+    real node (the workers' nodeSelector and tolerations put them there, cordoned or not), and each step
+    doing its part before the next: quarantine cordons and taints the real node; drain evicts a real pod the
+    test started there (asking for a GPU: the drain is gpuOnly, so it leaves faultline's own pods);
+    remediation creates a RemediationRequest; the janitor's repair Job pod runs on the real node and only
+    records ("would run"), the repair is validated and the node released;
+(c) `helm uninstall`: the post-delete hook (`faultline uninstall`, a real pod) takes back what the
+    components left: no pod, Job or RemediationRequest of the release, none of the agent's conditions, no
+    faultline taint, label or annotation on any node, and an operator's cordon kept.
 """
 
 from __future__ import annotations
@@ -61,12 +61,19 @@ def _helm(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def _values(cluster: LocalCluster, uri: str, database: str, state: Path, *, workers: bool) -> dict[str, Any]:
+def _values(
+    cluster: LocalCluster, uri: str, database: str, state: Path, *, workers: tuple[str, ...] = ()
+) -> dict[str, Any]:
     assert cluster.real is not None
     repository, _, digest = cluster.real.image.partition("@")
     fast = {"lease": "10s", "resync_interval": "500ms"}
+    # the workers run on the real node even when faultline has cordoned and tainted it
+    place = {"nodeSelector": {"kubernetes.io/hostname": NODE},
+             "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"},
+                             {"key": rules.FAULT_TAINT, "operator": "Exists"}]}  # fmt: skip
     return {
         "image": {"repository": repository, "digest": digest},
+        "cleanup": {"nodeSelector": {"kubernetes.io/hostname": NODE}},
         "store": {"database": database, "external": {"uri": uri}},
         "agent": {
             "gpuBackend": "sim",
@@ -78,13 +85,14 @@ def _values(cluster: LocalCluster, uri: str, database: str, state: Path, *, work
             "config": {"sim_dir": str(state / "sim"), "gpu_poll_interval": "500ms",
                        "repair_poll_interval": "500ms", "snapshot_interval": "2s"},
         },
-        "quarantine": {"enabled": workers, "replicas": 1, "holdDown": "3s",
-                       "breaker": {"maxShare": ""}, "config": fast},  # one GPU node: no breaker
-        "drain": {"enabled": workers, "replicas": 1, "gpuOnly": True,
-                  "config": {**fast, "poll": "300ms"}},
-        "remediation": {"enabled": workers, "replicas": 1, "config": fast},
-        "janitor": {"enabled": workers, "replicas": 1, "rebootTimeout": "60s", "validateTimeout": "45s",
-                    "config": {"lease": "10s", "poll": "300ms", "record_only": True}},
+        "quarantine": {"enabled": "quarantine" in workers, "replicas": 1, "holdDown": "3s",
+                       "breaker": {"maxShare": ""}, "config": fast, **place},  # one GPU node: no breaker
+        "drain": {"enabled": "drain" in workers, "replicas": 1, "gpuOnly": True,
+                  "config": {**fast, "poll": "300ms"}, **place},
+        "remediation": {"enabled": "remediation" in workers, "replicas": 1, "config": fast, **place},
+        "janitor": {"enabled": "janitor" in workers, "replicas": 1, "rebootTimeout": "60s",
+                    "validateTimeout": "45s", "config": {"lease": "10s", "poll": "300ms", "record_only": True},
+                    **place},
     }  # fmt: skip
 
 
@@ -175,7 +183,7 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
     sim_nodes = list(real_cluster.node_names)
     try:
         # -- (a) install: the agent alone, a real pod on the real node -----------------------------------
-        values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state, workers=False)))
+        values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state)))
         _helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
               "--kubeconfig", kubeconfig, "--namespace", ns, "--create-namespace", "-f", str(values))  # fmt: skip
         procs.wait_for("the agent pod Ready on the real node",
@@ -196,8 +204,8 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
         assert "XID-79" in gpu_condition()["reason"], gpu_condition()
         assert db["faults"].find_one({"node": NODE}) is not None, db.list_collection_names()
 
-        # -- (b) upgrade: every worker on, each a real pod on the real node --------------------------------
-        for sim in sim_nodes:  # the scheduler's only choice for the workers: the real node
+        # -- (b) upgrades: the workers on one at a time, each doing its part ---------------------------------
+        for sim in sim_nodes:  # nothing of the test's lands on a simulated node
             kube.nodes.patch(api, sim, {"spec": {"unschedulable": True}})
         kube.nodes.patch_status(api, NODE, {"capacity": {"nvidia.com/gpu": "8"},
                                             "allocatable": {"nvidia.com/gpu": "8"}})  # fmt: skip
@@ -215,12 +223,13 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
                        lambda: kube.pods.read(api, workload, "training").get("status", {}).get("phase")
                        == "Running", 120, interval=0.5)  # fmt: skip
 
-        values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state, workers=True)))
-        _helm(helm_env, "upgrade", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-              "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
-        for worker in WORKERS:
+        def switch_on(worker: str) -> None:
+            on = WORKERS[: WORKERS.index(worker) + 1]
+            values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state, workers=on)))
+            _helm(helm_env, "upgrade", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+                  "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
             procs.wait_for(f"the {worker} pod Ready on the real node",
-                           lambda w=worker: _ready(_component_pod(api, ns, w) or {}), 180, interval=1)  # type: ignore[misc]  # fmt: skip
+                           lambda: _ready(_component_pod(api, ns, worker) or {}), 180, interval=1)  # fmt: skip
             pod = _component_pod(api, ns, worker)
             assert pod is not None and pod["spec"]["nodeName"] == NODE, worker
 
@@ -229,8 +238,6 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
             taints = {t["key"] for t in node["spec"].get("taints") or []}
             return bool(node["spec"].get("unschedulable")) and rules.FAULT_TAINT in taints
 
-        procs.wait_for("the real node cordoned and tainted", quarantined, 120, interval=0.5)
-
         def evicted() -> bool:
             try:
                 pod = kube.pods.read(api, workload, "training")
@@ -238,17 +245,9 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
                 return True
             return pod.get("status", {}).get("phase") in ("Failed", "Succeeded")
 
-        procs.wait_for("the training pod evicted", evicted, 90, interval=0.5)
-
         def request() -> dict[str, Any] | None:
             found = [r for r in kube.resources.list_requests(api) if r["spec"]["node"] == NODE]
             return found[0] if found else None
-
-        procs.wait_for(
-            "a RemediationRequest for the real node", lambda: request() is not None, 90, interval=0.5
-        )
-        rr = request()
-        assert rr is not None and rr["spec"]["action"] == "REBOOT", rr
 
         def repair_pod() -> dict[str, Any] | None:
             for pod in kube.pods.list_all(api, field_selector=f"metadata.namespace={ns}"):
@@ -256,6 +255,23 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
                     return pod
             return None
 
+        switch_on("quarantine")
+        procs.wait_for("the real node cordoned and tainted", quarantined, 120, interval=0.5)
+        assert not evicted() and request() is None  # quarantine's part only
+
+        switch_on("drain")
+        procs.wait_for("the training pod evicted", evicted, 90, interval=0.5)
+        assert request() is None
+
+        switch_on("remediation")
+        procs.wait_for(
+            "a RemediationRequest for the real node", lambda: request() is not None, 90, interval=0.5
+        )
+        rr = request()
+        assert rr is not None and rr["spec"]["action"] == "REBOOT", rr
+        assert repair_pod() is None and quarantined()  # no janitor yet: no repair, the node held
+
+        switch_on("janitor")
         procs.wait_for("the repair Job's pod succeeded",
                        lambda: (repair_pod() or {}).get("status", {}).get("phase") == "Succeeded", 120,
                        interval=0.5)  # fmt: skip
@@ -275,23 +291,22 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
             restarts = [s["restartCount"] for s in pod["status"].get("containerStatuses") or []]
             assert restarts == [0] and _ready(pod), (pod["metadata"]["name"], pod["status"])
 
-        # -- (c) uninstall: nothing of the release left ----------------------------------------------------
+        # -- (c) uninstall: the post-delete hook takes back what the components left ---------------------
+        kube.nodes.patch(api, NODE, {"spec": {"unschedulable": True}})  # an operator's cordon: it stays
         _helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
         procs.wait_for("no pod of the release", lambda: not _release_pods(api, ns), 90, interval=0.5)
         for node in kube.nodes.list_all(api):
-            marks = [m for m in _faultline_marks(node) if not (m == "cordoned" and node["metadata"]["name"]
-                                                                in sim_nodes)]  # fmt: skip
-            assert not marks, (node["metadata"]["name"], marks)
+            name = node["metadata"]["name"]
+            marks = [
+                m for m in _faultline_marks(node) if not (m == "cordoned" and name in {*sim_nodes, NODE})
+            ]
+            assert not marks, (name, marks)
+            assert not set(kube.nodes.conditions(api, name)) & OWNED_TYPES, name
+        assert kube.nodes.read(api, NODE)["spec"].get("unschedulable") is True
         assert not kube.apps(api).list_namespaced_deployment(ns).items
         assert not kube.apps(api).list_namespaced_daemon_set(ns).items
-        # outlive the release by design (see the module's docstring): the finished repair Job, the
-        # RemediationRequest, the agent's last word on the node's GPUs
-        jobs = [
-            j.metadata.name for j in kube.batch(api).list_namespaced_job(ns).items if j.metadata is not None
-        ]
-        assert jobs == [job_pod["metadata"]["labels"]["job-name"]], jobs
-        owned = {t: c["reason"] for t, c in kube.nodes.conditions(api, NODE).items() if t in OWNED_TYPES}
-        assert owned == dict.fromkeys(OWNED_TYPES, "NoFaults"), owned
+        assert not kube.batch(api).list_namespaced_job(ns).items  # the repair Job and the hook's own
+        assert request() is None
     finally:
         subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
                         "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,

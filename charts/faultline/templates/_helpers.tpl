@@ -159,6 +159,12 @@ spec:
       {{- end }}
       securityContext: {{- include "faultline.nonRootPod" . | nindent 8 }}
       terminationGracePeriodSeconds: 30  # the worker hands its claims back within 20 s of SIGTERM
+      {{- with .values.nodeSelector }}
+      nodeSelector: {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .values.tolerations }}
+      tolerations: {{- toYaml . | nindent 8 }}
+      {{- end }}
       affinity:
         podAntiAffinity:
           preferredDuringSchedulingIgnoredDuringExecution:

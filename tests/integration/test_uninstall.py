@@ -1,0 +1,140 @@
+"""`faultline uninstall` (the chart's post-delete hook) against the real API server: it waits for the
+release's pods, then takes back exactly what faultline put on the cluster and nothing of anyone else's.
+(The hook itself, run by helm as a real pod, is proven in test_chart_real_node.py.)"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from devtools import fakelet
+from faultline import kube
+from faultline.conditions import OWNED_TYPES
+from faultline.errors import NotFoundError, TransientError
+from workers import quarantine, rules, uninstall
+
+pytestmark = pytest.mark.integration
+RELEASE = "fl-u"
+OPERATOR_TAINT = {"key": "example.com/maintenance", "value": "yes", "effect": "NoSchedule"}
+
+
+@pytest.fixture
+def node(api: Any) -> Iterator[str]:
+    kube.resources.ensure_crds(api)
+    name = f"u-{uuid.uuid4().hex[:8]}"
+    kube.core(api).create_node(fakelet.node_manifest(fakelet.SimNode(name, "10.9.0.1"), 8))
+    yield name
+    with contextlib.suppress(NotFoundError):
+        kube.nodes.delete(api, name)
+
+
+def _quarantined_by_faultline(api: Any, name: str) -> None:
+    """The node as quarantine and the agent leave it: cordoned, tainted and labelled by faultline (with its
+    ownership record), beside an operator's taint and label; the agent's conditions."""
+    owned = rules.Owned(True, ((rules.FAULT_TAINT, "XID-79", "NoSchedule"),), (rules.STATE_LABEL,))
+    kube.nodes.patch(api, name, {
+        "metadata": {
+            "labels": {rules.STATE_LABEL: "quarantined", "team": "ml"},
+            "annotations": {quarantine.OWNED_ANNOTATION: json.dumps(owned.as_json()),
+                            rules.FAULTS_ANNOTATION: f"{name}/GPU/0000:3b:00/XID-79"},
+        },
+        "spec": {"unschedulable": True,
+                 "taints": [{"key": rules.FAULT_TAINT, "value": "XID-79", "effect": "NoSchedule"}, OPERATOR_TAINT]},
+    })  # fmt: skip
+    conditions = [
+        {"type": t, "status": "True", "reason": "NoFaults", "message": "no open fault"} for t in OWNED_TYPES
+    ]
+    conditions[0] = {**conditions[0], "status": "False", "reason": "XID-79", "message": "GPU 3: XID 79"}
+    kubelets = {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": ""}
+    kube.nodes.write_conditions(api, name, [*conditions, kubelets], [])
+
+
+def _request(api: Any, name: str, node: str, *, faultlines: bool) -> None:
+    labels = {uninstall.REQUEST_LABEL: node} if faultlines else {}
+    kube.resources.create_request(api, {
+        "apiVersion": f"{kube.resources.RR_GROUP}/{kube.resources.RR_VERSION}", "kind": "RemediationRequest",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"node": node, "action": "REBOOT", "reason": "test"},
+    })  # fmt: skip
+
+
+def _job(api: Any, namespace: str, name: str, node: str) -> None:
+    kube.jobs.create(api, namespace, {
+        "metadata": {"name": name, "labels": {uninstall.JOB_LABEL: "reboot", uninstall.REQUEST_LABEL: node}},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "nodeName": node,
+            "containers": [{"name": "repair", "image": "faultline", "command": ["true"]}]}}},
+    })  # fmt: skip
+
+
+def test_uninstall_takes_back_faultlines_marks_and_only_them(api: Any, node: str, namespace: str) -> None:
+    _quarantined_by_faultline(api, node)
+    mine, theirs = f"fl-{node}", f"user-{node}"
+    _request(api, mine, node, faultlines=True)
+    _request(api, theirs, node, faultlines=False)
+    _job(api, namespace, f"repair-{node}", node)
+    kube.jobs.create(api, namespace, {  # not a repair Job: stays
+        "metadata": {"name": "other"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "nodeName": node,
+                                       "containers": [{"name": "c", "image": "x"}]}}},
+    })  # fmt: skip
+    try:
+        report = uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5)
+
+        obj = kube.nodes.read(api, node)
+        assert not obj["spec"].get("unschedulable")  # faultline's cordon
+        assert obj["spec"]["taints"] == [OPERATOR_TAINT]
+        labels, annotations = obj["metadata"].get("labels") or {}, obj["metadata"].get("annotations") or {}
+        assert rules.STATE_LABEL not in labels and labels["team"] == "ml"
+        assert quarantine.OWNED_ANNOTATION not in annotations and rules.FAULTS_ANNOTATION not in annotations
+        assert not set(kube.nodes.conditions(api, node)) & OWNED_TYPES
+        assert "MemoryPressure" in kube.nodes.conditions(api, node)  # the kubelet's own are kept
+        names = {r["metadata"]["name"] for r in kube.resources.list_requests(api)}
+        assert mine not in names and theirs in names  # a person's request is theirs
+        jobs = [j["metadata"]["name"] for j in kube.jobs.list_all(api, namespace)]
+        assert jobs == ["other"], jobs
+        assert report.nodes_released == [node] and report.conditions_removed == {node: sorted(OWNED_TYPES)}
+        assert report.requests_deleted == [mine] and report.jobs_deleted == [f"repair-{node}"]
+
+        again = uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5)  # idempotent
+        assert again == uninstall.Report()
+    finally:
+        with contextlib.suppress(NotFoundError):
+            kube.custom(api).delete_cluster_custom_object(
+                kube.resources.RR_GROUP, kube.resources.RR_VERSION, kube.resources.RR_PLURAL, theirs
+            )
+
+
+def test_an_operators_cordon_stays(api: Any, node: str, namespace: str) -> None:
+    owned = rules.Owned(False, ((rules.FAULT_TAINT, "XID-79", "NoSchedule"),), ())
+    kube.nodes.patch(api, node, {
+        "metadata": {"annotations": {quarantine.OWNED_ANNOTATION: json.dumps(owned.as_json())}},
+        "spec": {"unschedulable": True,
+                 "taints": [{"key": rules.FAULT_TAINT, "value": "XID-79", "effect": "NoSchedule"}]},
+    })  # fmt: skip
+    uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5)
+    obj = kube.nodes.read(api, node)
+    assert obj["spec"].get("unschedulable") is True
+    assert [t["key"] for t in obj["spec"].get("taints") or []] in ([], [uninstall.UNSCHEDULABLE_TAINT])
+
+
+def test_it_waits_for_the_releases_pods_and_says_which_are_left(api: Any, node: str, namespace: str) -> None:
+    kube.core(api).create_namespaced_pod(namespace, {  # type: ignore[arg-type]
+        "metadata": {"name": "agent-x", "labels": {"app.kubernetes.io/instance": RELEASE,
+                                                   "app.kubernetes.io/component": "agent"}},
+        "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "faultline"}]},
+    })  # fmt: skip
+    _quarantined_by_faultline(api, node)
+    slept: list[float] = []
+    with pytest.raises(TransientError, match=r"pods of release fl-u still running after 2s: agent-x"):
+        uninstall.run(api, namespace=namespace, instance=RELEASE, wait=2,
+                      sleep=lambda s: (slept.append(s), time.sleep(0.2)))  # fmt: skip
+    assert slept  # it waited
+    assert set(kube.nodes.conditions(api, node)) & OWNED_TYPES  # and removed nothing while the agent ran
+    kube.core(api).delete_namespaced_pod("agent-x", namespace, grace_period_seconds=0)
