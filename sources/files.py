@@ -163,8 +163,11 @@ def _last_uptime(path: str) -> float | None:
     with open_binary(path) as fh:
         if is_gzip(path):
             tail = b""
-            while block := fh.read(CHUNK):
-                tail = (tail + block)[-SNIFF:]
+            try:
+                while block := fh.read(CHUNK):
+                    tail = (tail + block)[-SNIFF:]
+            except (OSError, EOFError, zlib.error):
+                pass  # damaged further on: the last stamp before the damage (the chunker reports it)
         else:
             size = os.fstat(fh.fileno()).st_size
             fh.seek(max(0, size - SNIFF))
@@ -375,16 +378,29 @@ class ExportReader:
                 return None, nbytes, "truncated binary field at end of file"
             (size,) = struct.unpack("<Q", size_raw)
             if size > MAX_LINE:
-                if self.fh.seekable():  # skip an over-long binary field without reading it
-                    self.fh.seek(size + 1, os.SEEK_CUR)
-                else:
-                    self.fh.read(size + 1)
+                if not self._skip(size + 1):
+                    return None, nbytes, f"truncated binary field at end of file (it says {size} bytes)"
                 nbytes += size + 1
                 continue
             data = self.fh.read(size)
             self.fh.read(1)
             nbytes += size + 1
             record[key.decode("ascii", "replace")] = data
+
+    def _skip(self, size: int) -> bool:
+        """Skip an over-long binary field (without reading it where the file can seek); False when the
+        stream ends first. The size is the file's word: up to 2**64, past any seek offset."""
+        if self.fh.seekable() and not isinstance(self.fh, gzip.GzipFile):
+            here = self.fh.tell()
+            end = self.fh.seek(0, os.SEEK_END)
+            self.fh.seek(min(here + size, end))
+            return here + size <= end
+        while size > 0:
+            part = self.fh.read(min(size, CHUNK))
+            if not part:
+                return False
+            size -= len(part)
+        return True
 
 
 def chunks(info: FileInfo, fh: IO[bytes]) -> Iterator[Chunk]:
