@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable
 
 from faultline import kube, store
 from faultline.config import DrainConfig, JanitorConfig, QuarantineConfig, RemediationConfig
 from faultline.config.base import MetricsFields
-from faultline.errors import ForbiddenError
+from faultline.errors import ForbiddenError, TransientError
 from faultline.metrics import serve
 from workers import (
     cloud,
@@ -24,11 +27,29 @@ from workers import (
 log = logging.getLogger(__name__)
 
 
-def _connect(uri: str, database: str) -> store.Store:
-    st = store.connect(uri, database)
-    with store.unreachable_is_transient("creating indexes"):
-        st.ensure_indexes()
-    return st
+def _connect(
+    uri: str, database: str, *, sleep: Callable[[float], None] = time.sleep, timeout: float = 10.0
+) -> store.Store:
+    """The store, once it answers: a worker that starts before its store (the chart's embedded store
+    starting beside it, a MongoDB failover) waits with back-off (1 s doubling to 30 s) instead of
+    exiting into a crash loop. SIGTERM ends the wait (nothing is claimed yet)."""
+    st = store.connect(uri, database, timeout=timeout)
+    delay = 1.0
+    try:
+        for attempt in itertools.count(1):
+            try:
+                with store.unreachable_is_transient("creating indexes"):
+                    st.ensure_indexes()
+                return st
+            except TransientError as exc:
+                log.warning("the store is not reachable yet; waiting for it",
+                            extra={"attempt": attempt, "delay": delay, "error": str(exc)[:300]})  # fmt: skip
+                sleep(delay)
+                delay = min(delay * 2, 30.0)
+    except BaseException:
+        st.close()
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
 def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
