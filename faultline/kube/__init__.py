@@ -15,6 +15,7 @@ API errors translated once into `faultline.errors`.
     resources   RemediationRequests (create/get/list/patch status), create_object (any served kind, by
                 discovery), ensure_crds (package data in crds/)
     tokens      mint: a ServiceAccount token, for tests of least-privilege RBAC
+    access      allowed: a SubjectAccessReview (may this user do that?), for the chart's RBAC matrix
 
 Generated API groups (`core`, `batch`, ...) stay reachable for tests that set up objects; a call made on
 them directly goes inside `client.translated(verb, what)` so that its errors are translated too.
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from faultline.kube import (
+        access,
         bodies,
         client,
         events,
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
         ApiClient,
         api_client,
         apps,
+        authorization,
         batch,
         coordination,
         core,
@@ -56,13 +59,14 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
-    "ApiClient", "api_client", "apps", "batch", "bodies", "client", "coordination", "core", "custom",
-    "events", "jobs", "lite", "namespaces", "nodes", "pods", "policy", "rbac", "resources", "tokens",
-    "translate",
+    "ApiClient", "access", "api_client", "apps", "authorization", "batch", "bodies", "client",
+    "coordination", "core", "custom", "events", "jobs", "lite", "namespaces", "nodes", "pods", "policy",
+    "rbac", "resources", "tokens", "translate",
 ]  # fmt: skip
 _FROM_CLIENT = frozenset(
-    {"ApiClient", "api_client", "apps", "batch", "coordination", "core", "custom", "policy", "rbac"}
-)
+    {"ApiClient", "api_client", "apps", "authorization", "batch", "coordination", "core", "custom", "policy",
+     "rbac"}
+)  # fmt: skip
 _MODULES = frozenset(__all__) - _FROM_CLIENT
 
 

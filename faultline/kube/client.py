@@ -124,6 +124,10 @@ def rbac(api: client.ApiClient) -> client.RbacAuthorizationV1Api:
     return client.RbacAuthorizationV1Api(api)
 
 
+def authorization(api: client.ApiClient) -> client.AuthorizationV1Api:
+    return client.AuthorizationV1Api(api)
+
+
 def token_request(seconds: int) -> client.AuthenticationV1TokenRequest:
     return client.AuthenticationV1TokenRequest(
         spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)

@@ -206,7 +206,8 @@ spec:
         {{- end }}
 {{- end -}}
 
-{{/* ServiceAccount + ClusterRole + ClusterRoleBinding: (dict "root" $ "worker" "x" "rules" list "annotations" dict) */}}
+{{/* ServiceAccount + ClusterRole + ClusterRoleBinding, and a Role to post Events in `default`: (dict "root" $
+"worker" "x" "rules" list "annotations" dict). What each may do is charts/faultline/rbac-matrix.yaml (docs/rbac.md) */}}
 {{- define "faultline.identity" -}}
 {{- $root := .root -}}
 {{- $name := printf "%s-%s" (include "faultline.name" $root) .worker -}}
@@ -233,6 +234,26 @@ metadata:
   name: {{ $name }}
   labels: {{- include "faultline.labels" $root | nindent 4 }}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {{ $name }}}
+subjects:
+  - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ $root.Release.Namespace }}}
+---
+# Events about Nodes live in `default` (where `kubectl describe node` finds them): Events there only
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{ $name }}-events
+  namespace: default
+  labels: {{- include "faultline.labels" $root | nindent 4 }}
+rules:
+  - {apiGroups: [events.k8s.io], resources: [events], verbs: [create]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{ $name }}-events
+  namespace: default
+  labels: {{- include "faultline.labels" $root | nindent 4 }}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: {{ $name }}-events}
 subjects:
   - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ $root.Release.Namespace }}}
 {{- end -}}
