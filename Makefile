@@ -35,19 +35,24 @@ check: setup
 	$(BIN)/lint-imports
 	$(MAKE) --no-print-directory proto-check
 
-# The gRPC modules generated from faultline/api/health.proto are committed; `proto` rewrites them and
-# `proto-check` fails when they are out of date (pinned grpcio-tools and mypy-protobuf: deterministic).
+# The gRPC modules generated from each proto are committed (faultline/api/health.proto, the ingest API;
+# sources/kubelet/podresources.proto, the part of the kubelet's pod-resources API the agent reads);
+# `proto` rewrites them and `proto-check` fails when they are out of date (pinned grpcio-tools and
+# mypy-protobuf: deterministic).
 PROTOC := PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I.
+PROTOS := faultline/api/health.proto sources/kubelet/podresources.proto
 proto: setup
-	$(PROTOC) --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. faultline/api/health.proto
+	$(PROTOC) --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
 
 proto-check: setup
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	$(PROTOC) --python_out=$$tmp --grpc_python_out=$$tmp --mypy_out=$$tmp --mypy_grpc_out=$$tmp \
-	  faultline/api/health.proto && \
-	for f in health_pb2.py health_pb2.pyi health_pb2_grpc.py health_pb2_grpc.pyi; do \
-	  cmp -s $$tmp/faultline/api/$$f faultline/api/$$f || \
-	  { echo "error: faultline/api/$$f is out of date with health.proto: run make proto"; exit 1; }; \
+	  $(PROTOS) && \
+	for proto in $(PROTOS); do \
+	  for suffix in _pb2.py _pb2.pyi _pb2_grpc.py _pb2_grpc.pyi; do \
+	    f=$${proto%.proto}$$suffix; \
+	    cmp -s $$tmp/$$f $$f || { echo "error: $$f is out of date with $$proto: run make proto"; exit 1; }; \
+	  done; \
 	done
 
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm and FerretDB, built from the

@@ -320,12 +320,25 @@ def _run_agent(config: config.AgentConfig) -> None:
         server = ingest_server.serve(
             config.node, spool, socket=config.ingest_socket, tcp=config.ingest_tcp, tls=tls
         )
+    gpu_pods = None
+    if config.pod_resources_socket is not None:  # for the drainer's partial GPU drains
+        from sources import pod_resources  # noqa: PLC0415 - grpc only when it is on
+
+        socket = config.pod_resources_socket
+        gpu_pods = pod_resources.GpuPodsWatch(
+            config.node, backend.devices(), lambda: pod_resources.list_devices(socket),
+            pod_resources.store_link(config.mongodb_uri.get_secret_value(), config.database, config.node),
+            interval=config.pod_resources_interval,
+        )  # fmt: skip
+        gpu_pods.start()
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     try:
         epoch = dt.timedelta(seconds=config.snapshot_interval)
         if runner.run(flow, epoch_interval=epoch, recovery=recovery, on_stop=lambda: _stop_inputs(stop)):
             err.print("agent: stopped by signal", markup=False)
     finally:
+        if gpu_pods is not None:
+            gpu_pods.close()
         if server is not None:
             server.stop(grace=2).wait()
 

@@ -15,7 +15,10 @@ Per-namespace mode, the namespace label `faultline.io/drain-mode` (default `--de
 - `DeleteAfterTimeout`: evicted like Immediate, and deleted once `delete_after` has passed since the
   first eviction attempt.
 DaemonSet pods, mirror (static) pods and finished pods are left alone; with `gpu_only`, so are pods that
-request no `nvidia.com/gpu`. A node released while draining ends its drain.
+request no `nvidia.com/gpu`; pods of `system_namespaces` are never evicted (recorded as skipped, with the
+reason). With `partial_gpu_drain`, a node whose faults are each on one GPU and need at most a reset of
+it loses only the pods of those GPUs (`workers.drain_scope`: when, and how the node agent's GPU -> pod
+mapping is trusted); the drain's `scope` records which. A node released while draining ends its drain.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from faultline import config, kube, store
 from faultline.errors import NotFoundError, ThrottledError
-from workers import common
+from workers import common, drain_scope
 
 log = logging.getLogger(__name__)
 WORKER = "drain"
@@ -50,21 +53,36 @@ class Settings(config.DrainTuning):
 def evictable(pod: dict[str, Any], gpu_only: bool) -> bool:
     """Pods a drain moves: not DaemonSet-owned, not mirror pods, not finished; with `gpu_only`, only
     pods that request GPUs."""
-    meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+    meta, status = pod["metadata"], pod.get("status", {})
     if status.get("phase") in ("Succeeded", "Failed"):
         return False
     if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
         return False
     if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
         return False
-    if gpu_only:
-        containers = [*spec.get("containers", []), *spec.get("initContainers", [])]
-        return any(
-            "nvidia.com/gpu" in {**(c.get("resources", {}).get("limits") or {}),
-                                 **(c.get("resources", {}).get("requests") or {})}
-            for c in containers
-        )  # fmt: skip
-    return True
+    return requests_gpus(pod) if gpu_only else True
+
+
+def _resources(pod: dict[str, Any]) -> set[str]:
+    spec = pod.get("spec", {})
+    names: set[str] = set()
+    for c in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+        names.update(c.get("resources", {}).get("limits") or {})
+        names.update(c.get("resources", {}).get("requests") or {})
+    return names
+
+
+def requests_gpus(pod: dict[str, Any]) -> bool:
+    """The pod requests `nvidia.com/gpu`."""
+    return "nvidia.com/gpu" in _resources(pod)
+
+
+def asks_gpus(pod: dict[str, Any]) -> bool:
+    """The pod may hold a GPU: it requests an `nvidia.com/` resource (GPUs, shared GPUs, MIG devices) or
+    has resource claims (DRA). A partial drain evicts such a pod when the mapping does not name it."""
+    if pod.get("spec", {}).get("resourceClaims"):
+        return True
+    return any(name.startswith("nvidia.com/") for name in _resources(pod))
 
 
 class Drainer:
@@ -76,6 +94,7 @@ class Drainer:
         self.metrics = common.WorkerMetrics(WORKER)
         self.limiter = common.RateLimiter(settings.qps, settings.burst)
         self.modes: dict[str, tuple[float, str]] = {}
+        self.system_namespaces = frozenset(settings.system_namespaces)
         self.modes_lock = threading.Lock()
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
@@ -132,41 +151,89 @@ class Drainer:
             uid: r.model_dump(mode="python", exclude_none=True) for uid, r in drain.pods.items()
         }
         retry_at: dict[str, float] = {}
+        started = drain.started_at or self.store.clock()
+        recorded = (drain.scope, frozenset(drain.gpus), drain.scope_reason)
         while not self.stop.is_set():
             if not self.store.holds_episode(node, episode):
                 self._finish(node, "released before the drain finished")
                 return store.DONE
+            scope = self._scope(node, episode, started, recorded)
             before = repr(pods)
-            left = self._pass(node, pods, retry_at)
+            left = self._pass(node, pods, retry_at, scope)
+            if not left and scope.kind == drain_scope.WAIT:
+                scope = drain_scope.Scope(drain_scope.NODE, "nothing on the node to move")
+            if (scope.kind, scope.gpus, scope.reason) != recorded:
+                recorded = (scope.kind, scope.gpus, scope.reason)
+                self.store.record_drain_scope(node, scope.kind, scope.gpus, scope.reason)
+                log.info("drain scope", extra={"node": node, "scope": scope.kind, "gpu": sorted(scope.gpus),
+                                               "reason": scope.reason, "worker": WORKER})  # fmt: skip
             if repr(pods) != before:  # a write only when a pod's record changed (the store is shared)
                 self.store.record_drain_pods(node, pods)
             if not left:
                 self._finish(node, store.DRAINED)
                 common.post_event(
-                    self.api, node, reason="FaultlineDrained", note=f"drained: {len(pods)} pods moved",
+                    self.api, node, reason="FaultlineDrained", note=_summary(scope, pods),
                     action="Drain", warning=False, worker=WORKER, owner=self.owner,
                 )  # fmt: skip
                 return store.DONE
             self.stop.wait(self.settings.poll.total_seconds())
         return store.PENDING  # stopping: another replica (or this one, restarted) continues
 
+    def _scope(self, node: str, episode: dt.datetime | None, started: dt.datetime,
+               recorded: tuple[str | None, frozenset[str], str | None]) -> drain_scope.Scope:  # fmt: skip
+        """The drain's scope now (`workers.drain_scope`), from the faults behind the node's quarantine
+        and the agent's GPU -> pod mapping (read only for a partial drain)."""
+        previous, _, reason = recorded
+        if previous == drain_scope.NODE or not self.settings.partial_gpu_drain:
+            return drain_scope.decide(partial=self.settings.partial_gpu_drain, faults=(), mapping=None,
+                                      episode=episode, waited_out=True, previous=previous,
+                                      previous_reason=reason)  # fmt: skip
+        hold = self.store.hold(node)
+        keys = set(hold.faults) if hold is not None else set()
+        faults = [
+            drain_scope.FaultView(f.code, f.entity.type, f.entity.id, f.action)
+            for f in self.store.faults_of([node]).get(node, []) if f.id in keys
+        ]  # fmt: skip
+        doc = self.store.gpu_pods_of(node)
+        mapping = None if doc is None else drain_scope.pod_map(
+            doc.episode, ((a.gpu, a.namespace, a.pod) for a in doc.assignments), doc.unmapped
+        )  # fmt: skip
+        waited_out = self.store.clock() - started >= self.settings.partial_wait
+        return drain_scope.decide(
+            partial=True, faults=faults, mapping=mapping, episode=episode, waited_out=waited_out,
+            previous=previous, previous_reason=reason,
+        )  # fmt: skip
+
     def _finish(self, node: str, result: str) -> None:
         self.store.finish_drain(node, result, self.store.clock())
         self.metrics.actions.labels(result=result.split(maxsplit=1)[0]).inc()
 
-    def _pass(self, node: str, pods: dict[str, dict[str, Any]], retry_at: dict[str, float]) -> int:
-        """One look at the node: act on each evictable pod by its namespace's mode; returns how many
-        evictable pods are still there."""
+    def _pass(
+        self, node: str, pods: dict[str, dict[str, Any]], retry_at: dict[str, float], scope: drain_scope.Scope
+    ) -> int:
+        """One look at the node: act on each pod of the drain's scope by its namespace's mode (none while
+        the scope waits for the agent's mapping), record the others as skipped with the reason; returns
+        how many pods of the scope are still there."""
         listed = kube.pods.on_node(self.api, node)
         left = 0
         now = self.store.clock()
         for pod in listed:
             if not evictable(pod, self.settings.gpu_only):
                 continue
-            left += 1
             meta = pod["metadata"]
             uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
-            record = pods.setdefault(uid, {"namespace": ns, "name": name, "mode": self._mode(ns)})
+            view = drain_scope.PodView(ns, name, asks_gpus(pod))
+            skipped = drain_scope.skip_reason(view, scope, self.system_namespaces)
+            if skipped is not None:
+                pods.setdefault(uid, {"namespace": ns, "name": name})["skipped"] = skipped
+                continue
+            left += 1
+            if scope.kind == drain_scope.WAIT:
+                continue  # which pods are the drain's is not known yet
+            record = pods.setdefault(uid, {"namespace": ns, "name": name})
+            record.pop("skipped", None)
+            if not record.get("mode"):
+                record["mode"] = self._mode(ns)
             mode = record["mode"]
             if mode == "AllowCompletion":
                 continue
@@ -202,3 +269,12 @@ class Drainer:
             return
         record["evicted"] = True
         self.metrics.actions.labels(result="evicted").inc()
+
+
+def _summary(scope: drain_scope.Scope, pods: dict[str, dict[str, Any]]) -> str:
+    """The Drained Event's note: what moved, what was left and why."""
+    moved = sum(1 for r in pods.values() if not r.get("skipped"))
+    left = sum(1 for r in pods.values() if r.get("skipped"))
+    what = f"GPU {', '.join(sorted(scope.gpus))}" if scope.kind == drain_scope.GPUS else "node"
+    note = f"drained ({what}): {moved} pods moved"
+    return f"{note}, {left} left (system namespaces, other GPUs)" if left else note

@@ -10,6 +10,11 @@ and writes the request; CONTACT_SUPPORT writes none: the node stays quarantined,
 node condition `FaultlineRemediation` False. The janitor sets the stage back to pending when a repair
 did not clear the fault, which makes the next round an escalation.
 
+After a partial drain (`Drain.scope == "gpus"`: only the pods of the faulty GPUs were moved) the one
+repair that may run is a reset of those GPUs. Any other step (an escalation to REBOOT, a fault on
+another GPU) first widens the drain to the whole node (`Store.widen_drain`): the repair waits in the
+stage state `drain` until the drainer has emptied the node, then the resync pass hands it back.
+
 With a template (`workers.templates`), each request is an external remediator's CR rendered from it
 instead of a RemediationRequest. The round is marked external: the janitor carries nothing out for it,
 but still validates it (the faults must clear within `external_timeout`) and records the outcome, so a
@@ -34,6 +39,7 @@ log = logging.getLogger(__name__)
 WORKER = "remediation"
 STAGE = "remediation"
 CONDITION = "FaultlineRemediation"
+WAIT_DRAIN = "drain"  # the repair waits for the whole node's drain after a partial one
 _SEVERITY = {a: i for i, a in enumerate(Action)}
 
 
@@ -96,6 +102,12 @@ class Remediation:
                 continue
             if store.repair_key(node, episode) not in known:
                 self.store.open_repair(node, episode)
+        for repair in self.store.repairs_in_state(STAGE, WAIT_DRAIN):
+            drain = self.store.drain(repair.node)
+            if drain is None or drain.episode != repair.episode or drain.scope == "gpus":
+                continue  # still partial: widened by the claim that set this state
+            if drained.get(repair.node, ...) == repair.episode:
+                self.store.move_repair(repair.id, STAGE, WAIT_DRAIN, store.PENDING)
 
     def _handle(self, claim: store.Claim) -> common.Outcome:
         repair = store.Repair.from_doc(claim.doc)
@@ -119,6 +131,8 @@ class Remediation:
                                    reason=decision.reason, requested_at=now)  # fmt: skip
         if self.settings.template is not None:
             record.external, record.timeout = True, self.settings.external_timeout.total_seconds()
+        if self._needs_whole_node(repair, decision.step, gpus):
+            return WAIT_DRAIN
         if decision.step == remedies.CONTACT_SUPPORT:
             record.outcome, record.at = "ContactSupport", now
             self.store.add_round(repair.id, record, result="contact support")
@@ -139,6 +153,29 @@ class Remediation:
                           warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
         self.metrics.actions.labels(result=decision.step.lower()).inc()
         return store.DONE, store.to_janitor()  # the hand-over, set when this claim closes
+
+    def _needs_whole_node(self, repair: store.Repair, step: str, gpus: list[str]) -> bool:
+        """After a partial drain of this episode, a step other than a reset of the drained GPUs widens
+        the drain to the whole node (the claim then waits in WAIT_DRAIN for it)."""
+        if not self.settings.require_drain:
+            return False
+        drain = self.store.drain(repair.node)
+        if drain is None or drain.episode != repair.episode or drain.scope != "gpus":
+            return False
+        if step == remedies.GPU_RESET and set(gpus) <= set(drain.gpus):
+            return False
+        if step != remedies.GPU_RESET:
+            why = f"{step} needs the whole node"
+        else:
+            why = f"GPU_RESET of {', '.join(gpus)}: more GPUs than the partial drain moved pods from"
+        if repair.episode is not None:
+            self.store.widen_drain(repair.node, repair.episode, why)
+        common.post_event(
+            self.api, repair.node, reason="FaultlineDrainWidened", note=f"{why}: draining it first",
+            action="Remediate", warning=False, worker=WORKER, owner=self.owner,
+        )  # fmt: skip
+        self.metrics.actions.labels(result="drain-widened").inc()
+        return True
 
     def _request(self, name: str, node: str, decision: remedies.Decision, keys: list[str], gpus: list[str],
                  round_: int) -> str:  # fmt: skip

@@ -62,6 +62,16 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
         description="between reads of this node's verified repairs in MongoDB (duration): how soon after "
         "the janitor's reset or reboot the GPUs are re-read to confirm it",
     )  # fmt: skip
+    pod_resources_socket: Path | None = Field(
+        default=None,
+        description="the kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock): "
+        "record which pods use which GPU, for the drainer's partial GPU drains; unset: off",
+    )
+    pod_resources_interval: Seconds = Field(
+        default=10.0, ge=1, le=300,
+        description="between reads of the kubelet's pod resources (duration); the store is written only "
+        "when they or the node's quarantine changed",
+    )  # fmt: skip
     ingest_socket: Path | None = Field(
         default=None, description="serve gRPC HealthIngest on this Unix socket (mode 0600); unset: off"
     )

@@ -4,15 +4,17 @@ extends it with the objects loaded from the rest) and the component model the CL
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from faultline.config.base import Component, Duration, KubeFields, Part, StoreFields, WorkerFields
 
 _SECOND = dt.timedelta(seconds=1)
 _ZERO = dt.timedelta(0)
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def _lease() -> Duration:
@@ -93,6 +95,22 @@ class DrainTuning(Part):
         description="DeleteAfterTimeout: delete pods this long (duration) after their eviction was asked",
     )  # fmt: skip
     gpu_only: bool = Field(default=False, description="move only pods that request nvidia.com/gpu")
+    system_namespaces: tuple[str, ...] = Field(
+        default=("kube-system",),
+        description="namespaces whose pods are never evicted (recorded as skipped); the chart adds its "
+        "own namespace",
+    )
+    partial_gpu_drain: bool = Field(
+        default=False,
+        description="when every fault behind a quarantine is on named GPUs and needs at most a GPU reset, "
+        "move only the pods using those GPUs (from the node agent's pod-resources mapping; the agent "
+        "needs pod_resources_socket)",
+    )
+    partial_wait: Duration = Field(
+        default=dt.timedelta(minutes=2), ge=_ZERO,
+        description="partial drains: wait this long (duration) for the agent's GPU -> pod mapping read "
+        "since the cordon, then drain the whole node",
+    )  # fmt: skip
     lease: Duration = _lease()
     threads: int = Field(default=8, ge=1, le=256, description="nodes drained at once (threads)")
     poll: Duration = Field(
@@ -113,6 +131,14 @@ class DrainTuning(Part):
     )  # fmt: skip
     qps: float = _qps()
     burst: int = _burst()
+
+    @field_validator("system_namespaces")
+    @classmethod
+    def _namespace_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [n for n in names if not _NAMESPACE.fullmatch(n)]
+        if bad:
+            raise ValueError(f"not namespace names (lowercase RFC 1123 labels): {', '.join(map(repr, bad))}")
+        return names
 
 
 class DrainConfig(Component, StoreFields, KubeFields, WorkerFields, DrainTuning):

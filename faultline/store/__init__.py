@@ -9,13 +9,18 @@ Collections and their modules:
 - `leases` (`claims`): numbered lease documents, inserted to claim, close or take back a work item.
 - `nodes` (`holds`): what faultline holds on each node (`NodeHold`), dry-run records, the breaker.
 - `drains` (`drains`): one per node, for its current quarantine episode (`Drain`).
+- `gpu_pods` (`gpu_pods`): per node, which pods use which GPU, as its agent read it (`GpuPods`).
 - `repairs` (`repairs`): one per quarantine episode that needs repair, with its rounds (`Repair`).
 
 Hand-over between workers, through typed fields (`documents`) and named operations:
 - quarantine -> drainer: `record_hold` makes a `NodeHold` with `quarantined`, `owned.cordoned` and the
   episode `quarantined_at`; the drainer's resync lists `held_nodes()` and calls `open_drain`.
 - drainer -> remediation: `finish_drain(node, "drained", ...)`; remediation's resync reads
-  `drained_episodes()` and calls `open_repair` (its `remediation` stage pending).
+  `drained_episodes()` and calls `open_repair` (its `remediation` stage pending). A partial drain
+  (`Drain.scope == "gpus"`) is widened to the whole node by remediation (`widen_drain`) before any
+  repair but a reset of the drained GPUs.
+- node agent -> drainer: `record_gpu_pods` (which pods use which GPU, read from the kubelet after the
+  agent saw the episode's `NodeHold.quarantined_at`); the drainer reads `gpu_pods_of(node)`.
 - remediation -> janitor: completing a claim with `also=store.to_janitor()` sets `janitor.state`
   pending; the janitor gives a round that failed back with `also=store.to_remediation()`.
 - quarantine reads `repair_in_progress(node)` (the janitor's stage pending or claimed) before release.
@@ -59,6 +64,8 @@ from faultline.store.documents import (
     Drain,
     DryRun,
     FaultRecord,
+    GpuAssignment,
+    GpuPods,
     Lease,
     NodeHold,
     Owned,
@@ -78,7 +85,8 @@ __all__ = [
     "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR", "NODEDRAIN",
     "PARKED", "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",
     "Clock", "Drain",
-    "DryRun", "FaultRecord", "Lease", "NodeHold", "Owned", "Parked", "PodRecord", "Repair", "RepairNotice",
+    "DryRun", "FaultRecord", "GpuAssignment", "GpuPods", "Lease", "NodeHold", "Owned", "Parked",
+    "PodRecord", "Repair", "RepairNotice",
     "RepairRound", "StageStatus", "Store", "WorkItem", "connect", "episode_label", "repair_key",
     "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient", "utc", "utcnow",
 ]  # fmt: skip

@@ -50,6 +50,7 @@ class Base:
     nodes: Collection[Any]
     leases: Collection[Any]
     drains: Collection[Any]
+    gpu_pods: Collection[Any]
     queue: Collection[Any]
     repairs: Collection[Any]
 

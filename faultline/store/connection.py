@@ -15,6 +15,7 @@ from faultline.store.base import CODEC, DRAINS, NODEDRAIN, QUEUE, REPAIRS, STAGE
 from faultline.store.claims import Claims
 from faultline.store.drains import Drains
 from faultline.store.faults import Faults
+from faultline.store.gpu_pods import GpuPodMaps
 from faultline.store.holds import Holds
 from faultline.store.repairs import Repairs
 
@@ -43,7 +44,7 @@ def unreachable_is_transient(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: MongoDB unreachable: {exc}", delay=1.0) from exc
 
 
-class Store(Claims, Faults, Holds, Drains, Repairs):
+class Store(Claims, Faults, Holds, Drains, Repairs, GpuPodMaps):
     """Every collection faultline writes, behind named operations (see the package docstring).
 
     The collection handles (`events`, `faults`, `nodes`, ...) are the store's own, for its operation
@@ -58,6 +59,7 @@ class Store(Claims, Faults, Holds, Drains, Repairs):
         self.nodes = self.db["nodes"]
         self.leases = self.db["leases"]
         self.drains = self.db[DRAINS]  # one document per node being drained (drainer)
+        self.gpu_pods = self.db["gpu_pods"]  # per node: which pods use which GPU (agent -> drainer)
         self.queue = self.db[QUEUE]  # work items of the fault-level stages
         self.repairs = self.db[REPAIRS]
 

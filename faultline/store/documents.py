@@ -7,7 +7,10 @@ written it, is taken as UTC).
 Hand-over fields between workers (each written only through a named store operation):
 - `NodeHold.quarantined` and `NodeHold.owned.cordoned` (quarantine -> drainer, remediation): the node
   is held, and faultline cordoned it; `NodeHold.quarantined_at` is the quarantine's *episode*.
-- `Drain.episode` and `Drain.result == "drained"` (drainer -> remediation): that episode's node is empty.
+- `Drain.episode` and `Drain.result == "drained"` (drainer -> remediation): that episode's node is empty;
+  with `Drain.scope == "gpus"` only the pods of `Drain.gpus` were moved (a partial drain), and
+  remediation asks for the whole node (`widen_drain`) before any repair other than a reset of those GPUs.
+- `GpuPods` (node agent -> drainer): which pods use which GPU, read after the episode's cordon.
 - `Repair.remediation.state` / `Repair.janitor.state` (remediation <-> janitor): a pending janitor stage
   carries out the last round; a pending remediation stage decides the next round (an escalation).
 - `RepairRound.verified_at` (janitor -> node agent): the round's step verifiably happened (reset Job
@@ -152,12 +155,15 @@ class Breaker(Document):
 
 
 class PodRecord(Document):
-    """One pod of a drain (kept so a takeover continues, e.g. DeleteAfterTimeout's first eviction)."""
+    """One pod of a drain (kept so a takeover continues, e.g. DeleteAfterTimeout's first eviction).
+    `skipped`: why the drain leaves this pod where it is (a system namespace; in a partial drain, a pod
+    that uses none of the faulty GPUs); `mode` is empty for a pod skipped before its mode was read."""
 
     model_config = ConfigDict(extra="allow")
     namespace: str
     name: str
-    mode: str
+    mode: str = ""
+    skipped: str | None = None
     evicted_at: UTCDateTime | None = None
     evicted: bool = False
     refused: int = 0
@@ -176,7 +182,38 @@ class Drain(Document):
     started_at: UTCDateTime | None = None
     drained_at: UTCDateTime | None = None
     result: str | None = None  # "drained" hands the episode to remediation
+    # what the drain empties: "node" (every pod but DaemonSet, mirror and system-namespace pods) or
+    # "gpus" (a partial drain: only the pods using `gpus`, PCI bus ids); `scope_reason` says why
+    scope: str | None = None
+    gpus: list[str] = Field(default_factory=list)
+    scope_reason: str | None = None
     nodedrain: StageStatus = Field(default_factory=StageStatus)
+
+
+class GpuAssignment(Document):
+    """One GPU device the kubelet gave one container: `gpu` the GPU's PCI bus id (the id faults name),
+    `device` the id the kubelet and device plugin use (a UUID, or an index)."""
+
+    gpu: str
+    device: str
+    namespace: str
+    pod: str
+    container: str = ""
+
+
+class GpuPods(Document):
+    """`gpu_pods/<node>`: which pods use which GPU on a node, as the node's agent last read it from the
+    kubelet's pod-resources API (agent -> drainer, for a partial drain). `episode`: the node's
+    quarantine episode (`NodeHold.quarantined_at`) the agent had seen before that read, so the
+    drainer knows the read was made after the node was cordoned; `unmapped`: GPU device ids the agent
+    could not match to a GPU of the node (MIG devices, an unknown id scheme)."""
+
+    id: str = Field(alias="_id")
+    node: str
+    read_at: UTCDateTime
+    episode: UTCDateTime | None = None
+    assignments: list[GpuAssignment] = Field(default_factory=list)  # flat: FerretDB has no nested arrays
+    unmapped: list[str] = Field(default_factory=list)
 
 
 class RepairRound(Document):

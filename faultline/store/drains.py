@@ -3,12 +3,16 @@
 The drainer makes one when a node held cordoned starts an episode (`open_drain`, or `reopen_drain` for
 a node drained in an episode before: the claim numbers go on), records its pods while it works, and
 finishes it with a `result`; `drained` hands the episode to remediation (`drained_episodes`).
+
+Its `scope` says what it empties: the whole node, or (a partial drain) only the pods of the faulty
+GPUs (`record_drain_scope`). Remediation widens a partial drain to the whole node (`widen_drain`)
+before a repair that needs it; the drainer then drains the same episode again, in full.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from faultline.store import documents
@@ -55,6 +59,25 @@ class Drains(Base):
         stored = {uid: r.model_dump(mode="python", exclude_none=True) for uid, r in records.items()}
         self.drains.update_one({"_id": node}, {"$set": {"pods": stored}})
 
+    def record_drain_scope(self, node: str, scope: str, gpus: Iterable[str], reason: str) -> None:
+        """What the drain empties: `node` (the whole node) or `gpus` (only the pods using those GPUs),
+        and why."""
+        self.drains.update_one(
+            {"_id": node}, {"$set": {"scope": scope, "gpus": sorted(set(gpus)), "scope_reason": reason[:500]}}
+        )
+
+    def widen_drain(self, node: str, episode: dt.datetime, reason: str) -> bool:
+        """Drain the whole node for `episode` after a partial drain of it (its pod records are kept):
+        pending again, scope `node`. False when the node's drain is for another episode, or is not a
+        partial one."""
+        result = self.drains.update_one(
+            {"_id": node, "episode": utc(episode), "scope": "gpus"},
+            {"$set": {"scope": "node", "scope_reason": reason[:500], "result": None, "drained_at": None,
+                      f"{NODEDRAIN}.state": PENDING, f"{NODEDRAIN}.attempts": 0,
+                      f"{NODEDRAIN}.retry_after": None, f"{NODEDRAIN}.error": None}},
+        )  # fmt: skip
+        return result.modified_count == 1
+
     def finish_drain(self, node: str, result: str, at: dt.datetime) -> None:
         """The drain's end: `drained` (hands the episode to remediation) or why it stopped."""
         self.drains.update_one({"_id": node}, {"$set": {"drained_at": utc(at), "result": result}})
@@ -70,4 +93,5 @@ class Drains(Base):
 def _fresh(node: str, episode: dt.datetime, fatal: bool) -> dict[str, Any]:
     episode = utc(episode)
     return {"node": node, "episode": episode, "first_seen": episode, "fatal": fatal, "pods": {},
-            "started_at": None, "drained_at": None, "result": None}  # fmt: skip
+            "started_at": None, "drained_at": None, "result": None, "scope": None, "gpus": [],
+            "scope_reason": None}  # fmt: skip

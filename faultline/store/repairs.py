@@ -70,6 +70,17 @@ class Repairs(Base):
             for d in self.repairs.find({"node": node}, {JANITOR: 1})
         )
 
+    def repairs_in_state(self, stage: str, state: str) -> list[documents.Repair]:
+        """The repairs whose `stage` is in `state` (a worker's own, e.g. remediation's `drain`)."""
+        return [documents.Repair.from_doc(d) for d in self.repairs.find({f"{stage}.state": state})]
+
+    def move_repair(self, repair_id: str, stage: str, from_state: str, to_state: str) -> bool:
+        """Set the repair's `stage` to `to_state` if it is in `from_state`; whether it moved."""
+        result = self.repairs.update_one(
+            {"_id": repair_id, f"{stage}.state": from_state}, {"$set": {f"{stage}.state": to_state}}
+        )
+        return result.modified_count == 1
+
     def set_repair_result(self, repair_id: str, result: str) -> None:
         self.repairs.update_one({"_id": repair_id}, {"$set": {"result": result}})
 
