@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import re as stdre
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -116,6 +117,13 @@ class CompiledPattern:
         self.kernel_only = p.origin == "kernel"
         self.record = p.record
         flags = regex.IGNORECASE if p.ignore_case else 0
+        if redos.expansion(p.regex) > redos.MAX_EXPANSION:
+            raise PackError(
+                loaded.file,
+                f"regex repeats too much: its counted repetitions come to over {redos.MAX_EXPANSION} "
+                "copies (the regex module compiles each copy); use * or + or smaller counts",
+                p.id,
+            )
         try:
             self.regex = regex.compile(p.regex, flags | regex.VERSION0)
         except regex.error as exc:
@@ -254,7 +262,9 @@ def _has_inline_ignore_case(source: str) -> bool:
 def _derive_literals(source: str, flags: int) -> tuple[str, ...]:
     """The longest run of fixed characters that every match must contain, if the stdlib can parse it."""
     try:
-        parsed = stdre._parser.parse(source, flags & stdre.IGNORECASE)  # type: ignore[attr-defined]
+        with warnings.catch_warnings():  # "possible nested set" (`[[`): the stdlib's future reading, not ours
+            warnings.simplefilter("ignore", FutureWarning)
+            parsed = stdre._parser.parse(source, flags & stdre.IGNORECASE)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - `regex`-only syntax: the pack must declare `prefilter`
         return ()
     best = ""

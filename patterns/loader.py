@@ -10,14 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from faultline import yamldoc
 from faultline.errors import PackError
 from patterns.schema import Classification, Pack, Pattern
 
 BUILTIN_DIR = Path(__file__).parent / "packs"
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True)
@@ -54,9 +53,9 @@ def read_pack(path: Path) -> Pack:
     except (OSError, UnicodeDecodeError) as exc:
         raise PackError(name, f"cannot read: {exc}") from exc
     try:
-        raw = yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader (C when available)
-    except yaml.YAMLError as exc:
-        raise PackError(name, f"invalid YAML: {exc}") from exc
+        raw = yamldoc.parse(text)
+    except yamldoc.YamlError as exc:
+        raise PackError(name, str(exc)) from exc
     if not isinstance(raw, dict):
         raise PackError(name, "a pack must be a YAML mapping with `pack` and `patterns`")
     try:

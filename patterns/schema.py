@@ -6,6 +6,7 @@ Durations are written `90s`, `10m`, `24h`, `7d` or as a number of seconds.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -29,6 +30,8 @@ def parse_duration(value: object) -> float:
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     else:
         raise ValueError(f"not a duration: {value!r} (write e.g. 30s, 10m, 24h)")
+    if not math.isfinite(seconds):  # .nan would pass every window check below, .inf never end one
+        raise ValueError(f"not a duration: {value!r} (a finite number of seconds)")
     if seconds <= 0:
         raise ValueError(f"duration must be positive: {value!r}")
     return seconds
