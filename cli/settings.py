@@ -55,9 +55,12 @@ def file_values(model: type[Component], path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path}: not found")
     try:
-        raw = _canonical(model, YamlConfigSettingsSource(model, yaml_file=path)())  # keyed by alias
+        loaded = YamlConfigSettingsSource(model, yaml_file=path)()
     except Exception as exc:  # yaml's errors name the line; pass them on as configuration errors
         raise ConfigError(f"config file {path}: {exc}") from exc
+    if named := next((k for k in loaded if not isinstance(k, str)), None):
+        raise ConfigError(f"config file {path}: a setting's name is a string, not {named!r}")
+    raw = _canonical(model, loaded)  # keyed by alias
     for key in raw:
         if key not in model.model_fields:
             raise ConfigError(f"config file {path}: unknown setting {key!r} for {_component(model)}")
@@ -107,7 +110,8 @@ def resolve(
 
 
 def _component(model: type[Component]) -> str:
-    return (model.__doc__ or model.__name__).split("(", 1)[0].strip().removeprefix("The ").rstrip(".")
+    name = " ".join((model.__doc__ or model.__name__).split())  # one line, however the docstring wraps
+    return name.split("(", 1)[0].strip().removeprefix("The ").rstrip(".")
 
 
 def _explain(model: type[Component], exc: ValidationError, sources: Mapping[str, str]) -> str:

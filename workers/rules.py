@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from faultline import yamldoc
 from faultline.errors import ConfigError
 from faultline.models import Action, Component
 
@@ -104,8 +104,8 @@ def load_rules(path: Path | None) -> tuple[Rule, ...]:
     if path is None:
         return DEFAULT_RULES
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        data = yamldoc.parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yamldoc.YamlError) as exc:
         raise ConfigError(f"{path}: cannot read quarantine rules: {exc}") from exc
     try:
         parsed = RuleFile.model_validate(data)

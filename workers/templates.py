@@ -19,8 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from faultline import yamldoc
 from faultline.errors import ConfigError
 
 FIELDS = ("name", "node", "action", "gpus", "faultKeys", "reason")
@@ -31,8 +30,8 @@ _WHOLE = re.compile(r"^\$\{(gpus|faultKeys)\}$")
 def load(path: Path) -> dict[str, Any]:
     where = str(path)
     try:
-        body = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        body = yamldoc.parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yamldoc.YamlError) as exc:
         raise ConfigError(f"{where}: cannot read the template: {exc}") from exc
     if not isinstance(body, dict):
         raise ConfigError(
@@ -43,8 +42,13 @@ def load(path: Path) -> dict[str, Any]:
             raise ConfigError(f"{where}: {key} is missing")
     if "/" not in body["apiVersion"]:
         raise ConfigError(f"{where}: apiVersion {body['apiVersion']!r} has no API group (group/version)")
-    if not isinstance(body.get("metadata", {}), dict):
+    meta = body.get("metadata", {})
+    if not isinstance(meta, dict):
         raise ConfigError(f"{where}: metadata must be a mapping")
+    if not isinstance(meta.get("labels") or {}, dict):  # render adds faultline.io/node to them
+        raise ConfigError(f"{where}: metadata.labels must be a mapping")
+    if "name" in meta and not (isinstance(meta["name"], str) and meta["name"]):
+        raise ConfigError(f"{where}: metadata.name must be a string (or absent: the request's name)")
     _check(body, where, "")
     return body
 

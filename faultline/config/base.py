@@ -10,6 +10,7 @@ setting is defined once, here, with its unit and its reason.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -23,18 +24,28 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
+# The longest duration any setting takes: longer is a typo, not a wait, and a time plus it must stay a
+# time (an infinite or 1e20 s value raised OverflowError out of the models instead of a clear error)
+MAX_SECONDS = 100 * 365 * 86400.0
+
+
 def parse_seconds(value: object) -> float:
     """`"10m"` -> 600.0: a number of seconds, or a string with an optional ms/s/m/h/d unit (no unit:
-    seconds), or a timedelta. Bounds (positive, at least ...) are each field's own."""
+    seconds), or a timedelta; finite and at most 100 years. Bounds (positive, at least ...) are each
+    field's own."""
     if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, bool):  # a bool is an int to Python, never a duration to a person
+        seconds = value.total_seconds()
+    elif isinstance(value, bool):  # a bool is an int to Python, never a duration to a person
         raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str) and (m := _DURATION.match(value)):
-        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-    raise ValueError(f"not a duration: {value!r} (write e.g. 30s, 10m, 7d, or a number of seconds)")
+    elif isinstance(value, int | float):
+        seconds = float(value) if abs(value) <= MAX_SECONDS else math.inf  # float() of a huge int overflows
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"not a duration: {value!r} (write e.g. 30s, 10m, 7d, or a number of seconds)")
+    if not abs(seconds) <= MAX_SECONDS:  # also NaN
+        raise ValueError(f"not a duration: {value!r} (at most 100 years)")
+    return seconds
 
 
 def _timedelta(value: object) -> dt.timedelta:
