@@ -34,7 +34,7 @@ from pydantic import SkipValidation
 from faultline import config, kube, store
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from faultline.models import Action, Component, FaultState
-from workers import breaker, common, rules
+from workers import breaker, common, overrides, rules
 
 log = logging.getLogger(__name__)
 STAGE = "quarantine"
@@ -47,7 +47,9 @@ FULL_RESYNC_S = 60.0
 # list again before it runs out only drops items other replicas took (a failed claim shows that too),
 # and each read is three whole-collection scans on FerretDB (~150 ms of its CPU at 500 items).
 CANDIDATES_REFRESH_S = 5.0
-STALE, BLOCKED, OPTED_OUT, DRY_RUN, GONE = "stale", "blocked", "opted-out", "dry-run", "node-missing"
+STALE, BLOCKED, DRY_RUN, GONE = "stale", "blocked", "dry-run", "node-missing"
+OPTED_OUT = overrides.OPTED_OUT
+PAUSED, CANCELLED, FORCED = overrides.PAUSED, overrides.CANCELLED, overrides.FORCED
 
 
 _Rules = tuple[rules.Rule, ...]
@@ -113,8 +115,11 @@ class QuarantineWorker:
         held back; every FULL_RESYNC_S, every held node (to put back what someone else changed). Found
         with three queries, whatever the number of nodes."""
         held = self.store.held_node_names()
-        blocked = self.store.nodes_in_state(STAGE, BLOCKED)
-        due = blocked
+        blocked = self.store.nodes_in_state(STAGE, BLOCKED) | self.store.nodes_in_state(STAGE, PAUSED)
+        forced = {
+            n["metadata"]["name"] for n in kube.nodes.list_all(self.api, label_selector=overrides.FORCE_LABEL)
+        }
+        due = blocked | forced
         if time.monotonic() - self.full_resync_at >= FULL_RESYNC_S:
             self.full_resync_at = time.monotonic()
             due |= held
@@ -144,7 +149,7 @@ class QuarantineWorker:
             return STALE  # recorded, not acted on
         result = self.reconcile(node, docs=docs)
         still_open = doc is not None and doc.state == FaultState.OPEN
-        return BLOCKED if result == BLOCKED and still_open else store.DONE
+        return result if result in (BLOCKED, PAUSED) and still_open else store.DONE
 
     # -- one node --------------------------------------------------------------------------------------
     def _lock(self, node: str) -> threading.Lock:
@@ -199,48 +204,70 @@ class QuarantineWorker:
         taints = tuple(sorted((t["key"], t.get("value", ""), t["effect"]) for t in spec.get("taints") or ()))
         state = rules.NodeState(bool(spec.get("unschedulable")), taints, labels, owned)
         faults, last_resolved = self._open_faults(node, docs)
-        if labels.get(rules.MANAGED_LABEL) == "false":
-            want = rules.Desired()  # opted out: only take back what faultline put there before
-            outcome = OPTED_OUT
-        else:
-            want = rules.desired(self.settings.rules, faults, labels)
-            outcome = "quarantined" if want.quarantined else "released"
         holds = owned != rules.Owned()
-        if want.quarantined and not holds:
+        d = overrides.decide(self.settings.rules, faults, state, annotations, meta.get("managedFields"), now)
+        want, outcome, cancelled = d.want, d.outcome, d.cancelled
+        if d.bad_pause:
+            common.post_event(self.api, node, reason="FaultlineBadAnnotation", note=d.bad_pause,
+                              action="Quarantine", warning=True, worker=WORKER, owner=self.owner)  # fmt: skip
+        if outcome == PAUSED:
+            self._park(faults, d.paused, PAUSED)  # the resync pass looks again when the pause is over
+        if want.quarantined and not holds and outcome != FORCED:
             admitted = self._admit(node, now)
             if not admitted:
-                self._record_blocked(faults, want)
+                self._park(faults, want, BLOCKED)
                 return BLOCKED
-        releasing = not want.quarantined and holds and outcome != OPTED_OUT
+        releasing = not want.quarantined and holds and outcome not in (OPTED_OUT, PAUSED, CANCELLED)
         if releasing and last_resolved is not None and now - last_resolved < self.settings.hold_down:
             return "holding"  # the resync pass releases it once the hold-down is over
         if releasing and self.store.repair_in_progress(node):
             return "holding"  # the janitor has not validated its repair yet
         p = rules.plan(state, want)
-        if not p.changed and annotations.get(rules.FAULTS_ANNOTATION, "") == ",".join(want.faults):
+        cancelled_raw = None if cancelled is None else cancelled.as_json()
+        if (
+            not p.changed and annotations.get(rules.FAULTS_ANNOTATION, "") == ",".join(want.faults)
+            and annotations.get(overrides.CANCELLED_ANNOTATION) == cancelled_raw
+        ):  # fmt: skip
             if record_unchanged:
                 self._record(node, want, p, now, faults, newly=False)
-            return "unchanged"
+            return PAUSED if outcome == PAUSED else "unchanged"
         if self.settings.dry_run:
             self.store.record_dry_run(node, now, _describe(p, want))
             return DRY_RUN
-        self._patch(obj, p, want)
+        self._patch(obj, p, want, cancelled_raw)
         newly = want.quarantined and not holds
-        reason = "FaultlineReleased"
-        if want.quarantined:  # a new quarantine, or one whose taints or labels changed with its faults
-            reason = "FaultlineQuarantined" if newly else "FaultlineQuarantineUpdated"
-        common.post_event(
-            self.api, node, reason=reason, note=_describe(p, want),
-            action="Quarantine" if want.quarantined else "Release", warning=want.quarantined, worker=WORKER,
-            owner=self.owner,
-        )  # fmt: skip
+        self._announce(node, d, p, newly=newly)
         self._record(node, want, p, now, faults, newly=newly, released=not want.quarantined)
         if newly:
             firsts = [f.first_seen or now for f in faults if f.key in want.faults]
             self.metrics.latency.observe(max(0.0, (now - min(firsts, default=now)).total_seconds()))
+        if outcome == PAUSED:
+            return PAUSED
         return outcome if want.quarantined or holds else "unchanged"
 
-    def _patch(self, obj: dict[str, Any], p: rules.Plan, want: rules.Desired) -> None:
+    def _announce(self, node: str, d: overrides.Decision, p: rules.Plan, *, newly: bool) -> None:
+        """The Event (and log line) of a change faultline made to a node."""
+        want, cancelled = d.want, d.cancelled
+        reason, note = "FaultlineReleased", _describe(p, want)
+        if want.quarantined:  # a new quarantine, or one whose taints or labels changed with its faults
+            reason = "FaultlineQuarantined" if newly else "FaultlineQuarantineUpdated"
+            if d.outcome == FORCED:
+                note = f"forced by label {overrides.FORCE_LABEL}={d.force}; {note}"[:1024]
+        elif d.overridden and cancelled is not None:
+            reason = "FaultlineQuarantineCancelled"
+            note = (f"faultline's cordon or taint was taken back by {cancelled.by}"
+                    f"{' at ' + cancelled.at if cancelled.at else ''}: faults {', '.join(cancelled.faults)} "
+                    "will not quarantine this node again; a new fault will")[:1024]  # fmt: skip
+        elif d.outcome == PAUSED and d.until is not None:
+            reason, note = "FaultlinePaused", f"paused until {d.until:%Y-%m-%dT%H:%M:%SZ} ({note})"
+        if p.changed or reason != "FaultlineReleased":
+            common.post_event(
+                self.api, node, reason=reason, note=note,
+                action="Quarantine" if want.quarantined else "Release", warning=want.quarantined,
+                worker=WORKER, owner=self.owner,
+            )  # fmt: skip
+
+    def _patch(self, obj: dict[str, Any], p: rules.Plan, want: rules.Desired, cancelled: str | None) -> None:
         labels: dict[str, str | None] = {**p.set_labels, **dict.fromkeys(p.remove_labels)}
         held = p.owned != rules.Owned()
         body = {
@@ -249,6 +276,7 @@ class QuarantineWorker:
                 "annotations": {
                     OWNED_ANNOTATION: json.dumps(p.owned.as_json(), separators=(",", ":")) if held else None,
                     rules.FAULTS_ANNOTATION: ",".join(want.faults) if held else None,
+                    overrides.CANCELLED_ANNOTATION: cancelled,
                 },
             },
             "spec": {
@@ -271,14 +299,15 @@ class QuarantineWorker:
         )
         if held:
             for fault in faults:
-                if fault.stage == BLOCKED and fault.key in want.faults:
-                    self.store.move_item(STAGE, fault.key, BLOCKED, store.DONE)
+                if fault.stage in (BLOCKED, PAUSED) and fault.key in want.faults:
+                    self.store.move_item(STAGE, fault.key, fault.stage, store.DONE)
 
-    def _record_blocked(self, faults: list[rules.OpenFault], want: rules.Desired) -> None:
-        """The faults held back wait for the resync pass (the claim's own fault is set by its completion)."""
+    def _park(self, faults: list[rules.OpenFault], want: rules.Desired, state: str) -> None:
+        """The faults held back (by the breaker, or a pause) wait for the resync pass in `state` (the
+        claim's own fault is set by its completion)."""
         for fault in faults:
-            if fault.key in want.faults and fault.stage not in (BLOCKED, STALE):
-                self.store.move_item(STAGE, fault.key, fault.stage, BLOCKED)
+            if fault.key in want.faults and fault.stage not in (state, STALE):
+                self.store.move_item(STAGE, fault.key, fault.stage, state)
 
     # -- the breaker -------------------------------------------------------------------------------------
     def _gpu_node_count(self) -> int:

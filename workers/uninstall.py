@@ -32,7 +32,7 @@ from typing import Any
 from faultline import kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import ConflictError, NotFoundError, TransientError
-from workers import quarantine, rules
+from workers import overrides, quarantine, rules
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,10 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
         owned=owned,
     )
     p = rules.plan(state, rules.Desired())
-    ours = [k for k in (quarantine.OWNED_ANNOTATION, rules.FAULTS_ANNOTATION) if k in annotations]
+    ours = [
+        k for k in (quarantine.OWNED_ANNOTATION, rules.FAULTS_ANNOTATION, overrides.CANCELLED_ANNOTATION)
+        if k in annotations
+    ]  # fmt: skip
     if not p.changed and not ours:
         return False
     # the node lifecycle controller's mirror of a cordon goes with it (it would remove it a moment later)

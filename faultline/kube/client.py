@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from faultline.kube import translate
 
 ApiClient = client.ApiClient
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+FIELD_MANAGER = "faultline"  # the managedFields manager of every write of this transport (its user agent)
 
 
 def api_client(
@@ -38,7 +40,7 @@ def api_client(
     configuration = client.Configuration()
     if kubeconfig is not None:
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return client.ApiClient(configuration)
+        return _named(client.ApiClient(configuration))
     env = dict(os.environ if environ is None else environ)
     directory = Path(env.get("FAULTLINE_SERVICE_ACCOUNT_DIR", str(SERVICE_ACCOUNT_DIR)))
     try:
@@ -48,7 +50,22 @@ def api_client(
         loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException as exc:
         raise ConfigError(f"no kubeconfig given and no in-cluster credentials: {exc}") from exc
-    return client.ApiClient(configuration)
+    return _named(client.ApiClient(configuration))
+
+
+def _named(api: client.ApiClient) -> client.ApiClient:
+    """faultline's requests say who they are: the API server names the field manager of every write
+    after the user agent (`faultline`), so a Node's managedFields tell faultline's changes from an
+    operator's (see workers.overrides)."""
+    api.user_agent = f"{FIELD_MANAGER}/{_version()}"
+    return api
+
+
+def _version() -> str:
+    try:
+        return metadata.version("faultline")
+    except metadata.PackageNotFoundError:  # pragma: no cover - a source tree that is not installed
+        return "0"
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,10 +14,11 @@ from typing import Any
 import pytest
 
 from devtools import fakelet, procs
+from devtools.cluster import LocalCluster
 from faultline import kube, store
 from faultline.errors import NotFoundError
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
-from workers import breaker, quarantine
+from workers import breaker, overrides, quarantine, rules
 
 pytestmark = pytest.mark.integration
 FAST: dict[str, Any] = {
@@ -219,3 +221,120 @@ def test_two_replicas_never_double_act(running: Any, nodes: Any, mongo_db: Any, 
         assert events(api, name, "FaultlineQuarantined") == 1, name
     claims = first.metrics.claims._value.get() + second.metrics.claims._value.get()
     assert claims == 12  # each fault claimed exactly once across the replicas
+
+
+# -- operator overrides (workers.overrides) -------------------------------------------------------------
+def _as_operator(cluster: LocalCluster) -> Any:
+    """An API client that writes as `kubectl` does (its field manager is its user agent)."""
+    api = kube.api_client(cluster.kubeconfig)
+    api.user_agent = "kubectl/v1.37.2 (linux/amd64) kubernetes/test"
+    return api
+
+
+def test_an_operators_uncordon_cancels_the_quarantine_until_a_new_fault(
+    cluster: LocalCluster, nodes: Any, mongo_db: Any, api: Any
+) -> None:
+    (name,) = nodes(1)
+    w = worker(mongo_db, api)
+    w.store.write_fault(fault(name), 1)
+    assert w.reconcile(name) == "quarantined" and node_view(api, name)["cordoned"]
+
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    kube.nodes.patch(_as_operator(cluster), name, {"spec": {"unschedulable": None}})  # `kubectl uncordon`
+    assert w.reconcile(name) == "cancelled"
+    view = node_view(api, name)
+    assert not view["cordoned"] and FAULT_TAINT not in view["taints"]  # faultline's taint goes with it
+    record = json.loads(view["annotations"][overrides.CANCELLED_ANNOTATION])
+    assert record["faults"] == [fault(name).id]
+    # an uncordon removes the field, and its manager with it: the API cannot say who; when faultline saw it
+    assert record["by"] == "unknown" and dt.datetime.fromisoformat(record["at"]) >= before
+    assert events(api, name, "FaultlineQuarantineCancelled") == 1
+    assert not mongo_db["nodes"].find_one({"_id": name})["quarantined"]  # the drainer stops
+
+    w.store.write_fault(fault(name).model_copy(update={"count": 5}), 2)  # the same fault again
+    w.resync()
+    assert w.reconcile(name) == "unchanged" and not node_view(api, name)["cordoned"]
+
+    other = fault(name, "XID-48")  # a new fault quarantines again
+    w.store.write_fault(other, 3)
+    assert w.reconcile(name) == "quarantined"
+    view = node_view(api, name)
+    assert view["cordoned"] and ("faultline.io/fault", "XID-48", "NoSchedule") in view["taints"]
+    assert view["annotations"][rules.FAULTS_ANNOTATION] == other.id  # the cancelled one is not behind it
+
+    w.store.write_fault(fault(name, resolved=True), 4)  # the cancelled fault resolves: its record goes
+    w.reconcile(name)
+    assert overrides.CANCELLED_ANNOTATION not in node_view(api, name)["annotations"]
+
+
+def test_removing_faultlines_taint_also_cancels(
+    cluster: LocalCluster, nodes: Any, mongo_db: Any, api: Any
+) -> None:
+    (name,) = nodes(1)
+    w = worker(mongo_db, api)
+    w.store.write_fault(fault(name), 1)
+    w.reconcile(name)
+    obj = kube.nodes.read(api, name)
+    mine = {"key": "ops.example.com/gpu-check", "value": "manual", "effect": "NoSchedule"}
+    kept = [t for t in obj["spec"]["taints"] if t["key"] != "faultline.io/fault"]
+    kube.nodes.patch(_as_operator(cluster), name, {"spec": {"taints": [*kept, mine]}})  # kubectl edit
+    assert w.reconcile(name) == "cancelled"
+    view = node_view(api, name)
+    assert not view["cordoned"]  # the cordon was faultline's: it goes too
+    assert ("ops.example.com/gpu-check", "manual", "NoSchedule") in view["taints"]
+    record = json.loads(view["annotations"][overrides.CANCELLED_ANNOTATION])
+    assert record["by"] == "kubectl" and record["at"]  # the API kept who wrote the taints
+
+
+def test_a_pause_takes_back_faultlines_marks_until_it_ends(nodes: Any, mongo_db: Any, api: Any) -> None:
+    (name,) = nodes(1)
+    w = worker(mongo_db, api)
+    w.store.write_fault(fault(name), 1)
+    w.reconcile(name)
+    until = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kube.nodes.patch(api, name, {"metadata": {"annotations": {overrides.PAUSE_ANNOTATION: until}}})
+    assert w.reconcile(name) == "paused"
+    view = node_view(api, name)
+    assert not view["cordoned"] and FAULT_TAINT not in view["taints"]
+    assert events(api, name, "FaultlinePaused") == 1
+    item = mongo_db["queue"].find_one({"_id": f"quarantine/{fault(name).id}"})
+    assert item["quarantine"]["state"] == "paused"  # the resync pass looks at the node again
+    assert w.reconcile(name) == "paused" and events(api, name, "FaultlinePaused") == 1  # said once
+
+    kube.nodes.patch(
+        api, name, {"metadata": {"annotations": {overrides.PAUSE_ANNOTATION: "2020-01-01T00:00:00Z"}}}
+    )
+    w.resync()  # the pause is over: the open fault quarantines the node again
+    assert node_view(api, name)["cordoned"]
+    item = mongo_db["queue"].find_one({"_id": f"quarantine/{fault(name).id}"})
+    assert item["quarantine"]["state"] == "done"
+
+    kube.nodes.patch(api, name, {"metadata": {"annotations": {overrides.PAUSE_ANNOTATION: "tomorrow"}}})
+    assert w.reconcile(name) == "unchanged" and node_view(api, name)["cordoned"]  # not a time: not paused
+    got = kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    bad = [e for e in got if e.reason == "FaultlineBadAnnotation"]
+    assert bad and bad[0].type == "Warning" and "faultline.io/paused-until='tomorrow'" in (bad[0].message or "")
+
+
+def test_the_force_label_quarantines_without_a_fault_and_its_removal_releases(
+    nodes: Any, mongo_db: Any, api: Any
+) -> None:
+    (name,) = nodes(1)
+    w = worker(mongo_db, api)
+    kube.nodes.patch(api, name, {"metadata": {"labels": {overrides.FORCE_LABEL: "disk-check"}}})
+    w.resync()  # no fault, no claim: the resync pass finds the label
+    view = node_view(api, name)
+    assert view["cordoned"] and overrides.MANUAL_TAINT in view["taints"]
+    assert view["annotations"][rules.FAULTS_ANNOTATION] == overrides.MANUAL_FAULT
+    assert mongo_db["nodes"].find_one({"_id": name})["quarantined"]  # the drainer empties it
+    got = kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    assert any("forced by label faultline.io/force-quarantine=disk-check" in (e.message or "") for e in got)
+
+    kube.nodes.patch(api, name, {"spec": {"unschedulable": None}})  # an uncordon does not cancel a force
+    assert w.reconcile(name) == "forced" and node_view(api, name)["cordoned"]
+
+    kube.nodes.patch(api, name, {"metadata": {"labels": {overrides.FORCE_LABEL: None}}})
+    w.resync()
+    view = node_view(api, name)
+    assert not view["cordoned"] and not view["taints"]
+    assert not mongo_db["nodes"].find_one({"_id": name})["quarantined"]
