@@ -49,6 +49,10 @@ def load_bindings(directory: Path | None = None) -> dict[str, ModuleType]:
 
 
 class DcgmBackend:
+    # calls go to the host engine, another process: their failures and hangs are the monitor's health,
+    # never a node fault by themselves (sources.gpu)
+    driver_in_process = False
+
     def __init__(self, host: str = "localhost:5555", bindings: dict[str, ModuleType] | None = None) -> None:
         b = bindings or load_bindings()
         self.pydcgm, self.structs, self.fields, self.agent = (

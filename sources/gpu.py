@@ -7,8 +7,12 @@ is classified by exactly the same XID catalogue as one read from the kernel log.
 Health fields (ECC, remapped rows, throttling, NVLink, ...) are polled with `read_fields`. Only changes
 become events: a state field (`ecc_dbe_volatile=2`, `thermal_slowdown=1`) when its value changes, a
 cumulative counter (`pcie_replay`) by how much it rose. `MonitorWatch` turns a backend call that fails
-or hangs into monitor-health events: the monitor is unhealthy, which is not a GPU fault, until it has
-been so for longer than a configured time.
+or hangs into monitor-health events: the monitor is unhealthy (`GpuMonitorHealthy` False), which is not
+a GPU fault. Only where the backend's calls are the node's own driver calls (NVML, in the agent's
+process: `driver_in_process`) does a call that stays hung for longer than a configured time become a
+node fault (a hung driver). DCGM's calls go to its host engine, a separate process that can be down,
+restarting or being upgraded: whatever happens to them stays the monitor's health, and a hung driver
+under DCGM shows in the kernel log instead (XIDs, "fallen off the bus", NVRM timeouts).
 """
 
 from __future__ import annotations
@@ -101,10 +105,11 @@ def field_changes(
 
 class MonitorWatch:
     """The monitor's own health from its polls: unhealthy once a call failed or has been running for
-    `hung_after` seconds; unresponsive (a node fault) once unhealthy for `unresponsive_after` seconds;
-    healthy again at the next call that succeeds. Emits only transitions."""
+    `hung_after` seconds; unresponsive (a node fault) once unhealthy for `unresponsive_after` seconds,
+    only when `escalates` (the backend's calls are the driver's own); healthy again at the next call
+    that succeeds. Emits only transitions."""
 
-    def __init__(self, hung_after: float, unresponsive_after: float) -> None:
+    def __init__(self, hung_after: float, unresponsive_after: float, *, escalates: bool = True) -> None:
         self.hung_after = hung_after
         self.unresponsive_after = unresponsive_after
         self.state = MONITOR_OK
@@ -113,6 +118,7 @@ class MonitorWatch:
     def observe(
         self, now: float, running_since: float | None, failure: str | None, *, ts: float | None = None
     ) -> list[GpuEvent]:
+        self.escalates = escalates
         """`now` and `running_since` on one (monotonic) clock; `ts` stamps the events (default `now`)."""
         stamp = now if ts is None else ts
         if failure is None and (running_since is None or now - running_since < self.hung_after):
@@ -127,7 +133,8 @@ class MonitorWatch:
             return self._to(stamp, MONITOR_OK, "")
         if self.since is None:
             self.since = running_since if failure is None and running_since is not None else now
-        state = MONITOR_UNRESPONSIVE if now - self.since >= self.unresponsive_after else MONITOR_UNHEALTHY
+        hung_long = self.escalates and now - self.since >= self.unresponsive_after
+        state = MONITOR_UNRESPONSIVE if hung_long else MONITOR_UNHEALTHY
         return self._to(stamp, state, reason)
 
     def _to(self, ts: float, state: int, reason: str) -> list[GpuEvent]:

@@ -64,7 +64,9 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
             backend.resume(self.position)  # before the waiting thread starts
         self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
         self.stop = threading.Event()
-        self.watch = gpu.MonitorWatch(polling.hung_after, polling.unresponsive_after)
+        # a hung call is a node fault only where it is the node's own driver call (sources.gpu)
+        escalates = bool(getattr(backend, "driver_in_process", True))
+        self.watch = gpu.MonitorWatch(polling.hung_after, polling.unresponsive_after, escalates=escalates)
         self.call_started: float | None = None
         self.failure: str | None = None
         self.latest = self.fields

@@ -123,3 +123,29 @@ def test_simulated_hang_blocks_reads(tmp_path: Path) -> None:
 def test_bad_field_spec_is_named(bad: str) -> None:
     with pytest.raises(ValueError, match="NAME=INTEGER"):
         simulator.parse_field(bad)
+
+
+def test_a_monitor_that_is_not_the_driver_never_becomes_a_node_fault() -> None:
+    """DCGM's host engine away for an hour (the GPU operator upgraded): GpuMonitorHealthy False, GpuHealthy
+    still True; no GPU-DRIVER-UNRESPONSIVE, so no reboot (sources.gpu: only in-process driver calls)."""
+    from faultline import conditions  # noqa: PLC0415
+    from sources import dcgm, nvml  # noqa: PLC0415
+
+    assert dcgm.DcgmBackend.driver_in_process is False
+    assert getattr(nvml.NvmlBackend, "driver_in_process", True) is True
+    watch = gpu.MonitorWatch(hung_after=10, unresponsive_after=300, escalates=False)
+    refused = "DCGMError_ConnectionNotValid: host engine connection refused"
+    (down,) = watch.observe(0.0, None, refused)
+    assert down.value == gpu.MONITOR_UNHEALTHY
+    assert watch.observe(3600.0, None, refused) == []  # an hour: still only the monitor's health
+    assert watch.observe(3700.0, running_since=0.0, failure=None) == []  # a call hung for an hour: the same
+    compiled = compiler.compile_packs(loader.load([]))
+    detector = NodeDetector("n", compiled)
+    text = gpu.message(down, None)
+    assert text is not None
+    for hit in compiled.match("dcgm", text):
+        detector.observe(1.0, hit, text)
+    faults = detector.snapshot_faults()
+    assert [(f.code, f.fatal) for f in faults] == [("GPU-MONITOR-UNHEALTHY", False)]
+    wanted = conditions.desired(faults)
+    assert wanted["GpuMonitorHealthy"].status == "False" and wanted["GpuHealthy"].status == "True"
