@@ -28,8 +28,8 @@ class PortState:
 
 
 def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
+    try:  # sysfs writes ASCII; anything else is no evidence, never an exception in the agent's flow
+        return path.read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return None
 
@@ -41,9 +41,9 @@ def read_ports(root: Path) -> dict[str, PortState]:
         state = _read(port / "state") or ""  # e.g. "4: ACTIVE"
         counters = []
         for name in IB_COUNTERS:
-            value = _read(port / "counters" / name)
-            if value is not None and value.isdigit():
-                counters.append((name, int(value)))
+            value = formats.uint(_read(port / "counters" / name) or "")  # a u64; not '²' or 5000 digits
+            if value is not None:
+                counters.append((name, value))
         ports[f"{port.parent.parent.name}/{port.name}"] = PortState("ACTIVE" in state, tuple(counters))
     for iface in sorted((root / "class" / "net").glob("*")):
         if iface.name == "lo" or not (iface / "device").exists():
