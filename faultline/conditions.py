@@ -7,6 +7,13 @@ the GPU monitor itself cannot read the GPUs (any open MONITOR fault). The reason
 severe open fault (or `NoFaults`), and the message names the faults, bounded in length. A condition
 faultline set is set back to True when its faults resolve; a condition type faultline owns but no
 longer produces (a check that was removed) is deleted.
+
+Freshness: the agent publishes its conditions when it starts (True, `NoFaults`, on a healthy node) and
+rewrites each at least every `HEARTBEAT_S` (its `lastHeartbeatTime`), even when nothing changed, so a
+condition's age says whether its agent is alive. `stale` finds the conditions whose agent has not
+reported for longer than a configured time: the quarantine worker sets them `Unknown`
+(`AgentNotReporting`), as the node controller does with the kubelet's; the agent's next report sets
+them back. `faultline uninstall` removes them.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ CONDITION_TYPES = {
 }
 OWNED_TYPES = frozenset(CONDITION_TYPES.values())
 MESSAGE_LIMIT = 512
+HEARTBEAT_S = 240.0  # rewrite a condition older than this (the detector re-sends the state every 60 s)
+STALE_REASON = "AgentNotReporting"
 _SEVERITY = {a: i for i, a in enumerate(Action)}
 
 
@@ -87,16 +96,32 @@ def desired(
     return out
 
 
+def _age(cur: dict[str, str], now: dt.datetime) -> float | None:
+    """Seconds since the condition's lastHeartbeatTime (None: absent or not a time)."""
+    try:
+        beat = dt.datetime.fromisoformat(cur.get("lastHeartbeatTime", "").replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (now - beat).total_seconds() if beat.tzinfo is not None else None
+
+
 def diff(
-    current: dict[str, dict[str, str]], wanted: dict[str, Condition]
+    current: dict[str, dict[str, str]], wanted: dict[str, Condition], now: dt.datetime | None = None
 ) -> tuple[list[Condition], list[str]]:
-    """(conditions to write because they changed, owned condition types to delete)."""
-    changed = [
-        c
-        for t, c in wanted.items()
-        if (cur := current.get(t)) is None
-        or (cur.get("status"), cur.get("reason"), cur.get("message")) != (c.status, c.reason, c.message)
-    ]
+    """(conditions to write because they changed, or, given `now`, because their heartbeat is older than
+    HEARTBEAT_S; owned condition types to delete)."""
+
+    def due(cur: dict[str, str] | None, c: Condition) -> bool:
+        if cur is None or (cur.get("status"), cur.get("reason"), cur.get("message")) != (
+            c.status, c.reason, c.message,
+        ):  # fmt: skip
+            return True
+        if now is None or not cur.get("lastHeartbeatTime"):
+            return False
+        age = _age(cur, now)
+        return age is None or age >= HEARTBEAT_S
+
+    changed = [c for t, c in wanted.items() if due(current.get(t), c)]
     stale = sorted(t for t in current if t in OWNED_TYPES and t not in wanted)
     return changed, stale
 
@@ -106,8 +131,27 @@ def changes(
 ) -> tuple[list[dict[str, str]], list[str]]:
     """What brings a node's `current` conditions to `wanted`: the condition patches to write (a transition
     time only where the status changes) and the owned types to delete. Both Kubernetes transports use it."""
-    changed, stale = diff(current, wanted)
-    return [c.as_patch(now, current.get(c.type, {}).get("status") != c.status) for c in changed], stale
+    changed, gone = diff(current, wanted, now)
+    return [c.as_patch(now, current.get(c.type, {}).get("status") != c.status) for c in changed], gone
+
+
+def stale(current: dict[str, dict[str, str]], now: dt.datetime, after: dt.timedelta) -> list[dict[str, str]]:
+    """The patches that set faultline's conditions to Unknown where the agent has not reported for
+    `after` (their heartbeat is kept: it says when the agent last reported)."""
+    out = []
+    for ctype, cur in sorted(current.items()):
+        if ctype not in OWNED_TYPES or cur.get("status") == "Unknown":
+            continue
+        age = _age(cur, now)
+        if age is None or age < after.total_seconds():
+            continue
+        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        was = f"{cur.get('status')} ({cur.get('reason')})"
+        message = f"the faultline agent has not reported since {cur['lastHeartbeatTime']}; it last said {was}"
+        out.append({"type": ctype, "status": "Unknown", "reason": STALE_REASON,
+                    "message": message[:MESSAGE_LIMIT], "lastHeartbeatTime": cur["lastHeartbeatTime"],
+                    "lastTransitionTime": stamp})  # fmt: skip
+    return out
 
 
 class EventLimiter:

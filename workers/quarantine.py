@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import SkipValidation
 
-from faultline import config, kube, store
+from faultline import conditions, config, kube, store
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from faultline.models import Action, Component, FaultState
 from workers import breaker, common, overrides, rules
@@ -111,9 +111,10 @@ class QuarantineWorker:
         return self.loop.halt(timeout)
 
     def resync(self) -> None:
-        """Revisit the held nodes that may be released (no open fault left) and the faults the breaker
-        held back; every FULL_RESYNC_S, every held node (to put back what someone else changed). Found
-        with three queries, whatever the number of nodes."""
+        """Revisit the held nodes that may be released (a fault behind the hold resolved, whatever other
+        faults the node has open) and the faults the breaker held back; every FULL_RESYNC_S, every held
+        node (to put back what someone else changed). Found with a few queries, whatever the number of
+        nodes."""
         held = self.store.held_node_names()
         blocked = self.store.nodes_in_state(STAGE, BLOCKED) | self.store.nodes_in_state(STAGE, PAUSED)
         forced = {
@@ -122,12 +123,28 @@ class QuarantineWorker:
         due = blocked | forced
         if time.monotonic() - self.full_resync_at >= FULL_RESYNC_S:
             self.full_resync_at = time.monotonic()
+            self.mark_silent_agents()
             due |= held
         elif held:
-            due |= held - self.store.nodes_with_open_faults()
+            due |= self.store.holds_with_faults_gone()
         docs = self.store.faults_of(due, STAGE)
         for node in sorted(due):
             self.reconcile(node, record_unchanged=False, docs=docs.get(node, []))
+
+    def mark_silent_agents(self) -> list[str]:
+        """Set Unknown the faultline conditions of every node whose agent has not reported for
+        `agent_stale_after` (faultline.conditions.stale); the nodes changed."""
+        now, marked = self.store.clock(), []
+        for obj in kube.nodes.list_all(self.api):
+            name = obj["metadata"]["name"]
+            patches = conditions.stale(kube.bodies.node_conditions(obj), now, self.settings.agent_stale_after)
+            if not patches:
+                continue
+            kube.nodes.write_conditions(self.api, name, patches, [])
+            log.warning("the node's agent is not reporting: its conditions set Unknown",
+                        extra={"node": name, "item": [p["type"] for p in patches]})  # fmt: skip
+            marked.append(name)
+        return marked
 
     def _prefetch(self, candidates: list[dict[str, Any]]) -> None:
         """The candidates' nodes' faults, read right after the candidates themselves, so each is at least

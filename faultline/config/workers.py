@@ -58,6 +58,11 @@ class QuarantineTuning(Part):
         default=dt.timedelta(seconds=30), gt=_ZERO,
         description="reuse the count of GPU nodes (the breaker's denominator) this long (duration)",
     )  # fmt: skip
+    agent_stale_after: Duration = Field(
+        default=dt.timedelta(minutes=15), ge=dt.timedelta(minutes=5),
+        description="set a node's faultline conditions Unknown when its agent has not reported for this "
+        "long (duration; the agent reports at least every 4 minutes); at least 5m",
+    )  # fmt: skip
     qps: float = _qps()
     burst: int = _burst()
 

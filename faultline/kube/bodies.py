@@ -19,6 +19,7 @@ def node_conditions(node: dict[str, Any]) -> dict[str, dict[str, str]]:
             "status": str(c.get("status", "")),
             "reason": str(c.get("reason") or ""),
             "message": str(c.get("message") or ""),
+            "lastHeartbeatTime": str(c.get("lastHeartbeatTime") or ""),
         }
         for c in (node.get("status") or {}).get("conditions") or []
     }

@@ -15,7 +15,7 @@ import pytest
 
 from devtools import fakelet, procs
 from devtools.cluster import LocalCluster
-from faultline import kube, store
+from faultline import conditions, kube, store
 from faultline.errors import NotFoundError
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
 from workers import breaker, overrides, quarantine, rules
@@ -313,7 +313,9 @@ def test_a_pause_takes_back_faultlines_marks_until_it_ends(nodes: Any, mongo_db:
     assert w.reconcile(name) == "unchanged" and node_view(api, name)["cordoned"]  # not a time: not paused
     got = kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
     bad = [e for e in got if e.reason == "FaultlineBadAnnotation"]
-    assert bad and bad[0].type == "Warning" and "faultline.io/paused-until='tomorrow'" in (bad[0].message or "")
+    assert (
+        bad and bad[0].type == "Warning" and "faultline.io/paused-until='tomorrow'" in (bad[0].message or "")
+    )
 
 
 def test_the_force_label_quarantines_without_a_fault_and_its_removal_releases(
@@ -338,3 +340,27 @@ def test_the_force_label_quarantines_without_a_fault_and_its_removal_releases(
     view = node_view(api, name)
     assert not view["cordoned"] and not view["taints"]
     assert not mongo_db["nodes"].find_one({"_id": name})["quarantined"]
+
+
+def test_a_silent_agents_conditions_turn_unknown_and_its_next_report_sets_them_back(
+    nodes: Any, mongo_db: Any, api: Any
+) -> None:
+    silent, alive = nodes(2)
+    old = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=20)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    fresh = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for name, beat in ((silent, old), (alive, fresh)):
+        kube.nodes.write_conditions(api, name, [
+            {"type": "GpuHealthy", "status": "True", "reason": "NoFaults", "message": "no open faults",
+             "lastHeartbeatTime": beat, "lastTransitionTime": beat},
+            {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": "",
+             "lastHeartbeatTime": old, "lastTransitionTime": old},
+        ], [])  # fmt: skip
+    w = worker(mongo_db, api)
+    assert silent in w.mark_silent_agents() and alive not in w.mark_silent_agents()
+    got = kube.nodes.conditions(api, silent)
+    assert (got["GpuHealthy"]["status"], got["GpuHealthy"]["reason"]) == ("Unknown", "AgentNotReporting")
+    assert got["MemoryPressure"]["status"] == "False"  # the kubelet's own are not faultline's to judge
+    assert kube.nodes.conditions(api, alive)["GpuHealthy"]["status"] == "True"
+    # the agent reports again: its conditions (faultline.kube.nodes.apply_conditions, as the agent's sink)
+    kube.nodes.apply_conditions(api, silent, conditions.desired([], types=["GpuHealthy"]))
+    assert kube.nodes.conditions(api, silent)["GpuHealthy"]["status"] == "True"

@@ -92,3 +92,42 @@ def test_event_limiter() -> None:
     assert not limiter.allow("n1", "XID-79", 59.0)
     assert limiter.allow("n2", "XID-79", 59.0)
     assert limiter.allow("n1", "XID-79", 60.0)
+
+
+def test_conditions_are_rewritten_when_their_heartbeat_is_old_even_unchanged() -> None:
+    now = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
+    wanted = conditions.desired([], types=["GpuHealthy", "NicHealthy"])
+
+    def current(age_s: float) -> dict[str, dict[str, str]]:
+        beat = (now - dt.timedelta(seconds=age_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {t: {"status": "True", "reason": "NoFaults", "message": "no open faults", "lastHeartbeatTime": beat}
+                for t in wanted}  # fmt: skip
+
+    assert conditions.changes(current(60), wanted, now) == ([], [])  # fresh and unchanged: no call
+    patches, _ = conditions.changes(current(conditions.HEARTBEAT_S), wanted, now)
+    assert {p["type"] for p in patches} == {"GpuHealthy", "NicHealthy"}
+    assert all(
+        p["lastHeartbeatTime"] == "2026-12-03T12:00:00Z" and "lastTransitionTime" not in p for p in patches
+    )
+
+
+def test_stale_conditions_turn_unknown_and_keep_their_last_heartbeat() -> None:
+    now = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
+    current = {
+        "GpuHealthy": {"status": "False", "reason": "XID-79", "message": "x", "lastHeartbeatTime": "2026-12-03T11:40:00Z"},
+        "NicHealthy": {"status": "True", "reason": "NoFaults", "message": "", "lastHeartbeatTime": "2026-12-03T11:58:00Z"},
+        "NodeHealthy": {"status": "Unknown", "reason": "AgentNotReporting", "message": "",
+                        "lastHeartbeatTime": "2026-12-03T10:00:00Z"},  # already said
+        "Ready": {"status": "True", "reason": "KubeletReady", "message": "", "lastHeartbeatTime": "2026-12-03T10:00:00Z"},
+    }  # fmt: skip
+    (patch,) = conditions.stale(current, now, dt.timedelta(minutes=15))
+    assert (
+        patch["type"] == "GpuHealthy"
+        and patch["status"] == "Unknown"
+        and patch["reason"] == "AgentNotReporting"
+    )
+    assert (
+        patch["lastHeartbeatTime"] == "2026-12-03T11:40:00Z"
+        and patch["lastTransitionTime"] == "2026-12-03T12:00:00Z"
+    )
+    assert "has not reported since 2026-12-03T11:40:00Z; it last said False (XID-79)" in patch["message"]
