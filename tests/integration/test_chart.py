@@ -368,6 +368,48 @@ def test_each_component_reads_its_settings_file(sets: list[str], tmp_path: Path)
         assert resolved["agent"].config.gpu_poll_interval == 2.0  # type: ignore[attr-defined]
 
 
+def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path) -> None:
+    """`<component>.config` reaches every field of the component's settings model (so every flag of every
+    command the chart runs): each field given in a values file comes out in the rendered settings file,
+    and the file resolves to that value (secrets and what the pod's environment sets are left out)."""
+    from cli import options, settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+
+    from_env = {"mongodb_uri", "kubeconfig", "node"}
+    chart = {"agent": "agent", "quarantine": "quarantine", "drain": "drain", "remediation": "remediation",
+             "janitor": "janitor"}  # fmt: skip
+    values: dict[str, Any] = {"quarantine": {"enabled": True}, "drain": {"enabled": True},
+                              "remediation": {"enabled": True}, "janitor": {"enabled": True}}  # fmt: skip
+    given: dict[str, dict[str, Any]] = {}
+    for component, key in chart.items():
+        model = config.COMPONENTS[component]
+        required = {"mongodb_uri": "mongodb://m:27017", "node": "n"}
+        example = model.model_validate({k: v for k, v in required.items() if k in model.model_fields})
+        dumped = example.model_dump(
+            mode="json"
+        )  # durations as a person writes them ("30s"), as `config show`
+        dumped.update({f: options.format_value(getattr(example, f)) for f in model.model_fields
+                       if isinstance(getattr(example, f), dt.timedelta)})  # fmt: skip
+        given[component] = {
+            f: dumped[f] for f in model.model_fields if f not in from_env and dumped[f] is not None
+        }
+        values.setdefault(key, {})["config"] = given[component]
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = subprocess.run([str(tools.binary("helm")), "template", "fl", str(CHART), "--namespace", NS, "-f", str(path)],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    files = settings_files([d for d in yaml.safe_load_all(out.stdout) if d])
+    for component, fields in given.items():
+        assert set(fields) <= set(files[component]), component
+        file = tmp_path / f"{component}.yaml"
+        file.write_text(yaml.safe_dump(files[component]))
+        env = {"MONGODB_URI": "mongodb://mongo:27017", "NODE_NAME": "node-1"}
+        resolved = settings.resolve(config.COMPONENTS[component], config_file=file, environ=env)
+        for field in fields:
+            assert resolved.sources[field] == f"file {file}", (component, field)
+
+
 @pytest.mark.parametrize(
     ("sets", "error"),
     [
