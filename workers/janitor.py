@@ -37,12 +37,18 @@ escalates. Nothing stays in progress forever: every wait has a timeout.
 A janitor killed mid-repair loses nothing: the round records when it started, the node's boot id before
 the repair and whether the provider call was made, so whoever takes the claim over waits for the same
 reboot instead of asking for another one.
+
+RemediationRequests that people create are adopted by the maintenance pass (`workers.user_requests`:
+refused with a clear status when they cannot be carried out) and carried out here like any round,
+with three differences: a request deleted before its round starts cancels it; the node is cordoned
+while the round runs (`user_cordon`); the Job is named by the request's uid.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -52,7 +58,7 @@ from pydantic import SkipValidation, field_validator
 
 from faultline import config, kube, store
 from faultline.errors import ApiError, ConflictError, NotFoundError, TransientError
-from workers import cloud, common, remedies
+from workers import cloud, common, remedies, user_requests
 
 log = logging.getLogger(__name__)
 WORKER = "janitor"
@@ -76,6 +82,7 @@ class Settings(config.JanitorTuning):
     """The janitor's tunables (defined once, in `JanitorConfig`) and the cloud provider built from it."""
 
     provider: SkipValidation[_Provider] = None  # REPLACE, and REBOOT with reboot_via="cloud"
+    caps: remedies.Caps = remedies.Caps()  # what people's requests are held to (remediation's values)
 
     @field_validator("reset_command")
     @classmethod
@@ -84,7 +91,7 @@ class Settings(config.JanitorTuning):
 
     @classmethod
     def from_config(cls, cfg: config.JanitorConfig, provider: cloud.Provider | None) -> Settings:
-        return config.part(cfg, cls, provider=provider)
+        return config.part(cfg, cls, provider=provider, caps=config.part(cfg, remedies.Caps))
 
 
 class Janitor:
@@ -94,10 +101,12 @@ class Janitor:
         self.settings = settings
         self.owner = owner
         self.metrics = common.WorkerMetrics(WORKER)
+        limits = user_requests.Limits(settings.user_actions, settings.caps, settings.provider is not None)
+        self.adopter = user_requests.Adopter(st, api, limits, record=self._event)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"),
-            every=settings.lease.total_seconds() / 2, max_attempts=5, api=api,
+            every=settings.lease.total_seconds() / 2, max_attempts=5, api=api, resync=self.adopter.run,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -116,6 +125,9 @@ class Janitor:
         index, current = len(rounds) - 1, rounds[-1]
         node, step, name = repair.node, current.step, current.request
         started = current.started_at
+        user = repair.user
+        if user is not None and started is None and not user_requests.still_wanted(self.api, user):
+            return self._cancel(repair, index, current)
         if started is None:  # the first holder of this round: what a takeover must wait for
             started = self.store.clock()
             boot = self._boot_id_or_gone(node)
@@ -123,12 +135,17 @@ class Janitor:
             self.store.start_round(repair.id, index, started, boot)
         external = current.external
         status = self._noop_status if external else self._status  # an external CR's status is its own
+        if user is not None:  # a person's request: written only while it is still that request
+            status = functools.partial(self._status, uid=user.uid)
+            if self.settings.user_cordon:
+                user_requests.cordon(self.api, node, name)
         status(name, "Running", started=started)
         try:
             if external:  # an external remediator acts; the janitor only validates (below)
                 outcome, message = "Succeeded", "left to the external remediator"
             else:
-                outcome, message = self._run(node, step, name, current, started, (repair.id, index))
+                job = current.job or name
+                outcome, message = self._run(node, step, job, current, started, (repair.id, index))
         except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
             outcome, message = "Failed", f"{type(exc).__name__}: {exc}"[:500]
         if outcome == "Succeeded" and step == remedies.REPLACE and not external:
@@ -155,6 +172,8 @@ class Janitor:
         )
         status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
                finished=finished, message=message)  # fmt: skip
+        if user is not None:
+            user_requests.uncordon(self.api, node, name)
         common.post_event(
             self.api, node, reason=f"FaultlineRepair{outcome}", note=f"{step} ({name}): {message}",
             action="Repair", warning=outcome != "Succeeded", worker=WORKER, owner=self.owner,
@@ -163,6 +182,24 @@ class Janitor:
         if outcome != "Succeeded":  # remediation decides the next round (an escalation), once this closes
             return store.DONE, store.to_remediation()
         return store.DONE
+
+    def _cancel(self, repair: store.Repair, index: int, current: store.RepairRound) -> common.Outcome:
+        """A person's request deleted before its round started: nothing is carried out."""
+        now = self.store.clock()
+        message = "the RemediationRequest was deleted before the repair started"
+        self.store.record_round_outcome(
+            repair.id, index, outcome=remedies.CANCELLED, at=now, message=message, started_at=now
+        )
+        self.store.set_repair_result(repair.id, "cancelled")
+        user_requests.uncordon(self.api, repair.node, current.request)  # in case a holder got that far
+        self._event(repair.node, "FaultlineRepairCancelled", f"{current.step} ({current.request}): {message}",
+                    False)  # fmt: skip
+        self.metrics.actions.labels(result=remedies.CANCELLED).inc()
+        return store.DONE
+
+    def _event(self, node: str, reason: str, note: str, warning: bool) -> None:
+        common.post_event(self.api, node, reason=reason, note=note, action="Repair", warning=warning,
+                          worker=WORKER, owner=self.owner)  # fmt: skip
 
     def _run(
         self, node: str, step: str, name: str, current: store.RepairRound, started: dt.datetime,
@@ -323,7 +360,10 @@ class Janitor:
         pass
 
     def _status(self, name: str, phase: str, *, started: dt.datetime | None = None,
-                finished: dt.datetime | None = None, message: str | None = None) -> None:  # fmt: skip
+                finished: dt.datetime | None = None, message: str | None = None,
+                uid: str | None = None) -> None:  # fmt: skip
+        """Write the request's status (`uid`: only while the request of that name is that object; a
+        request deleted meanwhile gets nothing, and that is no error)."""
         status: dict[str, Any] = {"phase": phase}
         if started is not None:
             status["startedAt"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -333,11 +373,20 @@ class Janitor:
             status["message"] = message[:1024]
         try:
             current = kube.resources.get_request(self.api, name)
+            same = uid is None or (current.get("metadata") or {}).get("uid") == uid  # not another object
             attempts = int((current.get("status") or {}).get("attempts", 0)) + (phase == "Running")
             status["attempts"] = attempts
-            kube.resources.patch_request_status(self.api, name, status)
+            if same:
+                kube.resources.patch_request_status(self.api, name, status)
+        except NotFoundError:
+            same = False
         except ApiError as exc:
             log.warning("could not update RemediationRequest %s: %s", name, exc)
+            return
+        if not same:
+            log.info(
+                "RemediationRequest %s is gone: status %s not written", name, phase, extra={"item": name}
+            )
 
 
 def _job_security(privileged: bool) -> dict[str, Any]:

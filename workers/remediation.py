@@ -8,7 +8,10 @@ the janitor recorded. A claim of the `remediation` stage decides the next step f
 faults and every round recorded for the node (`workers.remedies`: escalation, caps, repeat offenders)
 and writes the request; CONTACT_SUPPORT writes none: the node stays quarantined, with an Event and the
 node condition `FaultlineRemediation` False. The janitor sets the stage back to pending when a repair
-did not clear the fault, which makes the next round an escalation.
+did not clear the fault, which makes the next round an escalation. A round that a person's
+RemediationRequest started (adopted by the janitor, `workers.user_requests`) escalates here too, unless
+a quarantine episode's repair of the node is open (that one decides, with the failed round in the
+node's history). No round is decided while another repair of the node is with the janitor.
 
 After a partial drain (`Drain.scope == "gpus"`: only the pods of the faulty GPUs were moved) the one
 repair that may run is a reset of those GPUs. Any other step (an escalation to REBOOT, a fault on
@@ -41,6 +44,8 @@ STAGE = "remediation"
 CONDITION = "FaultlineRemediation"
 WAIT_DRAIN = "drain"  # the repair waits for the whole node's drain after a partial one
 _SEVERITY = {a: i for i, a in enumerate(Action)}
+BUSY_RETRY = dt.timedelta(seconds=5)  # look again this long after finding another repair under way
+ACTIVE = (store.PENDING, store.CLAIMED)
 
 
 class Settings(config.RemediationTuning):
@@ -112,6 +117,15 @@ class Remediation:
     def _handle(self, claim: store.Claim) -> common.Outcome:
         repair = store.Repair.from_doc(claim.doc)
         node = repair.node
+        others = [r for r in self.store.repairs_of(node) if r.id != repair.id]
+        if any(r.janitor.state in (store.PENDING, store.CLAIMED) for r in others):
+            # another repair of the node (a person's RemediationRequest) is under way: decide after it
+            later = self.store.clock() + BUSY_RETRY
+            return store.PENDING, {f"{STAGE}.retry_after": later, f"{STAGE}.attempts": 0}
+        episode = next((r for r in others if r.user is None and r.remediation.state in ACTIVE), None)
+        if repair.user is not None and episode is not None:  # a failed request: the episode escalates
+            self.store.set_repair_result(repair.id, f"escalation left to repair {episode.id}")
+            return store.DONE
         faults = self.store.open_fatal_faults(node)
         if not faults:
             self.store.set_repair_result(repair.id, "faults resolved before repair")
@@ -127,6 +141,8 @@ class Remediation:
             return store.DONE
         round_ = len(repair.rounds) + 1
         name = request_name(node, repair.episode, round_)
+        if repair.user is not None:  # after a person's request: named by its uid (it has no episode)
+            name = f"{node}-{repair.user.uid[:8]}-{round_}"[:253]
         record = store.RepairRound(step=decision.step, request=name, fault_keys=keys, gpus=gpus,
                                    reason=decision.reason, requested_at=now)  # fmt: skip
         if self.settings.template is not None:

@@ -10,7 +10,8 @@ failed to clear the fault (the janitor records each repair's outcome):
 
 The last step is REPLACE where the node can be replaced through a cloud provider, else CONTACT_SUPPORT.
 Caps: a fault that has had `max_attempts_per_fault` repairs, or a node with more than `repeat_offender`
-repairs inside `window` (a repeat offender), goes straight to the last step. Actions NONE and RESTART_APP
+repairs inside `window` (a repeat offender), goes straight to the last step (`capped`; the janitor
+refuses a person's request below the last step for the same reasons). Actions NONE and RESTART_APP
 need no node repair.
 """
 
@@ -25,6 +26,7 @@ from faultline.models import Action
 
 GPU_RESET, REBOOT, REPLACE, CONTACT_SUPPORT = "GPU_RESET", "REBOOT", "REPLACE", "CONTACT_SUPPORT"
 FAILED_OUTCOMES = frozenset({"Failed", "TimedOut", "NotCleared"})
+CANCELLED = "Cancelled"  # a person's request deleted before the janitor started it: no repair happened
 
 
 Caps = config.RepairCaps  # the ladder's limits, defined once with the remediation settings
@@ -40,8 +42,27 @@ class Repair:
     outcome: str  # Succeeded | Failed | TimedOut | NotCleared (it ran, but the fault came back)
 
 
+def last_step(caps: Caps) -> str:
+    return REPLACE if caps.can_replace else CONTACT_SUPPORT
+
+
+def capped(fault_keys: Iterable[str], history: Iterable[Repair], caps: Caps, now: dt.datetime) -> str | None:
+    """Why the node (or these faults) may have no more repairs below the ladder's last step, or None:
+    a repeat offender (more than `repeat_offender` repairs inside `window`), or faults repaired
+    `max_attempts_per_fault` times already. Cancelled requests were no repairs."""
+    keys = set(fault_keys)
+    past = [r for r in history if r.outcome != CANCELLED]
+    recent = [r for r in past if now - r.at <= caps.window]
+    mine = [r for r in past if keys & set(r.fault_keys)]
+    if len(recent) > caps.repeat_offender:
+        return f"repeat offender: {len(recent)} repairs in {caps.window}"
+    if len(mine) >= caps.max_attempts_per_fault:
+        return f"{len(mine)} repairs did not clear these faults"
+    return None
+
+
 def ladder(action: Action, caps: Caps) -> list[str]:
-    last = REPLACE if caps.can_replace else CONTACT_SUPPORT
+    last = last_step(caps)
     steps = {
         Action.COMPONENT_RESET: [GPU_RESET, REBOOT, last],
         Action.RESTART_VM: [REBOOT, last],
@@ -70,13 +91,11 @@ def decide(
     if not steps:
         return Decision(None, f"action {action.value} needs no node repair")
     keys = set(fault_keys)
-    past = list(history)
-    recent = [r for r in past if now - r.at <= caps.window]
+    past = [r for r in history if r.outcome != CANCELLED]
     mine = [r for r in past if keys & set(r.fault_keys)]
-    if len(recent) > caps.repeat_offender:
-        return Decision(steps[-1], f"repeat offender: {len(recent)} repairs in {caps.window}")
-    if len(mine) >= caps.max_attempts_per_fault:
-        return Decision(steps[-1], f"{len(mine)} repairs did not clear these faults")
+    why_capped = capped(keys, past, caps, now)
+    if why_capped is not None:
+        return Decision(steps[-1], why_capped)
     position = 0
     for repair in mine:  # climb one step per failed repair at or above the current step
         if repair.outcome in FAILED_OUTCOMES and repair.step in steps:

@@ -239,10 +239,21 @@ class JanitorTuning(Part):
     cloud_retries: int = Field(
         default=3, ge=1, description="tries (count) of a provider call that fails transiently"
     )
+    user_actions: tuple[Literal["GPU_RESET", "REBOOT", "REPLACE"], ...] = Field(
+        default=("GPU_RESET", "REBOOT", "REPLACE"),
+        description="what a RemediationRequest created by a person may ask for; empty: every such "
+        "request is refused",
+    )
+    user_cordon: bool = Field(
+        default=True,
+        description="cordon the node while a person's RemediationRequest is carried out, and uncordon it "
+        "after unless it was cordoned already (draining stays the operator's: kubectl drain first)",
+    )
 
 
-class JanitorConfig(Component, StoreFields, KubeFields, WorkerFields, JanitorTuning):
-    """The janitor (`faultline worker janitor`)."""
+class JanitorConfig(Component, StoreFields, KubeFields, WorkerFields, JanitorTuning, RepairCaps):
+    """The janitor (`faultline worker janitor`). The repair caps apply to the RemediationRequests people
+    create (give it the remediation worker's values)."""
 
     cloud: Literal["none", "aws", "gcp", "azure", "oci"] = Field(
         default="none", description="the cloud provider API that replaces (and may reboot) nodes"

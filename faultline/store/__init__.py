@@ -24,6 +24,8 @@ Hand-over between workers, through typed fields (`documents`) and named operatio
 - remediation -> janitor: completing a claim with `also=store.to_janitor()` sets `janitor.state`
   pending; the janitor gives a round that failed back with `also=store.to_remediation()`.
 - quarantine reads `repair_in_progress(node)` (the janitor's stage pending or claimed) before release.
+- a person's RemediationRequest -> janitor: the janitor's adoption pass calls `adopt_request` (a
+  `Repair` with `user` set and its janitor stage pending), then carries it out like any other.
 - janitor -> node agent: `record_step_verified` marks a round's step done (reset Job succeeded, node
   back); the agent reads `repairs_to_confirm(node)` while the janitor validates that round.
 
@@ -75,11 +77,12 @@ from faultline.store.documents import (
     RepairNotice,
     RepairRound,
     StageStatus,
+    UserRequest,
     WorkItem,
 )
 from faultline.store.drains import DRAINED
 from faultline.store.holds import BREAKER_ID
-from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation
+from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation, user_repair_key
 
 __all__ = [
     "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR", "NODEDRAIN",
@@ -87,6 +90,7 @@ __all__ = [
     "Clock", "Drain",
     "DryRun", "FaultRecord", "GpuAssignment", "GpuPods", "Lease", "NodeHold", "Owned", "Parked",
     "PodRecord", "Repair", "RepairNotice",
-    "RepairRound", "StageStatus", "Store", "WorkItem", "connect", "episode_label", "repair_key",
-    "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient", "utc", "utcnow",
+    "RepairRound", "StageStatus", "Store", "UserRequest", "WorkItem", "connect", "episode_label",
+    "repair_key", "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient",
+    "user_repair_key", "utc", "utcnow",
 ]  # fmt: skip

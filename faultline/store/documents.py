@@ -13,6 +13,8 @@ Hand-over fields between workers (each written only through a named store operat
 - `GpuPods` (node agent -> drainer): which pods use which GPU, read after the episode's cordon.
 - `Repair.remediation.state` / `Repair.janitor.state` (remediation <-> janitor): a pending janitor stage
   carries out the last round; a pending remediation stage decides the next round (an escalation).
+- `Repair.user` (a person -> janitor): a RemediationRequest someone created, adopted as a repair of
+  its own (`Store.adopt_request`); the janitor carries out its one round like remediation's.
 - `RepairRound.verified_at` (janitor -> node agent): the round's step verifiably happened (reset Job
   succeeded, node back with a new boot id); while the round validates, the agent re-reads the round's
   GPUs and reports those that read healthy (`RepairNotice`).
@@ -232,16 +234,30 @@ class RepairRound(Document):
     # is back with a new boot id): what the node agent re-reads its GPUs' health on (`RepairNotice`)
     verified_at: UTCDateTime | None = None
     evidence: str | None = None
-    outcome: str | None = None  # Succeeded | Failed | TimedOut | NotCleared | ContactSupport
+    outcome: str | None = None  # Succeeded | Failed | TimedOut | NotCleared | ContactSupport | Cancelled
     at: UTCDateTime | None = None
     message: str | None = None
     external: bool = False  # an external remediator's CR: the janitor only validates
     timeout: float | None = None  # seconds for an external round's faults to clear
+    job: str | None = None  # the repair Job's name where it is not `request` (a person's request)
+
+
+class UserRequest(Document):
+    """The RemediationRequest a person created, which the janitor adopted as a repair: its name and
+    uid (a request deleted, or deleted and created again under the same name, is no longer this one),
+    who asked (the annotation `faultline.io/requested-by`, else the field manager that created it),
+    and the repair's turn among the node's adopted requests (`<node>/request-<turn>`)."""
+
+    name: str
+    uid: str
+    by: str = ""
+    turn: int
 
 
 class Repair(Document):
     """`repairs/<node>/<episode>`: the repair of one quarantine episode (remediation's and the
-    janitor's work item)."""
+    janitor's work item); `repairs/<node>/request-<turn>`: a person's RemediationRequest the janitor
+    adopted (`user` set; no episode)."""
 
     id: str = Field(alias="_id")
     node: str
@@ -250,6 +266,7 @@ class Repair(Document):
     fatal: bool = True
     rounds: list[RepairRound] = Field(default_factory=list)
     result: str | None = None
+    user: UserRequest | None = None
     remediation: StageStatus = Field(default_factory=StageStatus)
     janitor: StageStatus = Field(default_factory=lambda: StageStatus(state=IDLE))
 

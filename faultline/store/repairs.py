@@ -4,7 +4,9 @@ Remediation makes it (`open_repair`), decides each round and appends it (`add_ro
 round to the janitor when its claim closes (`to_janitor()`); the janitor records the round's start
 (`start_round`), its cloud call (`record_cloud_call`), the verified outcome of its step
 (`record_step_verified`) and the round's outcome (`record_round_outcome`), and gives a failed round
-back to remediation (`to_remediation()`), which escalates.
+back to remediation (`to_remediation()`), which escalates. A RemediationRequest a person created is
+adopted by the janitor as a repair of its own (`adopt_request`, `<node>/request-<turn>`): one round,
+the janitor's stage pending; a failed round goes to remediation like any other.
 
 The node agent reads one thing here: `repairs_to_confirm(node)`, the verified rounds of its node that
 the janitor is validating now, so it can re-read those GPUs' health and report the ones that read
@@ -16,6 +18,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from pymongo.errors import DuplicateKeyError
+
 from faultline.store import documents
 from faultline.store.base import CLAIMED, IDLE, JANITOR, PENDING, REMEDIATION, Base, utc
 
@@ -24,6 +28,11 @@ def repair_key(node: str, episode: dt.datetime) -> str:
     """A repair's id: `<node>/<episode>`, the episode written as naive UTC ISO time (as it always was,
     so ids stay stable across versions)."""
     return f"{node}/{utc(episode).replace(tzinfo=None).isoformat()}"
+
+
+def user_repair_key(node: str, turn: int) -> str:
+    """The id of the `turn`-th person's RemediationRequest adopted for the node (`Store.adopt_request`)."""
+    return f"{node}/request-{turn}"
 
 
 def episode_label(episode: dt.datetime | None) -> str:
@@ -55,6 +64,24 @@ class Repairs(Base):
             REMEDIATION: {"state": PENDING, "attempts": 0}, JANITOR: {"state": IDLE, "attempts": 0},
         }})  # fmt: skip
         return key
+
+    def adopt_request(self, node: str, request: documents.UserRequest, round_: documents.RepairRound) -> bool:
+        """A person's RemediationRequest as a repair of the node, for the janitor (its stage pending;
+        remediation idle until a round fails). Its id is the node's next turn, `request.turn` (the
+        highest turn of the node's repairs as the caller read them, plus one): the insert of that id
+        is the fence, so of two janitors adopting two requests of one node at once (or one request
+        twice) one wins and the other reads again. False when the turn was taken."""
+        at = utc(round_.requested_at or self.clock())
+        doc = {
+            "_id": user_repair_key(node, request.turn), "node": node, "episode": None, "first_seen": at,
+            "fatal": True, "rounds": [_round_doc(round_)], "user": request.model_dump(mode="python"),
+            REMEDIATION: {"state": IDLE, "attempts": 0}, JANITOR: {"state": PENDING, "attempts": 0},
+        }  # fmt: skip
+        try:
+            self.repairs.insert_one(doc)
+        except DuplicateKeyError:
+            return False
+        return True
 
     def repairs_of(self, node: str) -> list[documents.Repair]:
         return [documents.Repair.from_doc(d) for d in self.repairs.find({"node": node})]
@@ -150,7 +177,8 @@ def _round_doc(r: documents.RepairRound) -> dict[str, Any]:
     if not r.external:  # as remediation always wrote them: the external fields only on external rounds
         doc.pop("external")
         doc.pop("timeout")
-    for key in ("verified_at", "evidence"):  # the janitor's, written when it verified the step
+    # the janitor's verification, written when it verified the step; a user request's own Job name
+    for key in ("verified_at", "evidence", "job"):
         if doc.get(key) is None:
             doc.pop(key, None)
     for key, value in doc.items():

@@ -23,7 +23,7 @@ import yaml
 from devtools import procs, tools
 from devtools.cluster import LocalCluster
 from faultline import kube, store
-from faultline.errors import ConflictError, ForbiddenError
+from faultline.errors import ConflictError, ForbiddenError, NotFoundError
 from faultline.kube import lite
 from faultline.models import Action, FaultState
 from tests.integration.test_drainer import pod, pods_on
@@ -563,6 +563,7 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
             validate_timeout=dt.timedelta(seconds=20), **fast), "j"),
     ]  # fmt: skip
     before = cluster.fakelet.nodes[node].boot_id
+    users_request = f"chart-rbac-{namespace}"
     try:
         for w in workers:
             w.start()
@@ -576,12 +577,24 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
         procs.wait_for("uncordoned", lambda: not core.read_node(node).spec.unschedulable, 30)
         repair = mongo_db["repairs"].find_one({"node": node})
         assert [r["outcome"] for r in repair["rounds"]] == ["Succeeded"]
+        # a person's request: the janitor lists, adopts, cordons, reboots, uncordons as its identity
+        rebooted = cluster.fakelet.nodes[node].boot_id
+        kube.resources.create_request(api, {"apiVersion": kube.resources.RR_API_VERSION,
+                                            "kind": "RemediationRequest", "metadata": {"name": users_request},
+                                            "spec": {"node": node, "action": "REBOOT"}})  # fmt: skip
+        procs.wait_for("the person's request carried out", lambda: (
+            kube.resources.get_request(api, users_request).get("status") or {}).get("phase") == "Succeeded", 40)  # fmt: skip
+        assert cluster.fakelet.nodes[node].boot_id != rebooted
+        procs.wait_for("its cordon taken back", lambda: not core.read_node(node).spec.unschedulable, 10)
         errors = sum(w.metrics.actions.labels(result="error")._value.get() for w in workers)
         assert errors == 0  # no call was refused on the way
     finally:
         for w in workers:
             w.halt()
         core.patch_node(node, {"spec": {"unschedulable": None}})
+        with contextlib.suppress(NotFoundError), kube.client.translated("delete", users_request):
+            kube.custom(api).delete_cluster_custom_object("faultline.io", "v1alpha1", "remediationrequests",
+                                                          users_request)  # fmt: skip
         kube.resources.delete_requests(
             api, label_selector=f"faultline.io/node={node}"
         )  # the node is shared with other tests of the session
