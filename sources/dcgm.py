@@ -117,6 +117,9 @@ class DcgmBackend:
     def resume(self, position: int) -> None:
         """Live hardware: nothing to replay."""
 
+    def position(self) -> int | None:
+        return None  # not replayable
+
     def close(self) -> None:
         self._closed.set()
         try:

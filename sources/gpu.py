@@ -58,6 +58,12 @@ class GpuBackend(Protocol):
         """Continue after the event that carried `position` (a no-op for live hardware)."""
         ...
 
+    def position(self) -> int | None:
+        """Where `resume` would continue from now: a replayable backend's read position (the simulator's
+        control file offset), None for live hardware. A snapshot taken before any event carries it, so
+        an agent killed before its first event replays what came after its start."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -112,13 +118,13 @@ class MonitorWatch:
     def __init__(self, hung_after: float, unresponsive_after: float, *, escalates: bool = True) -> None:
         self.hung_after = hung_after
         self.unresponsive_after = unresponsive_after
+        self.escalates = escalates
         self.state = MONITOR_OK
         self.since: float | None = None
 
     def observe(
         self, now: float, running_since: float | None, failure: str | None, *, ts: float | None = None
     ) -> list[GpuEvent]:
-        self.escalates = escalates
         """`now` and `running_since` on one (monotonic) clock; `ts` stamps the events (default `now`)."""
         stamp = now if ts is None else ts
         if failure is None and (running_since is None or now - running_since < self.hung_after):

@@ -62,6 +62,8 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
             self.fields = {}
         if self.position is not None:
             backend.resume(self.position)  # before the waiting thread starts
+        else:  # where reading begins: a snapshot before the first event must replay from here
+            self.position = backend.position()
         self.queue: queue.Queue[gpu.GpuEvent] = queue.Queue(maxsize=10_000)
         self.stop = threading.Event()
         # a hung call is a node fault only where it is the node's own driver call (sources.gpu)

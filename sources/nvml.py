@@ -194,6 +194,9 @@ class NvmlBackend:
     def resume(self, position: int) -> None:
         """Live hardware: events that happened while the agent was down are in the kernel log."""
 
+    def position(self) -> int | None:
+        return None  # not replayable
+
     def close(self) -> None:
         n = self.nvml
         try:

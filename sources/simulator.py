@@ -131,6 +131,9 @@ class SimulatorBackend:
     def resume(self, position: int) -> None:
         self._offset = min(position, self._offset)  # replay events after `position`; fields are state
 
+    def position(self) -> int:
+        return self._offset
+
     def close(self) -> None:
         self._closed.set()
         if self._watch is not None:
