@@ -116,9 +116,6 @@ class Faults(Base):
             out.setdefault(record.node, []).append(record)
         return out
 
-    def nodes_with_open_faults(self) -> set[str]:
-        return {str(d["node"]) for d in self.faults.find({"state": FaultState.OPEN.value}, {"node": 1})}
-
     def open_fatal_faults(self, node: str) -> list[documents.FaultRecord]:
         docs = self.faults.find({"node": node})
         return [

@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from faultline.models import FaultState
 from faultline.store import documents
 from faultline.store.base import Base, utc
 
@@ -58,6 +59,19 @@ class Holds(Base):
 
     def held_node_names(self) -> set[str]:
         return {str(d["_id"]) for d in self.nodes.find({"quarantined": True}, {"_id": 1})}
+
+    def holds_with_faults_gone(self) -> set[str]:
+        """Held nodes of which a fault behind the hold is no longer open (resolved, or no longer stored):
+        the ones a release, or a smaller quarantine, may be due on. Other open faults of the node (ones no
+        rule quarantines on, say) do not keep it off this list. Two queries, whatever the number of nodes."""
+        holds = {str(d["_id"]): list(d.get("faults") or [])
+                 for d in self.nodes.find({"quarantined": True}, {"faults": 1})}  # fmt: skip
+        keys = sorted({k for faults in holds.values() for k in faults})
+        still: set[str] = set()
+        if keys:
+            docs = self.faults.find({"_id": {"$in": keys}, "state": FaultState.OPEN.value}, {"_id": 1})
+            still = {str(d["_id"]) for d in docs}
+        return {node for node, faults in holds.items() if not faults or not set(faults) <= still}
 
     def holds_episode(self, node: str, episode: dt.datetime | None) -> bool:
         """Is the node still held in the quarantine episode `episode`?"""
