@@ -11,7 +11,8 @@ gone:
    again after they were removed);
 2. on every Node: release exactly what faultline's ownership annotation (`faultline.io/quarantine`) says
    it added (the cordon only if faultline cordoned, its taints and labels, never anyone else's; a node an
-   operator cordoned stays cordoned), drop its annotations and delete the condition types the agent owns;
+   operator cordoned stays cordoned) and the janitor's cordon for a person's request
+   (`faultline.io/cordoned-for`), drop its annotations and delete the condition types the agent owns;
 3. delete the RemediationRequests the remediation worker made (label `faultline.io/node`; a request a
    person created is theirs and stays) and the repair Jobs in the release's namespace (label
    `faultline.io/repair`; the janitor's `namespace` when it was another) with their pods.
@@ -32,7 +33,7 @@ from typing import Any
 from faultline import kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import ConflictError, NotFoundError, TransientError
-from workers import overrides, quarantine, rules
+from workers import overrides, quarantine, rules, user_requests
 
 log = logging.getLogger(__name__)
 
@@ -83,21 +84,22 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
         owned=owned,
     )
     p = rules.plan(state, rules.Desired())
-    ours = [
-        k for k in (quarantine.OWNED_ANNOTATION, rules.FAULTS_ANNOTATION, overrides.CANCELLED_ANNOTATION)
-        if k in annotations
-    ]  # fmt: skip
+    marks = (quarantine.OWNED_ANNOTATION, rules.FAULTS_ANNOTATION, overrides.CANCELLED_ANNOTATION,
+             user_requests.CORDONED_FOR)  # fmt: skip
+    ours = [k for k in marks if k in annotations]
     if not p.changed and not ours:
         return False
+    # the janitor's cordon for a person's RemediationRequest (it cordoned only a node that was not)
+    unschedulable = p.unschedulable and user_requests.CORDONED_FOR not in annotations
     # the node lifecycle controller's mirror of a cordon goes with it (it would remove it a moment later)
-    taints = [t for t in p.taints if p.unschedulable or t[0] != UNSCHEDULABLE_TAINT]
+    taints = [t for t in p.taints if unschedulable or t[0] != UNSCHEDULABLE_TAINT]
     body = {
         "metadata": {
             "labels": dict.fromkeys(p.remove_labels),
             "annotations": dict.fromkeys(ours),
         },
         "spec": {
-            "unschedulable": p.unschedulable or None,
+            "unschedulable": unschedulable or None,
             "taints": [_taint(k, v, e) for k, v, e in taints] or None,
         },
     }

@@ -17,7 +17,7 @@ from devtools import fakelet
 from faultline import kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import NotFoundError, TransientError
-from workers import quarantine, rules, uninstall
+from workers import quarantine, rules, uninstall, user_requests
 
 pytestmark = pytest.mark.integration
 RELEASE = "fl-u"
@@ -51,7 +51,12 @@ def _quarantined_by_faultline(api: Any, name: str) -> None:
         {"type": t, "status": "True", "reason": "NoFaults", "message": "no open fault"} for t in OWNED_TYPES
     ]
     conditions[0] = {**conditions[0], "status": "False", "reason": "XID-79", "message": "GPU 3: XID 79"}
-    kubelets = {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": ""}
+    kubelets = {
+        "type": "MemoryPressure",
+        "status": "False",
+        "reason": "KubeletHasSufficientMemory",
+        "message": "",
+    }
     kube.nodes.write_conditions(api, name, [*conditions, kubelets], [])
 
 
@@ -109,6 +114,15 @@ def test_uninstall_takes_back_faultlines_marks_and_only_them(api: Any, node: str
             kube.custom(api).delete_cluster_custom_object(
                 kube.resources.RR_GROUP, kube.resources.RR_VERSION, kube.resources.RR_PLURAL, theirs
             )
+
+
+def test_the_janitors_cordon_for_a_persons_request_goes(api: Any, node: str, namespace: str) -> None:
+    kube.nodes.patch(api, node, {"metadata": {"annotations": {user_requests.CORDONED_FOR: "reboot-n1"}},
+                                 "spec": {"unschedulable": True}})  # fmt: skip
+    assert uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5).nodes_released == [node]
+    obj = kube.nodes.read(api, node)
+    assert not obj["spec"].get("unschedulable")
+    assert user_requests.CORDONED_FOR not in (obj["metadata"].get("annotations") or {})
 
 
 def test_an_operators_cordon_stays(api: Any, node: str, namespace: str) -> None:
