@@ -79,6 +79,8 @@ class LocalPKI:
         self.admin = self._issue("admin", "faultline-admin", "system:masters")
         self.controller_manager = self._issue("controller-manager", "system:kube-controller-manager", None)
         self.scheduler = self._issue("scheduler", "system:kube-scheduler", None)
+        # kube-proxy on the real nodes: the bootstrap ClusterRoleBinding system:node-proxier names this user
+        self.proxy = self._issue("kube-proxy", "system:kube-proxy", None)
         # the API server's client certificate towards kubelets (logs, exec), which authorize it by webhook
         self.kubelet_client = self._issue("kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
         sa = _key()

@@ -10,6 +10,15 @@ Networking: each node's IP is a /32 on `lo` (kubelet refuses loopback addresses)
 the API server (127.0.0.1:PORT) is reached from pods at the `kubernetes` Service's address 10.0.0.1:443 and
 any other loopback service through `expose` at the bridge's address, by DNAT (devtools.realnode_host).
 
+Services, as in a real cluster: the real kube-proxy (iptables mode; one for the set, as the nodes share
+the machine's network) routes every Service's cluster IP to its endpoints, for pods and for the host
+(a test reads a Service from here). `masqueradeAll`: the pods share one bridge and no `br_netfilter`
+is loaded, so a reply from a pod on the bridge would go straight back to the client, past the address
+translation; masqueraded, the reply returns through the host. Names: `devtools.clusterdns` answers
+`<service>.<namespace>.svc.cluster.local` on the bridge's address, the kubelet's `clusterDNS`. Only one
+set of real nodes on the machine runs kube-proxy at a time (its chains have fixed names): a set started
+while another's runs has no Service routing and says why in `proxy_off`.
+
 Why these kubelet settings (see ../shared/notes/real-node.md): this machine has cgroup v1 and swap rules
 kubelet 1.37 refuses by default (failCgroupV1, failSwapOn), no systemd cgroup driver (cgroupfs), and
 nothing to reserve for (no QoS cgroups, no allocatable enforcement, no eviction, no image GC). containerd
@@ -21,14 +30,18 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-from devtools import procs, realnode_host, tools
+from devtools import clusterdns, procs, realnode_host, realnode_proxy, tools
 from devtools.certs import LocalPKI
 from devtools.registry import LocalRegistry
 from faultline.errors import ConfigError, TransientError
 
 SERVICE_IP = "10.0.0.1"  # the `kubernetes` Service (first address of the cluster's service range)
+CLUSTER_DOMAIN = "cluster.local"
 LABEL = "faultline.io/real-node"
 CNI_BIN = Path("/usr/lib/cni")
 
@@ -46,8 +59,11 @@ class RealNodes:
         self.state: realnode_host.HostState | None = None
         self.procs: list[procs.Proc] = []
         self.image = ""  # the project's image in the registry (when pushed)
+        self.store_images: dict[str, str] = {}  # the embedded store's images there, by name (when pushed)
         self.pause = ""
         self.ips: dict[str, str] = {}
+        self.dns: clusterdns.ClusterDNS | None = None
+        self.proxy_off = "not started"  # why Services are not routed ("" while kube-proxy runs)
 
     # -- start/stop ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -65,10 +81,15 @@ class RealNodes:
         self.pause = self.registry.push_pause_image()
         if self.project_image:
             self.image = self.registry.push_project_image()
+            self.store_images = self.registry.store_refs()  # pushed with it when built (make image-store)
         realnode_host.add_bridge(self.state)
         realnode_host.add_chain(self.state)
         api_port = int(self.server.rsplit(":", 1)[1])
         realnode_host.dnat(self.state, SERVICE_IP, 443, api_port)
+        admin = ssl.create_default_context(cafile=str(self.pki.ca))
+        admin.load_cert_chain(str(self.pki.admin.cert), str(self.pki.admin.key))
+        reader = clusterdns.api_reader(self.server, admin)
+        self.dns = clusterdns.ClusterDNS(self.state.gateway, reader, domain=CLUSTER_DOMAIN).start()
         realnode_host.record_sysctls(self.state)
         for i, name in enumerate(self.names):
             ip = realnode_host.node_ip(self.state.slot, i)
@@ -82,10 +103,58 @@ class RealNodes:
         realnode_host.dnat(self.state, self.state.gateway, port, port)
         return f"{self.state.gateway}:{port}"
 
+    def start_proxy(self) -> None:
+        """kube-proxy for the set, once its nodes are registered (it reads its Node), unless another set
+        on the machine runs one (then `proxy_off` says so). Returns when it has synced the rules once."""
+        assert self.state is not None, "start() first"
+        self.proxy_off = realnode_host.claim_proxy(self.state)
+        if self.proxy_off:
+            return
+        d = self.dir / "kube-proxy"
+        d.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self.pki.kubeconfig(d / "kubeconfig", self.server, self.pki.proxy, "system:kube-proxy")
+        health = procs.free_port()
+        node = self.names[0]
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "hostnameOverride": node,
+            "bindAddress": self.ips[node],
+            "healthzBindAddress": f"127.0.0.1:{health}",
+            "metricsBindAddress": f"127.0.0.1:{procs.free_port()}",
+            "mode": "iptables",
+            "clusterCIDR": str(realnode_host.pod_subnet(self.state.slot)),
+            "nodePortAddresses": [f"{ip}/32" for ip in self.ips.values()],
+            # route_localnet stays as it is (no NodePorts on 127.0.0.1)
+            "iptables": {"masqueradeAll": True, "localhostNodePorts": False},
+            # 0: the machine's conntrack table size and timeouts stay as they are
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+        }
+        path = d / "config.yaml"
+        path.write_text(json.dumps(config, indent=1))
+        proxy = self._spawn(
+            "kube-proxy",
+            [str(tools.binary("kube-proxy")), f"--config={path}", "--v=1"],
+            d / "kube-proxy.log",
+            env={"PATH": str(realnode_proxy.ipv4_tools(d / "bin"))},  # no ip6tables: IPv4 only
+        )
+        procs.wait_for(
+            "kube-proxy synced", lambda: _answers(f"http://127.0.0.1:{health}/healthz"), 60, proc=proxy
+        )
+
     def stop(self) -> None:
-        for proc in reversed(self.procs):  # kubelet first: it stops no pods on exit, cleanup does
+        for proc in reversed(self.procs):  # kube-proxy, then kubelet: it stops no pods on exit, cleanup does
             proc.stop(timeout=5)
         self.procs.clear()
+        if self.dns is not None:
+            self.dns.stop()
+            self.dns = None
         self.registry.stop()
         if self.state is not None:
             realnode_host.cleanup(self.state)
@@ -231,6 +300,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri",
         (d / "cni" / "net.d" / "10-faultline.conflist").write_text(json.dumps(conf, indent=1))
 
     def _kubelet_config(self, d: Path, ip: str, sock: Path) -> Path:
+        assert self.state is not None
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -259,7 +329,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri",
             "serializeImagePulls": False,
             "podLogsDir": str(d / "pod-logs"),
             "resolvConf": "/etc/resolv.conf",
-            "clusterDomain": "cluster.local",
+            "clusterDomain": CLUSTER_DOMAIN,
+            "clusterDNS": [self.state.gateway],  # devtools.clusterdns, on the bridge
             "nodeStatusUpdateFrequency": "2s",
             "syncFrequency": "5s",
             "fileCheckFrequency": "60s",
@@ -271,3 +342,15 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri",
         path.write_text(json.dumps(config, indent=1))
         os.chmod(path, 0o600)
         return path
+
+
+def _answers(url: str) -> bool:
+    """The URL answers 200 (kube-proxy's /healthz does once its first sync is done)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - our own loopback server
+            return bool(resp.status == 200)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return False
+    except OSError:
+        return False

@@ -4,8 +4,8 @@
   cgroups, mounts under a cluster directory), whoever made them;
 - `footprint(state)`: what one recorded set of real nodes still has on the machine;
 - `host_snapshot()` / `snapshot_diff()`: everything real nodes may touch (links, addresses, every iptables
-  rule, mounts, network namespaces, cgroups, the runtime's paths outside its directory, the kernel
-  settings kubelet changes), to compare before a start with after a stop.
+  and ip6tables rule and table, mounts, network namespaces, cgroups, the runtime's paths outside its
+  directory, the kernel settings kubelet changes), to compare before a start with after a stop.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def leftovers() -> list[str]:
     links = host.run(["ip", "-o", "link", "show"])
     left += [f"link {w.rstrip(':')}" for w in links.split() if w.startswith(host.BRIDGE_PREFIX)]
     rules = host.run(["iptables", "-w", "-t", "nat", "-S"]) if shutil.which("iptables") else ""
-    left += [f"iptables {r}" for r in rules.splitlines() if host.CHAIN_PREFIX in r]
+    left += [f"iptables {r}" for r in rules.splitlines() if host.CHAIN_PREFIX in r or "KUBE-" in r]
     left += [f"cgroup {d}" for d in Path("/sys/fs/cgroup").glob(f"*/{host.RUNTIME_CGROUP}/*") if d.is_dir()]
     mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     left += [f"mount {m.split()[4]}" for m in mounts if "/faultline-cluster-" in m.split()[4]]
@@ -64,6 +64,7 @@ def host_snapshot() -> dict[str, set[str]]:
     }
     addrs = {" ".join(line.split()[1:4:2]) for line in host.run(["ip", "-o", "addr", "show"]).splitlines()}
     rules = {r for r in host.run(["iptables-save"]).splitlines() if r.startswith(("-A", ":", "*"))}
+    rules6 = {r for r in _saved("ip6tables-save").splitlines() if r.startswith(("-A", ":", "*"))}
     mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
     cgroups = {str(d) for d in Path("/sys/fs/cgroup").glob("*/*") if d.is_dir()}
     cgroups |= {str(d) for d in Path("/sys/fs/cgroup").glob(f"*/{host.RUNTIME_CGROUP}/*") if d.is_dir()}
@@ -71,12 +72,17 @@ def host_snapshot() -> dict[str, set[str]]:
         "link": links,
         "address": addrs,
         "iptables": {r.split(" [")[0] for r in rules},  # chain lines carry packet counters
+        "ip6tables": {r.split(" [")[0] for r in rules6},  # kube-proxy's, were it dual-stack
         "mount": {m for m in mounts if "/faultline-cluster-" in m or "netns" in m},  # not other work's
         "netns": set(host.run(["ip", "netns", "list"]).split()),
         "cgroup": cgroups,
         "path": {str(p) for top in host.OUTSIDE for p in _tree(Path(top))},
         "sysctl": {f"{k}={host.read_sysctl(k)}" for k in host.KUBELET_SYSCTLS},
     }
+
+
+def _saved(tool: str) -> str:
+    return host.run([tool]) if shutil.which(tool) else ""
 
 
 def _tree(top: Path) -> list[Path]:

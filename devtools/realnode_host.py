@@ -10,6 +10,10 @@ line leaves a record of everything it may have done:
   DNAT to loopback, which the kernel routes only from an interface with `route_localnet`);
 - one iptables nat chain with the DNAT rules, jumped to from PREROUTING (pods) and OUTPUT (the host and
   hostNetwork pods);
+- kube-proxy's iptables chains (KUBE-SERVICES and the rest, in the nat, filter and mangle tables; the
+  Services' routing): they carry fixed names, so one set of real nodes on the machine at a time runs
+  kube-proxy (`claim_proxy`); its cleanup removes them (devtools.realnode_proxy), and the iptables tables
+  that did not exist before the set started, once empty;
 - a work directory holding everything else: kubelet's root (volume mounts), containerd's root and state
   (overlay rootfs mounts, sandbox shm mounts, network namespaces: `netns_mounts_under_state_dir`), runc's
   state, the CNI configuration and IP allocations, the pod logs;
@@ -41,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devtools import procs, tools
+from devtools import procs, realnode_proxy, tools
 from faultline.errors import ConfigError
 
 STATE_DIR = Path("/run/faultline-realnodes")
@@ -73,6 +77,8 @@ class HostState:
     existed: dict[str, bool] = field(default_factory=dict)  # OUTSIDE path -> existed before the start
     pids: list[int] = field(default_factory=list)  # helpers that name no work directory (the registry)
     sysctls: dict[str, str] = field(default_factory=dict)  # KUBELET_SYSCTLS before any kubelet ran
+    proxy: bool = False  # runs kube-proxy: its KUBE-* chains are this set's to remove
+    tables: dict[str, list[str]] = field(default_factory=dict)  # iptables family -> its tables at the start
 
     @property
     def path(self) -> Path:
@@ -117,10 +123,11 @@ def claim(workdir: Path) -> HostState:
     cleanup_stale()
     outside = [*OUTSIDE, *(str(h / RUNTIME_CGROUP) for h in _hierarchies())]
     existed = {p: os.path.lexists(p) for p in outside}
+    tables = {family: realnode_proxy.tables(family) for family in realnode_proxy.FAMILIES}
     for slot in range(1, 250):
         if _address_in_use(slot):  # something else uses the slot's networks: leave them alone
             continue
-        state = HostState(slot=slot, workdir=str(workdir), existed=existed)
+        state = HostState(slot=slot, workdir=str(workdir), existed=existed, tables=tables)
         STATE_DIR.mkdir(mode=0o700, exist_ok=True)  # again: the last cleanup removes it
         tmp = STATE_DIR / f".claim-{os.getpid()}"
         tmp.write_text(json.dumps(asdict(state), indent=1))
@@ -196,6 +203,23 @@ def record_pid(state: HostState, pid: int) -> None:
     state.save()
 
 
+def claim_proxy(state: HostState) -> str:
+    """Record that this set runs kube-proxy, unless another does ("" when claimed; else why not): its
+    chains have fixed names, so two would overwrite each other's rules and one's cleanup remove both."""
+    others = [s for s in live_states() if s.slot != state.slot and s.proxy]
+    if others:
+        return f"the real nodes of slot {others[0].slot} (process {others[0].owner}) run kube-proxy"
+    if _has_chain("KUBE-SERVICES"):
+        return "another kube-proxy runs here (a KUBE-SERVICES chain that no real nodes here recorded)"
+    state.proxy = True
+    state.save()
+    return ""
+
+
+def _has_chain(chain: str) -> bool:
+    return f"-N {chain}" in run(["iptables", "-w", "-t", "nat", "-S"]).splitlines()
+
+
 def add_address(state: HostState, ip: str) -> None:
     state.addresses.append(ip)
     state.save()
@@ -247,6 +271,9 @@ def cleanup(state: HostState) -> None:
     step("cgroups", _remove_cgroups, work)
     step("mounts", _unmount_under, work)
     step("iptables", _remove_chain, state)
+    if state.proxy:
+        step("kube-proxy rules", realnode_proxy.remove_rules)
+    step("iptables tables", realnode_proxy.remove_new_tables, state.tables)
     if state.bridge:
         step("bridge", run, ["ip", "link", "del", state.bridge])
     for ip in state.addresses:

@@ -8,6 +8,7 @@ scratch written by devtools.oci, pushed with crane.
     with LocalRegistry(workdir) as reg:
         ref = reg.push_project_image()        # 127.0.0.1:PORT/images/faultline@sha256:...
         pause = reg.push_pause_image()        # 127.0.0.1:PORT/faultline/pause:<version>
+        store = reg.push_store_images()       # {"ferretdb": "127.0.0.1:PORT/images/ferretdb@sha256:...", ...}
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from faultline.errors import ConfigError
 SUPPLY_CHAIN = tools.REPO / "image" / "supply-chain.sh"
 IMAGE_DIR = tools.REPO / ".cache" / "image"
 PAUSE_TAG = "faultline/pause:1"
+STORE_IMAGES = ("ferretdb", "postgres")  # the chart's embedded store (image/store.sh)
 
 
 class LocalRegistry:
@@ -66,6 +68,27 @@ class LocalRegistry:
         tools.ensure("crane", "cosign", "syft", "helm")
         _script(["bash", str(SUPPLY_CHAIN), "push", self.address], "image/supply-chain.sh push", timeout=900)
         return f"{self.address}/images/faultline@{(IMAGE_DIR / 'digest').read_text().strip()}"
+
+    def push_store_images(self) -> dict[str, str]:
+        """The embedded store's images (`make image-store`; built here when missing, which needs root and
+        Debian's mirror) pushed by digest and signed: `image/supply-chain.sh push-store` (`push` does it
+        too when they are built). Returns each one's reference by name."""
+        if len(self.store_refs()) < len(STORE_IMAGES):
+            _script(["bash", str(tools.REPO / "image" / "store.sh")], "make image-store", timeout=1800)
+        tools.ensure("crane", "cosign")
+        _script(["bash", str(SUPPLY_CHAIN), "push-store", self.address], "image/supply-chain.sh push-store",
+                timeout=600)  # fmt: skip
+        return self.store_refs()
+
+    def store_refs(self) -> dict[str, str]:
+        """The references here of the store images that are built (what `push` pushed with the project's
+        image, or `push_store_images`)."""
+        store = IMAGE_DIR / "store"
+        return {
+            name: f"{self.address}/images/{name}@{(store / f'{name}.digest').read_text().strip()}"
+            for name in STORE_IMAGES
+            if (store / f"{name}.digest").is_file()
+        }
 
     def push_pause_image(self) -> str:
         """The sandbox image: the static pause program as /pause in an image of its own."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from devtools import procs, realnode_host
+from devtools import procs, realnode_host, volumes
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 
@@ -30,7 +30,9 @@ def up(
 ) -> None:
     """Run until SIGINT/SIGTERM; emit `KUBECONFIG=...` and `MONGODB_URI=...` once everything is ready.
     With `real_nodes` (root only): also `REGISTRY=...`, `IMAGE=...` (the project's image there, unless not
-    `project_image`) and `MONGODB_URI_PODS=...` (the store as pods on real nodes reach it)."""
+    `project_image`), `FERRETDB_IMAGE=...` and `POSTGRES_IMAGE=...` (the chart's embedded store, when
+    `make image-store` built them), `STORAGE_CLASS=...` (a PersistentVolume of it waits for the embedded
+    store's claim) and `MONGODB_URI_PODS=...` (the store as pods on real nodes reach it)."""
     if state.exists() and procs.alive(json.loads(state.read_text()).get("pid", 0)):
         raise SystemExit(
             f"a dev cluster is already running (see {state}); stop it with `faultline dev cluster down`"
@@ -68,6 +70,10 @@ def up(
             emit(f"REGISTRY={real.registry.address}")
             if real.image:
                 emit(f"IMAGE={real.image}")
+            for name, ref in real.store_images.items():
+                emit(f"{name.upper()}_IMAGE={ref}")
+            volumes.add(cluster, "store-data", storage_class=volumes.LOCAL_CLASS, size="8Gi")
+            emit(f"STORAGE_CLASS={volumes.LOCAL_CLASS}")
             emit(f"MONGODB_URI_PODS=mongodb://{cluster.expose(mongo.port)}/?directConnection=true")
             emit("# repair Jobs must never reboot this machine: set the chart's janitor.config.record_only")
         with_real = f" and {real_nodes} real nodes" if real_nodes else ""

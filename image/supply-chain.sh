@@ -6,11 +6,16 @@
 #                                            committed; empty password)
 #   image/supply-chain.sh push REGISTRY      push the image by digest to REGISTRY/images/faultline, sign it,
 #                                            attest the SBOM; package the chart, push it to
-#                                            oci://REGISTRY/faultline and sign it
+#                                            oci://REGISTRY/faultline and sign it; then push-store
+#   image/supply-chain.sh push-store REGISTRY
+#                                            the embedded store's images, those `make image-store` built
+#                                            (.cache/image/store): by digest to REGISTRY/images/ferretdb
+#                                            and REGISTRY/images/postgres (tagged with their versions, the
+#                                            chart's default tags), signed
 #   image/supply-chain.sh verify REGISTRY [PUBLIC_KEY]
-#                                            verify the image's signature and SBOM attestation and the
-#                                            chart's signature (default key: the local one); fails on
-#                                            a wrong key
+#                                            verify the image's signature and SBOM attestation, the
+#                                            chart's signature and the built store images' signatures
+#                                            (default key: the local one); fails on a wrong key
 #   image/supply-chain.sh registry ADDRESS   a registry in the foreground (crane registry serve)
 #   image/supply-chain.sh selftest           a registry on a free loopback port for the time of a push
 #                                            and a verify, then stopped (what `make verify-image` runs)
@@ -92,6 +97,28 @@ push() {
   echo "$chart_digest" > "$out/chart/digest"
   local chart_version=${tgz##*/faultline-}; chart_version=${chart_version%.tgz}
   log "pushed and signed the chart: helm install faultline oci://$reg/faultline --version $chart_version"
+  push_store "$reg"
+}
+
+store_images() {  # the store images make image-store built: NAME per line
+  local name
+  for name in ferretdb postgres; do
+    [ -s "$out/store/$name.digest" ] && [ -d "$out/store/$name" ] && echo "$name"
+  done
+  return 0
+}
+
+push_store() {
+  local reg=$1 name digest tag
+  keypair
+  for name in $(store_images); do
+    digest=$(cat "$out/store/$name.digest")
+    tag=$(sed -n 's/.*"org.opencontainers.image.ref.name":"\([^"]*\)".*/\1/p' "$out/store/$name/index.json")
+    quiet "$bin/crane" push --insecure "$out/store/$name" "$reg/images/$name@$digest"
+    [ -z "$tag" ] || quiet "$bin/crane" tag --insecure "$reg/images/$name@$digest" "$tag"
+    quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$reg/images/$name@$digest"
+    log "pushed and signed $reg/images/$name@$digest (tag ${tag:-none})"
+  done
 }
 
 verify() {
@@ -107,6 +134,12 @@ verify() {
     quiet "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$reg/faultline@$(cat "$out/chart/digest")"
     log "chart signature verified: $reg/faultline@$(cat "$out/chart/digest")"
   fi
+  local name
+  for name in $(store_images); do
+    image="$reg/images/$name@$(cat "$out/store/$name.digest")"
+    quiet "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$image"
+    log "signature verified: $image"
+  done
 }
 
 free_port() {
@@ -142,8 +175,9 @@ case ${1:-} in
   sbom) sbom ;;
   keys) keypair ;;
   push) push "${2:?REGISTRY}" ;;
+  push-store) push_store "${2:?REGISTRY}" ;;
   verify) verify "${2:?REGISTRY}" "${3:-}" ;;
   registry) exec "$bin/crane" registry serve --address "${2:?ADDRESS}" ;;
   selftest) selftest ;;
-  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,25p' "$0" >&2; exit 2 ;;
 esac

@@ -1,0 +1,338 @@
+"""The store the chart brings, as real pods (issue 13): `helm install oci://<loopback registry>/faultline`
+with the default store (embedded: FerretDB in front of PostgreSQL), only the agent on (simulated GPUs),
+into the local cluster with a real kubelet node. The store's images are the ones `make image-store` built,
+pushed by digest and signed beside the project's; the PostgreSQL claim binds a hostPath PersistentVolume
+the test provides (`devtools.volumes`, storage class `faultline-local`); the pods find FerretDB and
+PostgreSQL by their Service names (`devtools.clusterdns`) and reach them through kube-proxy.
+
+(a) install: PostgreSQL (StatefulSet, its claim bound to the test's volume), FerretDB and the agent run on
+    the real node, Ready, never restarted; an XID 79 on the agent's simulated GPU ends up in the embedded
+    store, read from the host through FerretDB's Service (kube-proxy) with the Secret's URI, and the
+    cluster DNS gives pods the name that URI holds;
+(b) `helm upgrade` that rolls PostgreSQL and FerretDB (new resource requests): the same password, the
+    fault still there (the volume kept the data), and a new fault written after it;
+(c) `helm uninstall`: no pod, workload or Service of the release. The store's Secret (annotated
+    `helm.sh/resource-policy: keep`: it holds the password the data was initialised with) and the
+    PostgreSQL claim (a StatefulSet's claims outlive it) stay by design; the test removes them, and the
+    volume.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import dns.message
+import dns.query
+import pymongo
+import pymongo.errors
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from devtools import procs, tools, volumes
+from devtools.cluster import LocalCluster
+from faultline import kube
+from faultline.conditions import OWNED_TYPES
+from faultline.errors import NotFoundError, TransientError
+from sources import simulator
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(900),  # the first real-node test starts the cluster: tools built, images pushed
+    pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (CI runs as root)"),
+]
+NODE = "real-node-01"
+RELEASE = "fls"
+STORAGE_CLASS = volumes.LOCAL_CLASS
+STORE = ("postgres", "ferretdb")
+CHART_VERSION = yaml.safe_load((tools.REPO / "charts" / "faultline" / "Chart.yaml").read_text())["version"]
+
+
+def _helm(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([str(tools.binary("helm")), *args], capture_output=True, text=True, env=env,
+                          check=False, timeout=180)  # fmt: skip
+    assert done.returncode == 0, f"helm {' '.join(args[:2])}: {done.stderr.strip()}"
+    return done.stdout
+
+
+def _by_digest(ref: str) -> dict[str, str]:
+    repository, _, digest = ref.partition("@")
+    return {"repository": repository, "digest": digest}
+
+
+def _values(
+    cluster: LocalCluster, store: dict[str, str], state: Path, *, memory: str = "256Mi"
+) -> dict[str, Any]:
+    """The default store (embedded) with the registry's images and the test's storage class; `memory`:
+    PostgreSQL's and FerretDB's memory request (an upgrade that changes it rolls both)."""
+    assert cluster.real is not None
+    return {
+        "image": _by_digest(cluster.real.image),
+        "store": {
+            "embedded": {
+                "ferretdb": {"image": _by_digest(store["ferretdb"]),
+                             "resources": {"requests": {"cpu": "50m", "memory": memory}}},
+                "postgres": {"image": _by_digest(store["postgres"]),
+                             "storage": {"size": "1Gi", "storageClass": STORAGE_CLASS},
+                             "resources": {"requests": {"cpu": "100m", "memory": memory}}},
+            },
+        },
+        "agent": {
+            "gpuBackend": "sim",
+            "stateDir": str(state),
+            "ingestSocket": str(state.parent / "ingest" / "ingest.sock"),
+            "sysfsRoot": "",
+            "terminationGracePeriodSeconds": 10,
+            "nodeSelector": {"nvidia.com/gpu.present": None, "kubernetes.io/hostname": NODE},
+            "config": {"sim_dir": str(state / "sim"), "gpu_poll_interval": "500ms",
+                       "repair_poll_interval": "500ms", "snapshot_interval": "2s"},
+        },
+    }  # fmt: skip
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _release_pods(api: Any, ns: str) -> list[dict[str, Any]]:
+    pods = kube.pods.list_all(api, field_selector=f"metadata.namespace={ns}")
+    return [
+        p for p in pods if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == RELEASE
+    ]
+
+
+def _component(api: Any, ns: str, component: str) -> dict[str, Any] | None:
+    """The component's pod that is not being deleted (None while there is none)."""
+    for pod in _release_pods(api, ns):
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get("app.kubernetes.io/component") == component and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            return pod
+    return None
+
+
+def _restarts(pod: dict[str, Any]) -> list[int]:
+    return [s["restartCount"] for s in pod["status"].get("containerStatuses") or []]
+
+
+def _read(api: Any, kind: str, name: str, ns: str | None = None) -> dict[str, Any]:
+    """An object as plain JSON; `kind` as the client names it (secret, service, persistent_volume_claim,
+    persistent_volume)."""
+    core = kube.core(api)
+    if ns is None:
+        return dict(kube.client.read_json("read", name, getattr(core, f"read_{kind}"), name))
+    return dict(kube.client.read_json("read", name, getattr(core, f"read_namespaced_{kind}"), name, ns))
+
+
+def _secret(api: Any, ns: str) -> dict[str, str]:
+    data = _read(api, "secret", f"{RELEASE}-store", ns).get("data") or {}
+    return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+
+def _store_client(api: Any, ns: str) -> pymongo.MongoClient[Any]:
+    """The embedded store as the release's pods reach it (the Secret's URI), but at FerretDB's cluster IP
+    in place of its name: from the host, through kube-proxy's rules."""
+    uri = _secret(api, ns)["uri"]
+    name = f"{RELEASE}-ferretdb.{ns}.svc:27017"
+    assert name in uri, uri.split("@")[-1]
+    ip = _read(api, "service", f"{RELEASE}-ferretdb", ns)["spec"]["clusterIP"]
+    return pymongo.MongoClient(uri.replace(name, f"{ip}:27017"), serverSelectionTimeoutMS=3000)
+
+
+def _faults(client: pymongo.MongoClient[Any]) -> list[dict[str, Any]]:
+    """The faults of the real node in the store ([] while the store does not answer)."""
+    try:
+        return list(client["faultline"]["faults"].find({"node": NODE}))
+    except pymongo.errors.PyMongoError:
+        return []
+
+
+def _diagnosis(api: Any, ns: str) -> str:
+    """Each release pod's state, its log tail and, for a restarted container, why it ended and its log."""
+    said = []
+    core = kube.core(api)
+    for pod in _release_pods(api, ns):
+        name = pod["metadata"]["name"]
+        said.append(f"--- {name} {pod['status'].get('phase')} restarts {_restarts(pod)}")
+        with contextlib.suppress(ApiException):
+            said.append(core.read_namespaced_pod_log(name, ns, tail_lines=20))
+        for status in pod["status"].get("containerStatuses") or []:
+            if status["restartCount"]:
+                said.append(f"--- {name} before its restart: {status.get('lastState')}")
+                with contextlib.suppress(ApiException):
+                    said.append(core.read_namespaced_pod_log(name, ns, previous=True, tail_lines=30))
+    return "\n".join(said)
+
+
+def _fail(message: str, api: Any, ns: str) -> NoReturn:
+    raise AssertionError(f"{message}\n{_diagnosis(api, ns)}")
+
+
+@pytest.fixture
+def helm_env(tmp_path: Path) -> dict[str, str]:
+    tools.ensure("helm")
+    return {**os.environ, "HELM_CACHE_HOME": str(tmp_path / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(tmp_path / "helm" / "config"),
+            "HELM_DATA_HOME": str(tmp_path / "helm" / "data")}  # fmt: skip
+
+
+@pytest.fixture
+def sim_nodes_cordoned(real_cluster: LocalCluster) -> Iterator[None]:
+    """The simulated nodes run no real pod: cordoned, FerretDB can only go to the real node."""
+    api = real_cluster.api()
+    for sim in real_cluster.node_names:
+        kube.nodes.patch(api, sim, {"spec": {"unschedulable": True}})
+    try:
+        yield
+    finally:
+        for sim in real_cluster.node_names:
+            kube.nodes.patch(api, sim, {"spec": {"unschedulable": None}})
+
+
+@pytest.mark.usefixtures("sim_nodes_cordoned")
+def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_leaves_the_data_at_uninstall(
+    real_cluster: LocalCluster, helm_env: dict[str, str], tmp_path: Path
+) -> None:
+    real = real_cluster.real
+    assert real is not None and real.state is not None
+    assert not real.proxy_off, f"Services are not routed on this cluster's real node: {real.proxy_off}"
+    started = time.monotonic()
+    api = real_cluster.api()
+    core = kube.core(api)
+    store_images = real.registry.push_store_images()
+    ns = f"fls-{uuid.uuid4().hex[:6]}"
+    volume = f"{ns}-data"
+    state = tmp_path / "node" / "state"
+    (state / "sim").mkdir(parents=True)
+    chart = f"oci://{real.registry.address}/faultline"
+    values = tmp_path / "values.yaml"
+    kubeconfig = str(real_cluster.kubeconfig)
+    volumes.add(real_cluster, volume, storage_class=STORAGE_CLASS, size="1Gi")
+    try:
+        # -- (a) install: the store and the agent, real pods on the real node -----------------------------
+        values.write_text(yaml.safe_dump(_values(real_cluster, store_images, state)))
+        installed = time.monotonic()
+        _helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+              "--kubeconfig", kubeconfig, "--namespace", ns, "--create-namespace", "-f", str(values))  # fmt: skip
+        ready_after: dict[str, float] = {}
+
+        def all_ready() -> bool:
+            for component in (*STORE, "agent"):
+                if component not in ready_after and _ready(_component(api, ns, component) or {}):
+                    ready_after[component] = time.monotonic() - installed
+            return len(ready_after) == 3
+
+        try:
+            procs.wait_for("PostgreSQL, FerretDB and the agent Ready", all_ready, 300, interval=0.5)
+        except TransientError as exc:
+            _fail(str(exc), api, ns)
+        pods = {c: _component(api, ns, c) for c in (*STORE, "agent")}
+        for component, pod in pods.items():
+            assert pod is not None and pod["spec"]["nodeName"] == NODE, component
+            if _restarts(pod) != [0]:
+                _fail(f"{component} restarted: {_restarts(pod)}", api, ns)
+        for component in STORE:  # the images by digest from the loopback registry
+            image_id = pods[component]["status"]["containerStatuses"][0]["imageID"]  # type: ignore[index]
+            assert image_id.endswith(store_images[component].split("@")[1]), (component, image_id)
+        claim = _read(api, "persistent_volume_claim", f"data-{RELEASE}-postgres-0", ns)
+        assert claim["status"]["phase"] == "Bound" and claim["spec"]["volumeName"] == volume, claim["status"]
+        assert claim["spec"]["storageClassName"] == STORAGE_CLASS
+
+        # the name the Secret's URI holds, as the pods' resolver asks for it (kubelet's clusterDNS)
+        ip = _read(api, "service", f"{RELEASE}-ferretdb", ns)["spec"]["clusterIP"]
+        asked = dns.message.make_query(f"{RELEASE}-ferretdb.{ns}.svc.cluster.local.", "A")
+        reply = dns.query.udp(asked, real.state.gateway, timeout=5)
+        assert [r.address for rrset in reply.answer for r in rrset] == [ip], reply
+
+        simulator.inject(NODE, 3, kind="xid", value=79, directory=state / "sim")
+        with contextlib.closing(_store_client(api, ns)) as client:
+            procs.wait_for("the XID 79 fault in the embedded store", lambda: bool(_faults(client)), 90,
+                           interval=0.5)  # fmt: skip
+            first = _faults(client)
+        assert [f["code"] for f in first] == ["XID-79"], first
+        password = _secret(api, ns)["password"]
+        print(f"\nembedded store: images pushed {installed - started:.1f} s after the test began; Ready after "
+              + ", ".join(f"{c} {s:.1f} s" for c, s in ready_after.items()) + " (from helm install)")  # fmt: skip
+
+        # -- (b) upgrade: PostgreSQL and FerretDB roll; the data and the password stay ------------------
+        old = {c: pods[c]["metadata"]["uid"] for c in STORE}  # type: ignore[index]
+        values.write_text(yaml.safe_dump(_values(real_cluster, store_images, state, memory="200Mi")))
+        upgraded = time.monotonic()
+        _helm(helm_env, "upgrade", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+              "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
+
+        def rolled() -> bool:
+            now = {c: _component(api, ns, c) for c in STORE}
+            return all(p is not None and p["metadata"]["uid"] != old[c] and _ready(p) for c, p in now.items())
+
+        try:
+            procs.wait_for("new PostgreSQL and FerretDB pods Ready", rolled, 240, interval=0.5)
+        except TransientError as exc:
+            _fail(str(exc), api, ns)
+        rolled_after = time.monotonic() - upgraded
+        assert _secret(api, ns)["password"] == password
+        with contextlib.closing(_store_client(api, ns)) as client:
+            procs.wait_for("the store answering after the upgrade", lambda: bool(_faults(client)), 60,
+                           interval=0.5)  # fmt: skip
+            assert [(f["_id"], f["code"]) for f in _faults(client)] == [(f["_id"], f["code"]) for f in first]
+            simulator.inject(NODE, 5, kind="xid", value=79, directory=state / "sim")
+            procs.wait_for("a second fault written after the upgrade", lambda: len(_faults(client)) == 2, 90,
+                           interval=0.5)  # fmt: skip
+        for component in (*STORE, "agent"):
+            pod = _component(api, ns, component)
+            assert pod is not None and _ready(pod), component
+            if _restarts(pod) != [0]:
+                _fail(f"{component} restarted: {_restarts(pod)}", api, ns)
+        print(f"embedded store: upgrade rolled PostgreSQL and FerretDB in {rolled_after:.1f} s")
+
+        # -- (c) uninstall: the release goes; its Secret and claim stay by design ---------------------
+        _helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
+        procs.wait_for("no pod of the release", lambda: not _release_pods(api, ns), 120, interval=0.5)
+        assert not kube.apps(api).list_namespaced_stateful_set(ns).items
+        assert not kube.apps(api).list_namespaced_deployment(ns).items
+        assert not kube.apps(api).list_namespaced_daemon_set(ns).items
+        assert not core.list_namespaced_service(ns).items
+        kept = _read(api, "secret", f"{RELEASE}-store", ns)
+        assert kept["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"
+        claim = _read(api, "persistent_volume_claim", f"data-{RELEASE}-postgres-0", ns)
+        assert claim["spec"]["volumeName"] == volume
+        core.delete_namespaced_secret(f"{RELEASE}-store", ns)
+        core.delete_namespaced_persistent_volume_claim(f"data-{RELEASE}-postgres-0", ns)
+
+        def claim_gone() -> bool:
+            try:
+                _read(api, "persistent_volume_claim", f"data-{RELEASE}-postgres-0", ns)
+            except NotFoundError:
+                return True
+            return False
+
+        procs.wait_for("the PostgreSQL claim deleted", claim_gone, 60, interval=0.5)
+        assert _read(api, "persistent_volume", volume)["status"]["phase"] == "Released"  # Retain: data stays
+        volumes.remove(real_cluster, volume)
+        assert not volumes.directory(real_cluster, volume).exists()
+        print(f"embedded store test: {time.monotonic() - started:.1f} s")
+    finally:
+        subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
+                        "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,
+                       capture_output=True, check=False, timeout=180)  # fmt: skip
+        with contextlib.suppress(ApiException):  # not created
+            core.delete_namespace(ns, propagation_policy="Background")
+
+        def namespace_gone() -> bool:
+            return ns not in {n.metadata.name for n in core.list_namespace().items if n.metadata is not None}
+
+        procs.wait_for("the test's namespace gone", namespace_gone, 120, interval=1)
+        if volumes.directory(real_cluster, volume).exists():
+            volumes.remove(real_cluster, volume)
+        left = [t for t in kube.nodes.conditions(api, NODE) if t in OWNED_TYPES]  # the agent's last word
+        kube.nodes.write_conditions(api, NODE, [], left)
