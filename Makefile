@@ -36,11 +36,12 @@ check: setup
 	$(MAKE) --no-print-directory proto-check
 
 # The gRPC modules generated from each proto are committed (faultline/api/health.proto, the ingest API;
+# faultline/api/nvsentinel.proto, NVSentinel's platform-connector service the agent also serves;
 # sources/kubelet/podresources.proto, the part of the kubelet's pod-resources API the agent reads);
 # `proto` rewrites them and `proto-check` fails when they are out of date (pinned grpcio-tools and
 # mypy-protobuf: deterministic).
 PROTOC := PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m grpc_tools.protoc -I.
-PROTOS := faultline/api/health.proto sources/kubelet/podresources.proto
+PROTOS := faultline/api/health.proto faultline/api/nvsentinel.proto sources/kubelet/podresources.proto
 proto: setup
 	$(PROTOC) --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
 

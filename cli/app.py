@@ -294,7 +294,7 @@ def _run_agent(config: config.AgentConfig) -> None:
     repairs = repair_notices(config.mongodb_uri.get_secret_value(), config.database, config.node)
     logs = _log_inputs(config, compiled)
     spool = None
-    if config.ingest_socket or config.ingest_tcp:
+    if config.ingest_socket or config.ingest_tcp or config.nvsentinel_socket:
         spool = ingest.IngestSpool(config.state_dir / "ingest")
         logs.append(LogInput("grpc", "grpc", ingest.IngestSource(spool)))
     stop = threading.Event()  # set by SIGTERM: the flow ends in order (see dataflows.runner)
@@ -309,7 +309,7 @@ def _run_agent(config: config.AgentConfig) -> None:
         metrics.serve(config.metrics_port, host=config.metrics_address)
     recovery = _recovery(config.state_dir / "recovery")
     server = None
-    if spool is not None:
+    if spool is not None and (config.ingest_socket or config.ingest_tcp):
         from sources import ingest_server  # noqa: PLC0415 - grpc only when ingest is on
 
         tls = None
@@ -320,6 +320,11 @@ def _run_agent(config: config.AgentConfig) -> None:
         server = ingest_server.serve(
             config.node, spool, socket=config.ingest_socket, tcp=config.ingest_tcp, tls=tls
         )
+    nvsentinel = None
+    if spool is not None and config.nvsentinel_socket is not None:
+        from sources import nvsentinel_server  # noqa: PLC0415 - grpc only when it is on
+
+        nvsentinel = nvsentinel_server.serve(config.node, spool, config.nvsentinel_socket)
     gpu_pods = None
     if config.pod_resources_socket is not None:  # for the drainer's partial GPU drains
         from sources import pod_resources  # noqa: PLC0415 - grpc only when it is on
@@ -341,6 +346,8 @@ def _run_agent(config: config.AgentConfig) -> None:
             gpu_pods.close()
         if server is not None:
             server.stop(grace=2).wait()
+        if nvsentinel is not None:
+            nvsentinel.stop(grace=2).wait()
 
 
 def _stop_inputs(stop: threading.Event) -> None:

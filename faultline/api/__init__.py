@@ -1,1 +1,2 @@
-"""The gRPC API (`health.proto`) and its generated modules (regenerate with `make proto`)."""
+"""The gRPC API (`health.proto`), NVSentinel's platform-connector contract (`nvsentinel.proto`, served for
+migration) and their generated modules (regenerate with `make proto`)."""

@@ -81,6 +81,11 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
     ingest_tls_client_ca: Path | None = Field(
         default=None, description="require client certificates signed by this CA file on ingest_tcp"
     )
+    nvsentinel_socket: Path | None = Field(
+        default=None,
+        description="also serve NVSentinel's platform-connector gRPC service (HealthEventOccurredV1) on "
+        "this Unix socket (mode 0600), for NVSentinel's health monitors; unset: off",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -93,4 +98,6 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
     def _tls_for_tcp(self) -> AgentConfig:
         if self.ingest_tcp and not (self.ingest_tls_cert and self.ingest_tls_key):
             raise ValueError("ingest_tcp needs ingest_tls_cert and ingest_tls_key (plain TCP is not offered)")
+        if self.nvsentinel_socket is not None and self.nvsentinel_socket == self.ingest_socket:
+            raise ValueError("nvsentinel_socket and ingest_socket must be different paths")
         return self
