@@ -131,10 +131,8 @@ class KmsgReader:
         if not line or line.startswith(" "):  # continuation lines carry key=value context
             return None
         head = line.partition(";")[0].split(",")
-        if len(head) < 3 or not head[1].isdigit():
-            return None
-        seq = int(head[1])
-        if seq <= self.last_seq:
+        seq = formats.uint(head[1]) if len(head) >= 3 else None  # not '²', not 5000 digits
+        if seq is None or seq <= self.last_seq:
             return None
         self.last_seq = seq
         return line

@@ -73,7 +73,7 @@ def parse(line: str | bytes) -> Entry | None:
     """One `journalctl -o json` line as (cursor, record); None for lines that are not entries."""
     try:
         fields = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the decoder recurses
         return None
     if not isinstance(fields, dict) or not isinstance(fields.get("__CURSOR"), str):
         return None

@@ -15,7 +15,7 @@ import math
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sources import formats
+from sources import follow, formats, journal
 from tests.unit.fuzzing import NASTY, any_text, corpus_lines, example_messages, fuzz, near
 
 CTX = formats.Context(formats.YearGuess(2026, 12, fixed=True), boot_base=1_000_000.0)
@@ -192,3 +192,41 @@ def test_written_lines_parse_back(when: dt.datetime, micros: int, host: str, mes
         assert (parsed.host, parsed.message, parsed.kernel) == (want_host, message, True), (fmt, line)
         assert math.isclose(parsed.ts, ts, abs_tol=1e-5), (fmt, line, parsed.ts, ts)
         assert formats.parse_line(fmt, line, year) == (fmt, parsed)
+
+
+# -- the live readers: journalctl's JSON lines and /dev/kmsg records ----------------------------------
+
+
+@fuzz(1500)
+@given(
+    st.one_of(near(tuple(ln for ln in corpus_lines() if ln.startswith("{"))), any_text, st.integers(0, 3000))
+)
+@example('{"__CURSOR": "c", "MESSAGE": ' + "[" * 3000)  # RecursionError, not a ValueError
+def test_journalctl_lines_are_entries_or_none(line: str | int) -> None:
+    if isinstance(line, int):
+        line = '{"__CURSOR": "c", "a": ' + "[" * line
+    for raw in (line, line.encode("utf-8", "surrogatepass")):
+        entry = journal.parse(raw)
+        if entry is not None:
+            assert isinstance(entry.cursor, str)
+            check(entry.record)
+
+
+@fuzz(1500)
+@given(
+    st.lists(
+        near(tuple(ln for ln in corpus_lines() if ln[:1].isdigit() and ";" in ln)) | any_text, max_size=8
+    )
+)
+@example(["6,\u00b2,100,-;x"])  # int('²') after str.isdigit()
+@example(["6," + "9" * 5000 + ",100,-;x"])
+def test_kmsg_records_are_taken_once_in_sequence(records: list[str]) -> None:
+    reader = follow.KmsgReader()
+    taken = []
+    for record in records:
+        before = reader.last_seq
+        accepted = reader._accept(record)  # the record filter of the reader's poll
+        if accepted is not None:
+            assert accepted == record and reader.last_seq > before
+            taken.append(reader.last_seq)
+    assert taken == sorted(set(taken))
