@@ -3,7 +3,8 @@
 Errors drive the claim loop: a handler's `PermanentError` parks the item after that one try (its reason
 recorded, a Warning Event on its Node, `faultline_<worker>_parked_total`); a `TransientError` gives it
 back, not to be claimed before its `delay` nor before the capped exponential back-off of its attempts
-(`store.retry_delay`); any other exception counts as transient. An item out of attempts is parked.
+(`store.retry_delay`); any other exception counts as transient. An item out of attempts is parked; a
+TransientError itself gets at least TRANSIENT_ATTEMPTS (an outage must not park work).
 Every claim's outcome is logged with `node`, `item`, `fault_key`, `worker`, `attempt` and `claim_owner`.
 """
 
@@ -26,6 +27,17 @@ from faultline.errors import LeaseLostError, PermanentError, TransientError
 log = logging.getLogger(__name__)
 CANDIDATES = 256  # pending documents read at once for all of a worker's claimers
 CANDIDATES_MAX_AGE_S = 1.0  # read again after this, so new and others' work shows
+# A transient failure (the API server or the store away, throttling) parks its item only after this many
+# tries, once the back-off has reached its cap: about 14 minutes of failing, whatever the stage's own
+# cap, so an API server restart never leaves work parked for a person once it is back. (The chaos suite's
+# apiserver-restart: the janitor's 5 tries went in 8 s of a 12 s restart, and the repair stayed parked.)
+TRANSIENT_ATTEMPTS = 12
+
+
+def attempt_cap(exc: Exception, max_attempts: int) -> int:
+    """The tries an item failing with `exc` gets before it is parked: the stage's `max_attempts`, and at
+    least TRANSIENT_ATTEMPTS for a transient failure."""
+    return max(max_attempts, TRANSIENT_ATTEMPTS) if isinstance(exc, TransientError) else max_attempts
 
 
 def default_owner(worker: str) -> str:
@@ -275,7 +287,7 @@ class ClaimLoop:
         attempts = claim.status.attempts
         if isinstance(exc, PermanentError):
             return store.PARKED, reason, None
-        if attempts >= self.max_attempts:
+        if attempts >= attempt_cap(exc, self.max_attempts):
             return store.PARKED, f"{attempts} attempts, the last: {reason}"[:500], None
         delay = store.retry_delay(attempts, exc.delay if isinstance(exc, TransientError) else 0.0)
         return store.PENDING, reason, self.store.clock() + dt.timedelta(seconds=delay)
