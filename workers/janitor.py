@@ -140,14 +140,11 @@ class Janitor:
             if self.settings.user_cordon:
                 user_requests.cordon(self.api, node, name)
         status(name, "Running", started=started)
-        try:
-            if external:  # an external remediator acts; the janitor only validates (below)
-                outcome, message = "Succeeded", "left to the external remediator"
-            else:
-                job = current.job or name
-                outcome, message = self._run(node, step, job, current, started, (repair.id, index))
-        except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
-            outcome, message = "Failed", f"{type(exc).__name__}: {exc}"[:500]
+        if external:  # an external remediator acts; the janitor only validates (below)
+            outcome, message = "Succeeded", "left to the external remediator"
+        else:
+            outcome, message = self._carry_out(node, step, current.job or name, current, started,
+                                               (repair.id, index))  # fmt: skip
         if outcome == "Succeeded" and step == remedies.REPLACE and not external:
             self.store.resolve_faults(current.fault_keys, f"janitor: {message}")  # the old hardware's
         if outcome == "Succeeded" and step in (remedies.GPU_RESET, remedies.REBOOT) and not external:
@@ -182,6 +179,21 @@ class Janitor:
         if outcome != "Succeeded":  # remediation decides the next round (an escalation), once this closes
             return store.DONE, store.to_remediation()
         return store.DONE
+
+    def _carry_out(
+        self, node: str, step: str, job: str, current: store.RepairRound, started: dt.datetime,
+        where: tuple[str, int],
+    ) -> tuple[str, str]:  # fmt: skip
+        """The round's step and its outcome: a failure is one (recorded, then escalated), but the API
+        server or the store being away is not: it raises TransientError, and the claim is retried with
+        the same round (its start, boot id and cloud call recorded), never a second repair."""
+        try:
+            with store.unreachable_is_transient("carrying out a repair"):
+                return self._run(node, step, job, current, started, where)
+        except TransientError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
+            return "Failed", f"{type(exc).__name__}: {exc}"[:500]
 
     def _cancel(self, repair: store.Repair, index: int, current: store.RepairRound) -> common.Outcome:
         """A person's request deleted before its round started: nothing is carried out."""
@@ -320,6 +332,9 @@ class Janitor:
                 if gone_ok:
                     return "Succeeded", "the Node was removed (a new instance replaces it)"
                 raise
+            except TransientError:  # the API server away (restarting): not back yet, as far as we know
+                self.stop.wait(self.settings.poll.total_seconds())
+                continue
             if boot and boot != before and ready:
                 return "Succeeded", f"back with boot id {boot}"
             self.stop.wait(self.settings.poll.total_seconds())
@@ -329,7 +344,11 @@ class Janitor:
     def _wait_job(self, name: str, started: dt.datetime) -> tuple[str, str]:
         deadline = started + self.settings.job_timeout
         while self.store.clock() < deadline and not self.stop.is_set():
-            job = kube.jobs.read(self.api, self.settings.namespace, name)
+            try:
+                job = kube.jobs.read(self.api, self.settings.namespace, name)
+            except TransientError:  # the API server away: not finished, as far as we know
+                self.stop.wait(self.settings.poll.total_seconds())
+                continue
             status = job.get("status", {})
             if status.get("succeeded"):  # backoffLimit 0, restartPolicy Never: the command exited 0
                 return "Succeeded", "the Job succeeded (its command exited 0)"
@@ -342,13 +361,26 @@ class Janitor:
         self, keys: list[str], started: dt.datetime, timeout: dt.timedelta | None = None
     ) -> tuple[str, str]:
         """Every fault of the round resolved by a fresh healthy report from the node agent (external
-        rounds: within their own timeout from the start, since the repair happens meanwhile)."""
+        rounds: within their own timeout from the start, since the repair happens meanwhile). The time
+        the store cannot be read does not count."""
         if timeout is not None:
             deadline = started + timeout
         else:
             deadline = self.store.clock() + self.settings.validate_timeout
+        blind = False
         while not self.stop.is_set():
-            open_ = self.store.unresolved(keys, started)
+            try:
+                with store.unreachable_is_transient("reading the round's faults"):
+                    open_ = self.store.unresolved(keys, started)
+            except TransientError:  # the store away: no verdict, and the agent cannot report through it
+                blind = True
+                self.stop.wait(self.settings.poll.total_seconds())
+                continue
+            # back from an outage: the agent gets its full time again (or a long outage ends in NotCleared
+            # and an escalation, a second repair of a node the first one may have fixed)
+            if blind and timeout is None:
+                deadline = max(deadline, self.store.clock() + self.settings.validate_timeout)
+                blind = False
             if not open_:
                 return "Succeeded", "the node agent reports the GPUs healthy again"
             if self.store.clock() >= deadline:
