@@ -13,12 +13,17 @@ process behind, and undoes what real nodes changed on the machine.
     with LocalCluster(nodes=2, real_nodes=1) as cluster:
         cluster.real.image           # the project's image in the loopback registry, by digest
         cluster.expose(mongo_port)   # "<address>:<port>" at which pods reach 127.0.0.1:<port>
+
+    with LocalCluster(nodes=50, audit_policy=POLICY) as cluster:   # the API server's audit log (JSON lines)
+        cluster.audit_log            # appended to across restarts
+        cluster.restart("etcd", sig=signal.SIGKILL)   # same flags, ports and data directory
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import ssl
 import tempfile
 import time
@@ -72,7 +77,10 @@ class LocalCluster:
         real_nodes: int = 0,
         real_prefix: str = "real-node",
         project_image: bool = True,
+        audit_policy: dict[str, Any] | None = None,
     ) -> None:
+        """`audit_policy`: an audit.k8s.io/v1 Policy (as a dict); the API server then writes the events it
+        selects to `audit_log` (JSON lines)."""
         self.node_names = [f"{node_prefix}-{i:02d}" for i in range(1, nodes + 1)]
         self.real_node_names = [f"{real_prefix}-{i:02d}" for i in range(1, real_nodes + 1)]
         self.real: realnode.RealNodes | None = None
@@ -86,6 +94,9 @@ class LocalCluster:
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.server = ""
         self.ready_seconds = 0.0
+        self.audit_policy = audit_policy
+        self.audit_log = self.dir / "logs" / "audit.jsonl"
+        self._health: dict[str, Any] = {}  # process name -> its readiness check (restart waits for it)
 
     # -- start/stop ----------------------------------------------------------------------------------
     def start(self) -> LocalCluster:
@@ -133,7 +144,8 @@ class LocalCluster:
                 str(2 << 30),
             ],
         )
-        procs.wait_for("etcd health", lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health"), 30, proc=etcd)
+        self._health["etcd"] = lambda: _http_ok(f"http://127.0.0.1:{etcd_port}/health")
+        procs.wait_for("etcd health", self._health["etcd"], 30, proc=etcd)
         apiserver = self._spawn(
             "kube-apiserver",
             [
@@ -156,10 +168,12 @@ class LocalCluster:
                 "--enable-priority-and-fairness=false",
                 "--endpoint-reconciler-type=none",
                 *self._kubelet_flags(pki),
+                *self._audit_flags(),
             ],
         )
         self._admin_ssl = _ssl_context(pki.ca, pki.admin.cert, pki.admin.key)
-        procs.wait_for("kube-apiserver /readyz", lambda: self._get("/readyz") == "ok", 90, proc=apiserver)
+        self._health["kube-apiserver"] = lambda: self._get("/readyz") == "ok"
+        procs.wait_for("kube-apiserver /readyz", self._health["kube-apiserver"], 90, proc=apiserver)
         pki.kubeconfig(self.kubeconfig, self.server, pki.admin, "admin")
         kcm_cfg = pki.kubeconfig(self.dir / "kcm.kubeconfig", self.server, pki.controller_manager, "kcm")
         sched_cfg = pki.kubeconfig(self.dir / "scheduler.kubeconfig", self.server, pki.scheduler, "scheduler")
@@ -223,6 +237,33 @@ class LocalCluster:
             f"--kubelet-client-certificate={pki.kubelet_client.cert}",
             f"--kubelet-client-key={pki.kubelet_client.key}",
         ]
+
+    def _audit_flags(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.dir / "audit-policy.json"  # JSON is YAML: the API server reads either
+        policy.write_text(json.dumps(self.audit_policy))
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-maxsize=0", "--audit-log-mode=blocking"]  # fmt: skip
+
+    def restart(self, name: str, *, sig: signal.Signals = signal.SIGTERM, timeout: float = 90.0) -> float:
+        """Stop one control-plane process (`etcd`, `kube-apiserver`, `kube-controller-manager`,
+        `kube-scheduler`) with `sig` and start it again with the same flags, so on the same ports and data
+        directory; wait until it serves (etcd /health, the API server /readyz). Returns the seconds it
+        took from the signal."""
+        index = next((i for i, p in enumerate(self.procs) if p.name == name), None)
+        if index is None:
+            raise ValueError(f"no control-plane process {name!r} (one of {[p.name for p in self.procs]})")
+        started = time.monotonic()
+        old = self.procs[index]
+        old.stop_signal = sig
+        old.stop()
+        new = procs.Proc(name, old.argv, old.log)
+        self.procs[index] = new
+        check = self._health.get(name)
+        if check is not None:
+            procs.wait_for(f"{name} serving again", check, timeout, proc=new)
+        return time.monotonic() - started
 
     def expose(self, port: int) -> str:
         """`address:port` at which pods on the real nodes reach 127.0.0.1:`port` (the store, say)."""

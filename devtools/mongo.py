@@ -3,6 +3,8 @@ storing in a temporary SQLite directory (the default) or in a private PostgreSQL
 
     with LocalMongo() as mongo:
         client = pymongo.MongoClient(mongo.uri)
+        mongo.kill()                 # FerretDB stopped hard (SIGKILL); its storage stays
+        mongo.revive()               # started again on the same port, with the same storage
 
 Why PostgreSQL as well: FerretDB 1.x on SQLite finds a document by `_id` with an expression its `_id`
 index does not cover, so every update scans the whole collection (measured: 23 ms per update at 1,000
@@ -119,6 +121,7 @@ class LocalMongo:
         self.ready_seconds = 0.0
         self.backend = backend
         self.postgres: LocalPostgres | None = None
+        self._argv: list[str] = []
 
     @property
     def uri(self) -> str:
@@ -137,12 +140,8 @@ class LocalMongo:
                 data.mkdir(parents=True, exist_ok=True)
                 storage = f"-sqlite-url=file:{data}/"
             self.port = self.port or procs.free_port()
-            self.proc = procs.Proc(
-                "ferretdb",
-                [str(tools.binary("ferretdb")), f"-listen-addr=127.0.0.1:{self.port}", storage],
-                self.dir / "ferretdb.log",
-            )
-            procs.wait_for("FerretDB to accept connections", self._accepting, 30, proc=self.proc)
+            self._argv = [str(tools.binary("ferretdb")), f"-listen-addr=127.0.0.1:{self.port}", storage]
+            self.revive()
         except BaseException:
             self.stop()
             raise
@@ -152,6 +151,21 @@ class LocalMongo:
     def _accepting(self) -> bool:
         with socket.create_connection(("127.0.0.1", self.port), timeout=1):
             return True
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Stop FerretDB alone with `sig` (SIGKILL: no goodbye to its clients); PostgreSQL and the SQLite
+        files stay, for `revive`."""
+        if self.proc is not None:
+            self.proc.stop_signal = sig
+            self.proc.stop()
+            self.proc = None
+
+    def revive(self) -> None:
+        """Start FerretDB (again) on the same port and storage; wait until it accepts connections."""
+        if self.proc is not None:
+            return
+        self.proc = procs.Proc("ferretdb", self._argv, self.dir / "ferretdb.log")
+        procs.wait_for("FerretDB to accept connections", self._accepting, 30, proc=self.proc)
 
     def stop(self) -> None:
         if self.proc is not None:
