@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli import config_cmd, demo, options
+from cli import config_cmd, demo, options, preflight
 from faultline import config
 from faultline.errors import FaultlineError, PackError
 
@@ -49,6 +49,8 @@ worker_app = typer.Typer(help="faultline's workers, each run as a Deployment.", 
 app.add_typer(worker_app, name="worker")
 app.add_typer(config_cmd.app, name="config")
 app.command("demo")(demo.demo)
+options.command(app, "webhook", config.WebhookConfig)(preflight.webhook)
+options.command(app, "preflight", config.PreflightConfig)(preflight.preflight)
 app.callback()(options.log_options)  # --log-format, --log-level: logging is configured here, once
 
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.

@@ -9,6 +9,10 @@ failure (NVSwitch incidents are node fields `dcgm_<system>_s<switch>_<error code
 once and absent from a later check is reported 0, which resolves it. The `dcgm` pack maps systems and
 severities to codes and actions. XIDs reach the agent through the kernel log, so `wait_events` only
 waits.
+
+`diagnose` (preflight) runs DCGM's diagnostics at a level (1-4, as `dcgmi diag -r`) on some GPUs only, in
+a group of their own: the GPUs a pod was given, never another pod's. It reads the response shape of
+DCGM 4 (`c_dcgmDiagResponse_v11`/`v12`: tests, each with its result and the indices of its errors).
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ import importlib
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from faultline.errors import ConfigError
 from patterns.templates import pci_bus
-from sources.gpu import GpuDevice, GpuEvent
+from sources.gpu import GpuDevice, GpuEvent, GpuInfo
 
 BINDINGS = Path("/usr/local/dcgm/bindings/python3")
 # DCGM_HEALTH_WATCH_* bit -> the system's name in field names (ConnectX only where the bindings have it)
@@ -74,10 +79,12 @@ class DcgmBackend:
             mask |= bit
         self.group.health.Set(mask)
         self._devices = []
+        self._models: dict[int, str] = {}
         for gpu_id in self.group.GetGpuIds():
             attrs = self.agent.dcgmGetDeviceAttributes(self.handle.handle, gpu_id)
             ident = attrs.identifiers
             self._devices.append(GpuDevice(int(gpu_id), _text(ident.uuid), pci_bus(_text(ident.pciBusId))))
+            self._models[int(gpu_id)] = _text(getattr(ident, "deviceName", ""))
         self._index = {d.index: d.index for d in self._devices}
         self._seen: dict[int, set[str]] = {}
         self._closed = threading.Event()
@@ -114,6 +121,10 @@ class DcgmBackend:
                 fields[name] = 0
         return out
 
+    def inventory(self) -> dict[int, GpuInfo]:
+        """The model from the device attributes; links are not read through DCGM (0: unknown)."""
+        return {d.index: GpuInfo(model=self._models.get(d.index, "")) for d in self._devices}
+
     def resume(self, position: int) -> None:
         """Live hardware: nothing to replay."""
 
@@ -126,6 +137,90 @@ class DcgmBackend:
             del self.group
         finally:
             self.handle.Shutdown()
+
+
+DIAG_LEVELS = {
+    1: "DCGM_DIAG_LVL_SHORT",
+    2: "DCGM_DIAG_LVL_MED",
+    3: "DCGM_DIAG_LVL_LONG",
+    4: "DCGM_DIAG_LVL_XLONG",
+}
+
+
+@dataclass(frozen=True)
+class DiagFailure:
+    test: str  # the diagnostic's test name, e.g. "memory"
+    uuid: str  # the GPU it failed on ("" : not one GPU's)
+    message: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    failures: list[DiagFailure]
+    note: str = ""  # why nothing could be concluded (no host engine, unsupported answer), for the log
+
+
+def diagnose(
+    host: str, level: int, uuids: list[str], bindings: dict[str, ModuleType] | None = None
+) -> Diagnosis:
+    """DCGM diagnostics at `level` on the GPUs with these UUIDs. No host engine answering, a GPU DCGM does
+    not know, a diagnostic that cannot run (another one running) or an answer of an unknown shape
+    conclude nothing (a note): only a test that ran and failed is a failure."""
+    if level not in DIAG_LEVELS:
+        raise ConfigError(f"DCGM diagnostic level {level}: expected 1-4 (as dcgmi diag -r)")
+    b = bindings or load_bindings()
+    pydcgm, s, f, agent = b["pydcgm"], b["dcgm_structs"], b["dcgm_fields"], b["dcgm_agent"]
+    try:
+        handle = pydcgm.DcgmHandle(ipAddress=host, opMode=s.DCGM_OPERATION_MODE_AUTO)
+    except Exception as exc:  # noqa: BLE001 - DCGM's bindings raise their own classes for "not there"
+        return Diagnosis([], f"no DCGM host engine at {host}: {exc}")
+    try:
+        known = {}
+        for gpu_id in agent.dcgmGetEntityGroupEntities(handle.handle, f.DCGM_FE_GPU, 0):
+            attrs = agent.dcgmGetDeviceAttributes(handle.handle, gpu_id)
+            known[_text(attrs.identifiers.uuid)] = int(gpu_id)
+        missing = [u for u in uuids if u not in known]
+        if missing or not uuids:
+            return Diagnosis([], f"DCGM at {host} does not know the GPUs {missing or uuids}")
+        group = pydcgm.DcgmGroup(handle, groupName=f"faultline-preflight-{os.getpid()}",
+                                 groupType=s.DCGM_GROUP_EMPTY)  # fmt: skip
+        try:
+            for uuid in uuids:
+                group.AddGpu(known[uuid])
+            try:
+                response = group.action.RunDiagnostic(getattr(s, DIAG_LEVELS[level]))
+            except Exception as exc:  # noqa: BLE001 - e.g. a diagnostic already running: nothing concluded
+                return Diagnosis([], f"DCGM diagnostics did not run: {exc}")
+        finally:
+            group.Delete()
+        by_id = {gpu_id: uuid for uuid, gpu_id in known.items()}
+        return _failures(response, s, by_id, f.DCGM_FE_GPU)
+    finally:
+        handle.Shutdown()
+
+
+def _failures(response: Any, s: ModuleType, by_id: dict[int, str], gpu_group: int) -> Diagnosis:
+    if not hasattr(response, "numTests"):
+        return Diagnosis(
+            [], f"DCGM answered a diagnostic response of an unsupported shape ({type(response).__name__})"
+        )
+    out = []
+    for i in range(int(response.numTests)):
+        test = response.tests[i]
+        if int(test.result) != s.DCGM_DIAG_RESULT_FAIL:
+            continue
+        name = _text(test.name)
+        errors = [response.errors[int(j)] for j in list(test.errorIndices)[: int(test.numErrors)]]
+        if not errors:
+            out.append(DiagFailure(name, "", "failed"))
+        for error in errors:
+            gpu = (
+                by_id.get(int(error.entity.entityId), "")
+                if int(error.entity.entityGroupId) == gpu_group
+                else ""
+            )
+            out.append(DiagFailure(name, gpu, " ".join(_text(error.msg).split())[:300]))
+    return Diagnosis(out)
 
 
 def _text(value: Any) -> str:

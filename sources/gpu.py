@@ -42,6 +42,21 @@ class GpuEvent:
     name: str = ""  # the field or counter (kind field/counter); what failed (kind monitor)
 
 
+@dataclass(frozen=True)
+class GpuInfo:
+    """What a GPU is and how it is attached, read once (preflight): the model's name, the PCIe link's
+    current and maximum width (lanes) and generation, and the NVLinks that exist, active and not. 0 (-1
+    for the links) where the backend cannot tell: no evidence either way."""
+
+    model: str = ""
+    pcie_width: int = 0
+    pcie_width_max: int = 0
+    pcie_gen: int = 0
+    pcie_gen_max: int = 0
+    nvlink_active: int = -1
+    nvlink_inactive: int = -1
+
+
 class GpuBackend(Protocol):
     def devices(self) -> list[GpuDevice]: ...
 
@@ -52,6 +67,10 @@ class GpuBackend(Protocol):
     def read_fields(self) -> dict[int, dict[str, int]]:
         """Current health fields by GPU index (call from a thread of its own: a driver call may hang).
         Names in COUNTERS are cumulative; the others are states whose non-zero values are abnormal."""
+        ...
+
+    def inventory(self) -> dict[int, GpuInfo]:
+        """Model and links of each GPU by index (call from a thread of its own, like `read_fields`)."""
         ...
 
     def resume(self, position: int) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from faultline.errors import ConfigError
 from patterns.templates import pci_bus
-from sources.gpu import GpuDevice, GpuEvent
+from sources.gpu import GpuDevice, GpuEvent, GpuInfo
 
 REMAPPED_ROWS = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
                  "remapped_rows_failure")  # fmt: skip
@@ -173,6 +173,34 @@ class NvmlBackend:
             for link in links:
                 total += q({}, "", n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter) or 0
             fields[name] = total
+
+    def inventory(self) -> dict[int, GpuInfo]:
+        """Name, PCIe link (current and maximum width and generation) and the NVLinks that exist but are
+        inactive (a link that does not exist answers NotSupported). A GPU that answers "lost" is left
+        out: `read_fields` reports it."""
+        n, q = self.nvml, self._query
+        out = {}
+        for index, h in enumerate(self.handles):
+            try:
+                try:
+                    model = _text(n.nvmlDeviceGetName(h))
+                except (n.NVMLError_NotSupported, n.NVMLError_FunctionNotFound):
+                    model = ""
+                links = [q({}, "", n.nvmlDeviceGetNvLinkState, h, link)
+                         for link in range(n.NVML_NVLINK_MAX_LINKS)]  # fmt: skip
+                present = [state for state in links if state is not None]
+                out[index] = GpuInfo(
+                    model=model,
+                    pcie_width=q({}, "", n.nvmlDeviceGetCurrPcieLinkWidth, h) or 0,
+                    pcie_width_max=q({}, "", n.nvmlDeviceGetMaxPcieLinkWidth, h) or 0,
+                    pcie_gen=q({}, "", n.nvmlDeviceGetCurrPcieLinkGeneration, h) or 0,
+                    pcie_gen_max=q({}, "", n.nvmlDeviceGetMaxPcieLinkGeneration, h) or 0,
+                    nvlink_active=sum(1 for state in present if state != 0) if present else -1,
+                    nvlink_inactive=sum(1 for state in present if state == 0) if present else -1,
+                )
+            except n.NVMLError_GpuIsLost:
+                continue
+        return out
 
     def _probe_lost(self) -> list[GpuEvent]:
         """Which GPUs answer 'lost'; each is reported once until it answers again."""

@@ -12,6 +12,11 @@ file (a restarted backend knows them), and `read_fields` returns them the way NV
 `hang` record makes the next reads block for that many seconds, as a stuck driver call does. A
 `reset` record (`{gpu: 3, reset: true}`, `sim inject --reset`) resets a GPU: its volatile error and
 pending fields return to 0, and nothing is logged (see `RESET_CLEARS`).
+
+`inventory` (what preflight reads) gives every simulated GPU the model SIM_MODEL, a PCIe Gen5 x16 link
+and 18 NVLinks, less the `nvlink_down` field's count. The link fields in LINK_FIELDS are set like the
+others (`sim inject --field pcie_width=8`) but are link state, not health fields: `read_fields` leaves
+them out, as NVML's health read does, and a `clear` record puts them back to their maximum.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 import yaml
 
 from faultline.models import stable_id
-from sources.gpu import GpuDevice, GpuEvent
+from sources.gpu import GpuDevice, GpuEvent, GpuInfo
 
 POLL_S = 0.02
 WATCH_MAX_S = 0.25  # inotify waits are cut this short too, so that close() is noticed
@@ -45,6 +50,10 @@ FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 RESET_CLEARS = frozenset(
     {"ecc_dbe_volatile", "remapped_rows_pending", "retired_pages_pending", "nvlink_down"}
 )
+
+SIM_MODEL = "NVIDIA H100 80GB HBM3"
+SIM_NVLINKS = 18
+LINK_FIELDS = {"pcie_width": 16, "pcie_gen": 5}  # name -> the link's maximum (and its healthy value)
 
 
 def default_dir() -> Path:
@@ -94,6 +103,7 @@ class SimulatorBackend:
         self._devices = devices_for(node, gpus)
         self._lock = threading.Lock()
         self._fields: dict[int, dict[str, int]] = {d.index: {} for d in self._devices}
+        self._links: dict[int, dict[str, int]] = {d.index: dict(LINK_FIELDS) for d in self._devices}
         self._hang_until = 0.0
         self._offset = 0
         self._read_control()  # the fields the GPUs have now; events before the start are history
@@ -128,6 +138,43 @@ class SimulatorBackend:
         with self._lock:
             return {index: dict(fields) for index, fields in self._fields.items()}
 
+    def inventory(self) -> dict[int, GpuInfo]:
+        while not self._closed.is_set() and time.time() < self._hang_until:
+            time.sleep(POLL_S)  # a stuck driver call
+        out = {}
+        with self._lock:
+            for index, links in self._links.items():
+                down = min(SIM_NVLINKS, max(0, self._fields[index].get("nvlink_down", 0)))
+                out[index] = GpuInfo(
+                    model=SIM_MODEL, pcie_width=links["pcie_width"], pcie_width_max=LINK_FIELDS["pcie_width"],
+                    pcie_gen=links["pcie_gen"], pcie_gen_max=LINK_FIELDS["pcie_gen"],
+                    nvlink_active=SIM_NVLINKS - down, nvlink_inactive=down,
+                )  # fmt: skip
+        return out
+
+    def history(self) -> list[GpuEvent]:
+        """The XID and fallen-off-the-bus records of the control file (this simulated boot's kernel log, as
+        preflight reads it), less those of a GPU before its last clear record (a reset, like a real one,
+        leaves the kernel log as it was)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        out: list[GpuEvent] = []
+        for line in data.splitlines():
+            try:
+                rec = json.loads(line)
+                event = GpuEvent(
+                    float(rec["ts"]), int(rec["gpu"]), str(rec["kind"]), int(rec.get("value", 0))
+                )
+            except (ValueError, KeyError, TypeError):
+                continue
+            if event.kind == "healthy":
+                out = [e for e in out if e.gpu != event.gpu]
+            elif event.kind in ("xid", "lost"):
+                out.append(event)
+        return out
+
     def resume(self, position: int) -> None:
         self._offset = min(position, self._offset)  # replay events after `position`; fields are state
 
@@ -151,7 +198,9 @@ class SimulatorBackend:
         with self._lock:
             for e in events:
                 fields = self._fields.get(e.gpu)
-                if e.kind == "field" and fields is not None:
+                if e.kind == "field" and e.name in LINK_FIELDS and e.gpu in self._links:
+                    self._links[e.gpu][e.name] = e.value  # link state, not a health field
+                elif e.kind == "field" and fields is not None:
                     fields[e.name] = e.value
                 elif e.kind == "hang":
                     self._hang_until = e.ts + e.value
@@ -160,6 +209,7 @@ class SimulatorBackend:
                 else:
                     if e.kind == "healthy" and fields is not None:
                         fields.update(dict.fromkeys(fields, 0))
+                        self._links[e.gpu] = dict(LINK_FIELDS)
                     out.append(e)
         return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from faultline.config.agent import AgentConfig
 from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
 from faultline.config.commands import RetentionConfig, StatusConfig, UninstallConfig
+from faultline.config.preflight import PreflightConfig, WebhookConfig
 from faultline.config.workers import (
     DrainConfig,
     DrainTuning,
@@ -28,11 +29,13 @@ COMPONENTS: dict[str, type[Component]] = {
     "status": StatusConfig,
     "retention": RetentionConfig,
     "uninstall": UninstallConfig,
+    "webhook": WebhookConfig,
+    "preflight": PreflightConfig,
 }
 
 __all__ = [
     "COMPONENTS", "AgentConfig", "Component", "DrainConfig", "DrainTuning", "Duration", "Flag",
-    "JanitorConfig", "JanitorTuning", "QuarantineConfig", "QuarantineTuning", "RemediationConfig",
-    "RemediationTuning", "RepairCaps", "RetentionConfig", "Seconds", "StatusConfig", "UninstallConfig",
-    "parse_seconds", "part",
+    "JanitorConfig", "JanitorTuning", "PreflightConfig", "QuarantineConfig", "QuarantineTuning",
+    "RemediationConfig", "RemediationTuning", "RepairCaps", "RetentionConfig", "Seconds", "StatusConfig",
+    "UninstallConfig", "WebhookConfig", "parse_seconds", "part",
 ]  # fmt: skip

@@ -13,6 +13,10 @@ STATE: dict[str, Any] = {
     "watches": 0,
     "entities": [],
     "connected": None,
+    "diag": None,  # what the next RunDiagnostic answers (a DiagResponse), or an exception it raises
+    "diag_runs": [],  # (level, gpu ids) of each diagnostic run
+    "groups": 0,  # groups alive (created and not deleted)
+    "refuse": False,  # the host engine is not there: DcgmHandle raises
 }
 
 

@@ -1,0 +1,86 @@
+"""Preflight's contract: what the admission webhook (`workers.webhook`) and the init container it injects
+(`faultline preflight`) agree on, and what a check concludes.
+
+    webhook ── annotations, labels ──> decides ──> init container with env PREFLIGHT_ENV (+ the settings)
+    init container ── checks (sources.preflight) ──> Finding list ──> exit code, termination message,
+                     gang record (workers.gang), health events through the node's ingest socket
+
+The check names are here, not with the checks, because the webhook (a worker, which never imports
+`sources`) must refuse a pod that asks for a check that does not exist, by name, at admission.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faultline.models import Action
+
+# The checks, in the order they run. `dcgm` runs DCGM's diagnostics (at the configured level) only when
+# a level is set and a host engine answers; the others are quick reads of the GPU backend or the kernel log.
+CHECKS: dict[str, str] = {
+    "count": "the GPUs the pod was given are all visible, and of the expected model",
+    "remap": "no row remapping or page retirement pending, and no remapping failure",
+    "ecc": "no uncorrectable ECC error since the driver loaded (or the last GPU reset)",
+    "nvlink": "every NVLink the GPU has is up",
+    "pcie": "each GPU's PCIe link is as wide (and, when asked, as fast) as its maximum",
+    "xid": "no fatal XID (or other fatal GPU line) in the kernel log since boot, on the pod's GPUs",
+    "dcgm": "DCGM diagnostics pass (when a level is configured and a host engine answers)",
+}
+
+# Namespace label and pod annotations (ARCHITECTURE §6: prefix faultline.io)
+NAMESPACE_LABEL = "faultline.io/preflight"  # = ENABLED: the webhook's namespaceSelector
+ENABLED = "enabled"
+OPT_OUT = "faultline.io/preflight"  # pod annotation: "false" skips preflight for this pod
+SELECT = "faultline.io/preflight-checks"  # pod annotation: comma-separated check names
+MODEL = "faultline.io/preflight-gpu-model"  # pod annotation: the GPU model expected (a substring)
+GANG = "faultline.io/gang"  # label or annotation: names the pod's gang explicitly
+GANG_SIZE = "faultline.io/gang-size"  # annotation: how many pods the gang has
+CONTAINER = "faultline-preflight"  # the init container's name
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# What the webhook puts in the init container's environment (the preflight settings' names)
+ENV_CHECKS = "FAULTLINE_CHECKS"
+ENV_EXPECTED_GPUS = "FAULTLINE_EXPECTED_GPUS"
+ENV_EXPECTED_MODEL = "FAULTLINE_EXPECTED_MODEL"
+ENV_GANG = "FAULTLINE_GANG"
+ENV_GANG_SIZE = "FAULTLINE_GANG_SIZE"
+
+
+def parse_checks(text: str) -> tuple[str, ...]:
+    """`"ecc, remap,XID"` -> ("ecc", "remap", "xid"), in CHECKS order, duplicates dropped; ValueError
+    naming each unknown name and the valid ones, or for an empty list."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        listed = ", ".join(repr(n) for n in unknown)
+        raise ValueError(f"unknown check {listed}; valid checks: {', '.join(CHECKS)}")
+    if not names:
+        raise ValueError(
+            f'no check named; valid checks: {", ".join(CHECKS)} (opt out with {OPT_OUT}: "false")'
+        )
+    return tuple(n for n in CHECKS if n in names)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Why a check failed. `node_fault`: the node is at fault (reported through the node's ingest so the
+    pipeline quarantines it); False for what is the pod's or the scheduler's business (a GPU model other
+    than the one asked for). `gpu`: the GPU's PCI bus id, "" for the node."""
+
+    check: str
+    code: str  # e.g. PREFLIGHT-REMAP-PENDING, PREFLIGHT-XID-79
+    message: str
+    gpu: str = ""
+    action: Action = Action.COMPONENT_RESET
+    node_fault: bool = True
+
+
+def reason(findings: list[Finding], *, limit: int = 1024) -> str:
+    """The termination message: one line per finding, most severe first, cut to `limit` characters
+    (the kubelet keeps at most 4096 bytes of /dev/termination-log)."""
+    order = list(Action)
+    ranked = sorted(findings, key=lambda f: (not f.node_fault, -order.index(f.action), f.check, f.gpu))
+    lines = [f"preflight {f.check} failed: {f.code}{' on GPU ' + f.gpu if f.gpu else ''}: {f.message}"
+             for f in ranked]  # fmt: skip
+    text = "\n".join(lines)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

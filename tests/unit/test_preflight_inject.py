@@ -1,0 +1,265 @@
+"""The admission webhook's decision (pure): which pods get the preflight init container, what it is, and
+which pods are refused with a message naming the annotation, the bad value and the valid ones. The real
+API server applying the patch is tests/integration/test_preflight_webhook.py."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faultline.config.preflight import GANG_KEYS, GANG_ROUND_KEYS, GANG_SIZE_KEYS
+from workers import preflight_inject
+from workers.preflight_inject import InjectSettings
+
+SETTINGS = InjectSettings(
+    image="registry.local/faultline@sha256:" + "ab" * 32,
+    gang_keys=GANG_KEYS,
+    gang_size_keys=GANG_SIZE_KEYS,
+    gang_round_keys=GANG_ROUND_KEYS,
+    ingest_socket=Path("/run/faultline/ingest.sock"),
+    journal_dirs=(Path("/var/log/journal"), Path("/run/log/journal")),
+    env={"gang_timeout": "10m"},
+    resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+)
+ENABLED = {"faultline.io/preflight": "enabled", "kubernetes.io/metadata.name": "train"}
+
+
+def pod(
+    gpus: list[int | str | None],
+    *,
+    init: list[int | str | None] | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    def container(name: str, n: int | str | None) -> dict[str, Any]:
+        return {
+            "name": name,
+            "image": "train:1",
+            "resources": {"limits": {"nvidia.com/gpu": n}} if n is not None else {},
+        }
+
+    spec: dict[str, Any] = {"containers": [container(f"c{i}", n) for i, n in enumerate(gpus)]}
+    if init is not None:
+        spec["initContainers"] = [container(f"i{i}", n) for i, n in enumerate(init)]
+    if volumes is not None:
+        spec["volumes"] = volumes
+    meta = {
+        "generateName": "train-",
+        "namespace": "train",
+        "annotations": annotations or {},
+        "labels": labels or {},
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def review(
+    obj: dict[str, Any],
+    *,
+    labels: dict[str, str] | None = ENABLED,
+    operation: str = "CREATE",
+    kind: str = "Pod",
+    settings: InjectSettings = SETTINGS,
+) -> dict[str, Any]:
+    body = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "", "version": "v1", "kind": kind},
+            "operation": operation,
+            "namespace": "train",
+            "object": obj,
+        },
+    }
+    answer = preflight_inject.review(body, settings, namespace_labels=labels)
+    assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == "u-1"
+    return dict(answer["response"])
+
+
+def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
+    assert response["allowed"] is True and response["patchType"] == "JSONPatch"
+    return list(json.loads(base64.b64decode(response["patch"])))
+
+
+def apply(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSONPatch adds this webhook makes (`add` at a new member, an index or `-`), applied."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        assert op["op"] == "add"
+        *parents, last = op["path"].strip("/").split("/")
+        target: Any = out
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if isinstance(target, list):
+            target.insert(len(target) if last == "-" else int(last), op["value"])
+        else:
+            assert last not in target
+            target[last] = op["value"]
+    return out
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_a_gpu_pod_in_an_enabled_namespace_gets_the_init_container() -> None:
+    obj = pod([4, 2, None])
+    patched = apply(obj, patch_of(review(obj)))
+    (init,) = patched["spec"]["initContainers"]
+    assert init["name"] == "faultline-preflight" and init["image"] == SETTINGS.image
+    assert init["args"] == ["preflight"]
+    # the pod's effective GPU request: the device plugin hands it the GPUs the containers then reuse
+    assert init["resources"] == {
+        "limits": {"memory": "256Mi", "nvidia.com/gpu": "6"},
+        "requests": {"cpu": "100m", "memory": "128Mi", "nvidia.com/gpu": "6"},
+    }
+    env = env_of(init)
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["FAULTLINE_EXPECTED_GPUS"] == "6"
+    assert json.loads(env["FAULTLINE_CHECKS"]) == ["count", "remap", "ecc", "nvlink", "pcie", "xid", "dcgm"]
+    assert env["FAULTLINE_INGEST_SOCKET"] == "/run/faultline/ingest.sock"
+    assert env["FAULTLINE_GANG_TIMEOUT"] == "10m"  # the webhook's preflight_settings
+    assert "FAULTLINE_GANG" not in env  # in no gang
+    assert init["securityContext"]["runAsUser"] == 0  # the agent's socket is root's, 0600
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m for m in init["volumeMounts"]}
+    assert mounts["/var/log/journal"]["readOnly"] is True and not mounts["/run/faultline"].get("readOnly")
+    volumes = {v["name"]: v for v in patched["spec"]["volumes"]}
+    assert volumes["faultline-preflight-ingest"]["hostPath"] == {
+        "path": "/run/faultline",
+        "type": "Directory",
+    }
+    assert patched["spec"]["containers"] == obj["spec"]["containers"]  # the pod's own containers untouched
+
+
+def test_it_goes_first_and_appends_its_volumes() -> None:
+    obj = pod([8], init=[1, 8], volumes=[{"name": "data", "emptyDir": {}}])
+    patched = apply(obj, patch_of(review(obj)))
+    assert [c["name"] for c in patched["spec"]["initContainers"]] == ["faultline-preflight", "i0", "i1"]
+    assert [v["name"] for v in patched["spec"]["volumes"]] == [
+        "data",
+        "faultline-preflight-ingest",
+        "faultline-preflight-journal-0",
+        "faultline-preflight-journal-1",
+    ]
+    assert env_of(patched["spec"]["initContainers"][0])["FAULTLINE_EXPECTED_GPUS"] == "8"  # max(8, 1, 8)
+
+
+def test_without_host_files_it_runs_as_an_ordinary_user() -> None:
+    plain = InjectSettings(image="img")
+    patched = apply(pod([1]), patch_of(review(pod([1]), settings=plain)))
+    (init,) = patched["spec"]["initContainers"]
+    assert init["securityContext"]["runAsUser"] == 65532 and init["securityContext"]["runAsNonRoot"] is True
+    assert "volumes" not in patched["spec"] and "volumeMounts" not in init
+
+
+@pytest.mark.parametrize(
+    ("obj", "kwargs"),
+    [
+        (pod([None]), {}),  # no GPU
+        (pod([0]), {}),  # nvidia.com/gpu: 0
+        (pod(["two"]), {}),  # not an integer: the API server's validation refuses it, not this webhook
+        (pod([2]), {"labels": {"kubernetes.io/metadata.name": "train"}}),  # namespace not enabled
+        (pod([2]), {"labels": {"faultline.io/preflight": "disabled"}}),
+        (pod([2], annotations={"faultline.io/preflight": "false"}), {}),  # opted out
+        (pod([2], annotations={"faultline.io/preflight": " False "}), {}),
+        (pod([2]), {"operation": "UPDATE"}),
+        (pod([2]), {"kind": "Deployment"}),
+    ],
+)
+def test_allowed_unchanged(obj: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    response = review(obj, **kwargs)
+    assert response == {"uid": "u-1", "allowed": True}
+
+
+def test_unreadable_namespace_labels_follow_the_selector() -> None:
+    assert "patch" in review(pod([1]), labels=None)
+
+
+def test_a_pod_that_has_it_already_is_left_alone() -> None:
+    obj = pod([1])
+    patched = apply(obj, patch_of(review(obj)))
+    assert review(patched) == {"uid": "u-1", "allowed": True}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        (
+            {"faultline.io/preflight-checks": "ecc,ecx,xid"},
+            "annotation faultline.io/preflight-checks: unknown check 'ecx'; valid checks: count, remap, ecc, nvlink, "
+            "pcie, xid, dcgm",
+        ),
+        ({"faultline.io/preflight-checks": " "}, "annotation faultline.io/preflight-checks: no check named"),
+        (
+            {"faultline.io/preflight": "no"},
+            'annotation faultline.io/preflight: \'no\' is not "true" or "false"',
+        ),
+        (
+            {"jobset.sigs.k8s.io/jobset-name": "t", "faultline.io/gang-size": "four"},
+            "gang of this pod: faultline.io/gang-size: 'four' is not a gang size (a positive integer)",
+        ),
+    ],
+)
+def test_bad_annotations_are_refused_by_name(annotations: dict[str, str], message: str) -> None:
+    response = review(pod([1], annotations=annotations))
+    assert response["allowed"] is False and "patch" not in response
+    assert response["status"]["code"] == 400
+    assert response["status"]["message"].startswith(message)
+
+
+def test_checks_annotation_and_model() -> None:
+    annotations = {"faultline.io/preflight-checks": "xid, ECC", "faultline.io/preflight-gpu-model": "H100"}
+    env = env_of(
+        apply(pod([1]), patch_of(review(pod([1], annotations=annotations))))["spec"]["initContainers"][0]
+    )
+    assert json.loads(env["FAULTLINE_CHECKS"]) == ["ecc", "xid"]
+    assert env["FAULTLINE_EXPECTED_MODEL"] == "H100"
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "gang", "size"),
+    [
+        (
+            {"jobset.sigs.k8s.io/jobset-name": "llm", "jobset.sigs.k8s.io/restart-attempt": "2"},
+            {"faultline.io/gang-size": "16"},
+            "jobset.sigs.k8s.io/jobset-name=llm,jobset.sigs.k8s.io/restart-attempt=2",
+            "16",
+        ),
+        (
+            {"leaderworkerset.sigs.k8s.io/name": "serve", "leaderworkerset.sigs.k8s.io/group-key": "3e23"},
+            {"leaderworkerset.sigs.k8s.io/size": "4"},
+            "leaderworkerset.sigs.k8s.io/group-key=3e23",
+            "4",
+        ),
+        (
+            {"kueue.x-k8s.io/pod-group-name": "g"},
+            {"kueue.x-k8s.io/pod-group-total-count": "2"},
+            "kueue.x-k8s.io/pod-group-name=g",
+            "2",
+        ),
+        ({"training.kubeflow.org/job-name": "bert"}, {}, "training.kubeflow.org/job-name=bert", None),
+        ({}, {"scheduling.k8s.io/group-name": "pg-1"}, "scheduling.k8s.io/group-name=pg-1", None),
+        ({"volcano.sh/job-name": "vj", "faultline.io/gang": "mine"}, {}, "faultline.io/gang=mine", None),
+    ],
+)
+def test_gangs_from_the_jobs_labels(
+    labels: dict[str, str], annotations: dict[str, str], gang: str, size: str | None
+) -> None:
+    env = env_of(
+        apply(pod([8]), patch_of(review(pod([8], labels=labels, annotations=annotations))))["spec"][
+            "initContainers"
+        ][0]
+    )
+    assert env["FAULTLINE_GANG"] == gang
+    assert env.get("FAULTLINE_GANG_SIZE") == size
