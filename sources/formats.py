@@ -250,7 +250,7 @@ def parse_rfc5424(line: str, ctx: Context) -> Parsed | None:
     ts = iso_epoch(parts[1])
     if ts is None:
         return None
-    host = parts[2] if parts[2] != "-" else None
+    host = parts[2] if parts[2] not in ("-", "") else None
     rest = parts[6]
     if rest.startswith("-"):
         rest = rest[2:]
@@ -301,10 +301,12 @@ def journal_record(fields: dict[str, Any]) -> Parsed | None:
     if uptime is not None:
         boot = ts - uptime / 1e6
     host = fields.get("_HOSTNAME")
+    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+        host = None  # a journal file's own word: no host rather than '' or one with blanks
     # _TRANSPORT is set by journald itself; SYSLOG_IDENTIFIER by the writer (used when it is alone)
     origin = fields.get("_TRANSPORT", fields.get("SYSLOG_IDENTIFIER"))
     kernel = origin is None or origin == "kernel"
-    return Parsed(ts, host if isinstance(host, str) else None, message, boot, kernel)
+    return Parsed(ts, host, message, boot, kernel)
 
 
 def parse_json(line: str, ctx: Context) -> Parsed | None:

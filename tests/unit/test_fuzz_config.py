@@ -96,7 +96,7 @@ def resolved_or_error(model: type[config.Component], **kwargs: Any) -> settings.
 # Found by this fuzzing: a duration no timedelta holds (.inf, 1e20 s) raised OverflowError out of the
 # settings model (pydantic passes on what is not a ValueError), and a non-string key (`1: 2`) became
 # "'int' object has no attribute 'lower'".
-@fuzz(1000)
+@fuzz(700)
 @given(settings_file())
 @example(("drain", {"mongodb_uri": URI, "delete_after": math.inf}))
 @example(("quarantine", {"mongodb_uri": URI, "hold_down": 1e20}))
@@ -241,7 +241,7 @@ def rules_or_error(path: Path) -> tuple[rules.Rule, ...] | ConfigError:
         return exc
 
 
-@fuzz(1000)
+@fuzz(700)
 @given(
     mutated(RULES),
     st.lists(faults, max_size=4),

@@ -163,7 +163,7 @@ def mutated_pack(draw: st.DrawFn) -> tuple[dict[str, Any], tuple[Any, ...]]:
     return pack, where
 
 
-@fuzz(1000)
+@fuzz(700)
 @given(mutated_pack())
 def test_each_field_of_a_pack_replaced_compiles_or_is_refused_naming_the_pattern(
     pack_file: Path, mutation: tuple[dict[str, Any], tuple[Any, ...]]
