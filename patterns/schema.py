@@ -25,7 +25,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
-        seconds = float(value)
+        seconds = float(value) if isinstance(value, float) or abs(value) < 2**1000 else math.inf
     elif isinstance(value, str) and (m := _DURATION.match(value)):
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     else:

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from faultline import yamldoc
+from faultline.errors import ConfigError
 from faultline.models import stable_id
 from sources.gpu import GpuDevice, GpuEvent, GpuInfo
 
@@ -44,6 +44,7 @@ WATCH_MAX_S = 0.25  # inotify waits are cut this short too, so that close() is n
 _IN_MODIFY, _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x2, 0x8, 0x80, 0x100
 _IN_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then the name, padded)
 FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_INTEGER = re.compile(r"\s*-?[0-9]{1,18}\s*", re.ASCII)  # a field's value: not '²', not 5000 digits
 # What a GPU reset does to a simulated GPU's fields: the volatile uncorrectable count restarts, pending
 # remappings and page retirements take effect, links come back up. A lost GPU stays lost. A reset writes
 # no line (a real one writes none to the kernel log either): the agent sees its effect in the next read.
@@ -78,7 +79,7 @@ def devices_for(node: str, count: int = 8) -> list[GpuDevice]:
 def parse_field(text: str) -> tuple[str, int]:
     """`NAME=VALUE` (an integer) as given to `sim inject --field`."""
     name, sep, value = text.partition("=")
-    if not sep or not FIELD_NAME.fullmatch(name) or not value.strip().lstrip("-").isdigit():
+    if not sep or not FIELD_NAME.fullmatch(name) or not _INTEGER.fullmatch(value):
         raise ValueError(f"field {text!r}: expected NAME=INTEGER, e.g. ecc_dbe_volatile=1")
     return name, int(value)
 
@@ -234,7 +235,12 @@ class SimulatorBackend:
                     GpuEvent(float(rec["ts"]), int(rec["gpu"]), str(rec["kind"]), int(rec.get("value", 0)),
                              position=start, name=str(rec.get("name", "")))
                 )  # fmt: skip
-            except (ValueError, KeyError, TypeError):
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                OverflowError,
+            ):  # Overflow: int(Infinity), float(10**400)
                 continue  # a torn or foreign line: ignore it, as a driver would ignore garbage
         return self._apply(events)
 
@@ -290,30 +296,51 @@ class _FileWatch:
 
 
 def _parse_scenario(items: list[dict[str, Any]]) -> list[GpuEvent]:
+    return [_scenario_event(item) for item in items]
+
+
+def _scenario_event(item: object) -> GpuEvent:
+    """One scenario item as the event it schedules; ValueError saying what is wrong with it."""
     from patterns.schema import parse_duration  # noqa: PLC0415 - durations are spelled as in packs
 
-    out = []
-    for item in items:
-        at = parse_duration(item.get("at", 0.001))
-        gpu = int(item["gpu"])
-        if "xid" in item:
-            out.append(GpuEvent(at, gpu, "xid", int(item["xid"])))
-        elif item.get("lost"):
-            out.append(GpuEvent(at, gpu, "lost"))
-        elif item.get("reset"):
-            out.append(GpuEvent(at, gpu, "reset"))
-        elif item.get("clear"):
-            out.append(GpuEvent(at, gpu, "healthy"))
-        elif "field" in item:
-            name, value = parse_field(str(item["field"]))
-            out.append(GpuEvent(at, gpu, "field", value, name=name))
-        else:
-            raise ValueError(f"scenario item needs xid, field, lost, reset or clear: {item}")
-    return out
+    if not isinstance(item, dict):
+        raise ValueError(f"an event is a mapping such as {{at: 5s, gpu: 3, xid: 79}}, not {item!r}")
+    at = parse_duration(item.get("at", 0.001))
+    gpu = _whole(item, "gpu")
+    if "xid" in item:
+        return GpuEvent(at, gpu, "xid", _whole(item, "xid"))
+    if item.get("lost"):
+        return GpuEvent(at, gpu, "lost")
+    if item.get("reset"):
+        return GpuEvent(at, gpu, "reset")
+    if item.get("clear"):
+        return GpuEvent(at, gpu, "healthy")
+    if "field" in item:
+        name, value = parse_field(str(item["field"]))
+        return GpuEvent(at, gpu, "field", value, name=name)
+    raise ValueError(f"a scenario event needs xid, field, lost, reset or clear: {item}")
+
+
+def _whole(item: dict[str, Any], key: str) -> int:
+    value = item.get(key)
+    if isinstance(value, str) and _INTEGER.fullmatch(value):
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= 10**18:
+        raise ValueError(f"{key} must be a whole number, not {value!r}")
+    return value
 
 
 def load_scenario(path: Path) -> list[dict[str, Any]]:
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+    """The scenario file's events, each checked: a ConfigError names the file and the event."""
+    try:
+        data = yamldoc.parse(path.read_text(encoding="utf-8")) or []
+    except (OSError, UnicodeDecodeError, yamldoc.YamlError) as exc:
+        raise ConfigError(f"{path}: cannot read the scenario: {exc}") from exc
     if not isinstance(data, list):
-        raise ValueError(f"{path}: a scenario is a YAML list of events")
+        raise ConfigError(f"{path}: a scenario is a YAML list of events")
+    for number, item in enumerate(data, start=1):
+        try:
+            _scenario_event(item)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: event {number}: {exc}") from exc
     return data

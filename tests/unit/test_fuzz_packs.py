@@ -327,6 +327,7 @@ def test_templates_compile_or_name_the_problem_and_render_any_value(
 @example(float("nan"))
 @example(float("inf"))
 @example("9" * 400 + "s")
+@example(10**400)  # float() of it raised OverflowError, out of the pack's validation
 def test_durations_are_positive_finite_seconds_or_a_value_error(value: object) -> None:
     seconds = duration_or_error(value)
     if isinstance(seconds, ValueError):
