@@ -235,12 +235,8 @@ class SimulatorBackend:
                     GpuEvent(float(rec["ts"]), int(rec["gpu"]), str(rec["kind"]), int(rec.get("value", 0)),
                              position=start, name=str(rec.get("name", "")))
                 )  # fmt: skip
-            except (
-                ValueError,
-                KeyError,
-                TypeError,
-                OverflowError,
-            ):  # Overflow: int(Infinity), float(10**400)
+            # (OverflowError: int() of Infinity, float() of an integer of 400 digits)
+            except (ValueError, KeyError, TypeError, OverflowError):
                 continue  # a torn or foreign line: ignore it, as a driver would ignore garbage
         return self._apply(events)
 
