@@ -4,11 +4,18 @@ Fault writes carry a revision, so writing one twice is harmless. While MongoDB i
 are appended to a spool file (JSON lines, bounded: the oldest are dropped, and counted, when it is full);
 once MongoDB answers again the spool is drained in order before new writes. A spooled write that is
 later superseded is simply ignored by the store (its revision is older).
+
+Bytewax calls the sink only with new items, so a node that stays quiet after an outage would keep its
+spool until its next event or the detector's resend a minute later (the chaos suite's store-outage: the
+last spooled events arrived 58 s after the store came back). A thread of the partition therefore tries
+the spool every DRAIN_RETRY_S while it holds writes and no batch came meanwhile.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +26,7 @@ from faultline.errors import TransientError
 from faultline.models import Fault, HealthEvent, NodeUpdate
 
 SPOOL_MAX_ITEMS = 100_000
+DRAIN_RETRY_S = 2.0
 
 
 class Spool:
@@ -66,41 +74,73 @@ class Spool:
 
 
 class _Partition(StatelessSinkPartition[NodeUpdate]):
-    def __init__(self, uri: str, database: str, spool: Spool, timeout: float) -> None:
+    def __init__(self, uri: str, database: str, spool: Spool, timeout: float, retry: float) -> None:
         self.store = store.connect(uri, database, timeout=timeout)
         self.spool = spool
         self.indexed = False
+        self.retry = retry
+        self.lock = threading.Lock()  # the spool and the store's order: one writer at a time
+        self.last_try = time.monotonic()
+        self.stop = threading.Event()
+        self.drainer = threading.Thread(target=self._drain_quietly, name="mongo-spool", daemon=True)
+        self.drainer.start()
 
     def write_batch(self, items: list[NodeUpdate]) -> None:
         writes = [(fault, revision) for update in items for fault, revision in update.changed]
         events = [event for update in items for event in update.events]
-        try:
-            with store.unreachable_is_transient("writing faults"):
-                if not self.indexed:
-                    self.store.ensure_indexes()
-                    self.indexed = True
-                if len(self.spool):  # what waited, in order, first
-                    self.store.record_events(self.spool.events())
-                    for fault, revision in self.spool.items():
+        with self.lock:
+            self.last_try = time.monotonic()
+            try:
+                with store.unreachable_is_transient("writing faults"):
+                    self._drain()  # what waited, in order, first
+                    self.store.record_events(events)
+                    for fault, revision in writes:
                         self.store.write_fault(fault, revision)
-                    self.spool.clear()
-                self.store.record_events(events)
-                for fault, revision in writes:
-                    self.store.write_fault(fault, revision)
-        except TransientError:
-            self.spool.append(writes, events)  # nothing is lost; the next batch tries again
-        metrics.SPOOL_DEPTH.set(len(self.spool))
+            except TransientError:
+                self.spool.append(writes, events)  # nothing is lost; the next try takes it
+            metrics.SPOOL_DEPTH.set(len(self.spool))
+
+    def _drain(self) -> None:
+        if not self.indexed:
+            self.store.ensure_indexes()
+            self.indexed = True
+        if len(self.spool):
+            self.store.record_events(self.spool.events())
+            for fault, revision in self.spool.items():
+                self.store.write_fault(fault, revision)
+            self.spool.clear()
+
+    def _drain_quietly(self) -> None:
+        """The spool tried every `retry` seconds while it holds writes and no batch came meanwhile."""
+        while not self.stop.wait(self.retry):
+            if not self.spool.path.exists() or time.monotonic() - self.last_try < self.retry:
+                continue
+            with self.lock:
+                self.last_try = time.monotonic()
+                try:
+                    with store.unreachable_is_transient("writing spooled faults"):
+                        self._drain()
+                except TransientError:
+                    continue  # still away
+                finally:
+                    metrics.SPOOL_DEPTH.set(len(self.spool))
 
     def close(self) -> None:
+        self.stop.set()
+        self.drainer.join()
         self.store.close()
 
 
 class MongoSink(DynamicSink[NodeUpdate]):
-    def __init__(self, uri: str, database: str = "faultline", *, spool: Path, timeout: float = 2.0) -> None:
+    def __init__(
+        self, uri: str, database: str = "faultline", *, spool: Path, timeout: float = 2.0,
+        retry: float = DRAIN_RETRY_S,
+    ) -> None:  # fmt: skip
         self.uri = uri
         self.database = database
         self.spool_path = spool
         self.timeout = timeout
+        self.retry = retry
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
-        return _Partition(self.uri, self.database, Spool(self.spool_path), self.timeout)
+        return _Partition(self.uri, self.database, Spool(self.spool_path), self.timeout, self.retry)

@@ -1,5 +1,5 @@
 """The agent's MongoDB sink while MongoDB is away: writes go to the on-disk spool, nothing is lost, and
-once the server is back they are applied in order with nothing duplicated."""
+once the server is back they are applied in order with nothing duplicated, with or without new writes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pymongo
 import pytest
 
+from devtools import procs
 from devtools.mongo import LocalMongo
 from faultline.models import (
     Action,
@@ -97,3 +98,25 @@ def test_spool_is_bounded_and_counts_what_it_drops(tmp_path: Path) -> None:
     spool.append([(fault(f"XID-{i}", 1), 1) for i in range(2, 5)])
     assert [f.code for f, _ in spool.items()] == ["XID-2", "XID-3", "XID-4"]
     assert (len(spool), spool.dropped) == (3, 2)
+
+
+def test_the_spool_drains_once_the_store_is_back_with_no_further_batch(tmp_path: Path) -> None:
+    """A node that stays quiet after an outage (found by the chaos suite's store-outage: its spooled
+    events waited for the detector's resend, a minute later)."""
+    server = LocalMongo(workdir=tmp_path / "ferretdb").start()
+    port = server.port
+    server.stop()  # away before the first write
+    spool_path = tmp_path / "state" / "mongo-spool.jsonl"
+    sink = MongoSink(server.uri, "agent", spool=spool_path, timeout=1.0, retry=0.2).build("mongo_out", 0, 1)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(server.uri)
+    try:
+        sink.write_batch([update((fault("XID-79", 1), 1))])
+        assert [f.code for f, _ in Spool(spool_path).items()] == ["XID-79"]
+        server = LocalMongo(workdir=tmp_path / "ferretdb", port=port).start()  # back; no batch follows
+        procs.wait_for("the spool drained", lambda: not spool_path.exists(), 30)
+        assert [d["code"] for d in client["agent"]["faults"].find()] == ["XID-79"]
+        assert client["agent"]["health_events"].count_documents({}) == 1
+    finally:
+        sink.close()
+        client.close()
+        server.stop()
