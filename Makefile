@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup system-deps tools test-tools replay check test demo bench bench-agent bench-quarantine bench-drain sample cluster proto proto-check
+.PHONY: setup system-deps tools test-tools replay check test demo bench bench-agent bench-quarantine bench-drain chaos sample cluster proto proto-check
 .PHONY: image image-store lock image-tools sbom push verify-image registry
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
@@ -150,6 +150,15 @@ bench-quarantine: setup tools
 # Drain: 2,000 pods evicted across 200 simulated GPU nodes (evictions/s).
 bench-drain: setup tools
 	$(BIN)/python benchmarks/drain.py
+
+# Chaos: 52 simulated GPU nodes with real agents and the four workers under a steady load of faults while
+# agents, workers, FerretDB (SQLite, then PostgreSQL), the API server and etcd are killed or restarted, the
+# store is cut off for 10 minutes and slowed down; one table of events lost, duplicate actions and time to
+# converge (benchmarks/chaos.py; JSON in benchmarks/out/chaos.json). About 80 min; CHAOS_ARGS="--outage 20"
+# for a quicker run, --backend/--scenario to pick.
+CHAOS_ARGS ?=
+chaos: setup tools system-deps
+	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
 
 # Rewrite the committed sample corpus (deterministic).
 sample: setup
