@@ -71,6 +71,7 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
         self.watch = gpu.MonitorWatch(polling.hung_after, polling.unresponsive_after, escalates=escalates)
         self.call_started: float | None = None
         self.failure: str | None = None
+        self.announced = False
         self.latest = self.fields
         self.threads = [
             threading.Thread(target=self._wait, name="gpu-events", daemon=True),
@@ -132,6 +133,11 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
                 break
             if event.kind == "fields":
                 self.fields = self.latest  # what the snapshot says was last read
+                if not self.announced:  # the first read done: the monitor works. Its line creates the
+                    self.announced = True  # node's detector, which publishes the node's conditions now,
+                    out.append(
+                        gpu.GpuEvent(time.time(), -1, "monitor", gpu.MONITOR_OK)
+                    )  # not at a first fault
                 continue
             out.append(event)
             if event.position is not None:

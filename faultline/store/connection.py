@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pymongo
 from pymongo.database import Database
-from pymongo.errors import ConnectionFailure, ServerSelectionTimeoutError
+from pymongo.errors import ConnectionFailure, OperationFailure, ServerSelectionTimeoutError
 
 from faultline.errors import TransientError
 from faultline.store.base import CODEC, DRAINS, NODEDRAIN, QUEUE, REPAIRS, STAGES, Clock, utcnow
@@ -35,13 +36,44 @@ def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow, tim
     return Store(client[database], clock=clock)
 
 
+# Server answers that mean "not available right now", not "wrong": MongoDB's own (a primary stepping
+# down, a server shutting down, a network error between members)...
+_UNAVAILABLE_CODES = frozenset({6, 7, 89, 91, 189, 9001, 10107, 11600, 11602, 13435, 13436})
+# ...and FerretDB's InternalError (code 1) when its PostgreSQL cannot be reached (the chart's embedded
+# store starting: FerretDB answers before PostgreSQL does; measured: "failed to connect to `user=...`:
+# dial error: ... connection refused")
+_BACKEND_DOWN = (
+    "failed to connect to",
+    "dial error",
+    "connection refused",
+    "the database system is starting up",
+)
+
+
+_FRAMES = re.compile(r"^(?:\[[^\]]*\]\s*)+")
+
+
+def _unavailable(exc: OperationFailure) -> bool:
+    if exc.code in _UNAVAILABLE_CODES:
+        return True
+    text = str(exc)
+    return exc.code == 1 and any(marker in text for marker in _BACKEND_DOWN)
+
+
 @contextlib.contextmanager
 def unreachable_is_transient(what: str) -> Iterator[None]:
-    """Connection failures as TransientError, so callers retry or spool without importing pymongo."""
+    """Connection failures, and a server that answers it cannot serve right now (`_unavailable`), as
+    TransientError, so callers retry or spool without importing pymongo. Other server errors (a
+    duplicate key, a bad query) pass through unchanged."""
     try:
         yield
     except (ConnectionFailure, ServerSelectionTimeoutError) as exc:
         raise TransientError(f"{what}: MongoDB unreachable: {exc}", delay=1.0) from exc
+    except OperationFailure as exc:
+        if not _unavailable(exc):
+            raise
+        said = _FRAMES.sub("", str(exc))  # FerretDB puts its call stack, in brackets, before the reason
+        raise TransientError(f"{what}: the store cannot serve now: {said[:300]}", delay=1.0) from exc
 
 
 class Store(Claims, Faults, Holds, Drains, Repairs, GpuPodMaps):

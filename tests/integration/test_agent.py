@@ -248,24 +248,25 @@ def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
     db = client[database]
     fid = fault_id(node, "GPU", "0000:18:00", "XID-13")
+    xids = {"code": "XID-13"}  # (each start also records the GPU monitor reading the GPUs)
     args = ("--syslog-file", str(syslog), "--state-dir", str(tmp_path / "state"))
     agent = start_agent(cluster, mongo, node, database, tmp_path, *args)
     try:
         time.sleep(1.0)
         write(0, killed_at)
-        poll("some events stored", lambda: db["health_events"].count_documents({}) > 0, 20)
+        poll("some events stored", lambda: db["health_events"].count_documents(xids) > 0, 20)
         agent.kill()  # no goodbye: whatever was not snapshotted is replayed after the restart
         agent.wait(10)
         assert agent.stderr is not None
         agent.stderr.close()
-        stopped_with = db["health_events"].count_documents({})
+        stopped_with = db["health_events"].count_documents(xids)
         write(killed_at, total)  # written while the agent is down
         agent = start_agent(cluster, mongo, node, database, tmp_path, *args)
         try:
             poll(
                 "every line once",
                 lambda: (
-                    db["health_events"].count_documents({}) == total
+                    db["health_events"].count_documents(xids) == total
                     and (db["faults"].find_one({"_id": fid}) or {}).get("count") == total
                 ),
                 30,
@@ -277,10 +278,12 @@ def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
                 f" (revision {fault.get('revision')}), {stopped_with} events when killed"
             ) from None
         time.sleep(1.5)  # and nothing more arrives later
-        assert db["health_events"].count_documents({}) == total
+        assert db["health_events"].count_documents(xids) == total
         assert db["faults"].find_one({"_id": fid})["count"] == total
         assert stopped_with < total
-        pids = sorted(int(e["message"].split("pid=")[1].split(",")[0]) for e in db["health_events"].find())
+        pids = sorted(
+            int(e["message"].split("pid=")[1].split(",")[0]) for e in db["health_events"].find(xids)
+        )
         assert pids == list(range(total))
     finally:
         stop_agent(agent)
@@ -355,3 +358,53 @@ def test_sigterm_stops_the_agent_in_order(cluster: LocalCluster, mongo: LocalMon
     finally:
         client.drop_database(database)
         client.close()
+
+
+def test_a_monitor_outage_is_not_a_node_fault_but_a_hung_driver_call_is(
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
+) -> None:
+    """Issue 15: DCGM's host engine away for longer than --gpu-unresponsive-after (an upgrade) only makes
+    GpuMonitorHealthy False; the same time with the agent's own driver call hung (the sim backend stands
+    for NVML, in process) is GPU-DRIVER-UNRESPONSIVE, fatal."""
+    node = cluster.node_names[4]
+    fast = ("--gpu-poll-interval", "0.2", "--gpu-hung-after", "0.5", "--gpu-unresponsive-after", "2")
+    down = tmp_path / "dcgm-down"
+    database = f"agent_dcgm_{os.getpid()}"
+    env = {**os.environ, "FAULTLINE_DCGM_BINDINGS": str(Path(__file__).parents[1] / "unit" / "fake_dcgm"),
+           "FAKE_DCGM_DOWN_FILE": str(down)}  # fmt: skip
+
+    def condition(ctype: str) -> str:
+        return str(kube.nodes.conditions(api, node).get(ctype, {}).get("status"))
+
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
+         "--database", database, "--kubeconfig", str(cluster.kubeconfig), "--gpu-backend", "dcgm",
+         "--state-dir", str(tmp_path / "state"), *fast],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    faults = client[database]["faults"]
+    try:
+        assert agent.stderr is not None
+        assert agent.stderr.readline().startswith(f"agent: watching 2 GPUs on {node}")
+        poll(
+            "the agent's conditions published at start", lambda: condition("GpuMonitorHealthy") == "True", 15
+        )
+        down.touch()  # the host engine goes away
+        poll("GpuMonitorHealthy False", lambda: condition("GpuMonitorHealthy") == "False", 10)
+        time.sleep(4)  # twice --gpu-unresponsive-after: a hung driver would have been declared by now
+        assert condition("GpuHealthy") == "True"
+        assert faults.count_documents({"code": "GPU-DRIVER-UNRESPONSIVE"}) == 0
+        assert faults.find_one({"code": "GPU-MONITOR-UNHEALTHY"})["fatal"] is False
+        down.unlink()  # back
+        poll("GpuMonitorHealthy True again", lambda: condition("GpuMonitorHealthy") == "True", 10)
+    finally:
+        stop_agent(agent)
+        client.drop_database(database)
+        client.close()
+
+    with running_agent(cluster, mongo, node, tmp_path, *fast) as faults:
+        time.sleep(1.0)
+        sim(tmp_path, node, "--gpu", "0", "--hang", "5")  # the agent's own driver call hangs
+        poll("GPU-DRIVER-UNRESPONSIVE", lambda: faults.find_one({"code": "GPU-DRIVER-UNRESPONSIVE"}), 15)
+        assert faults.find_one({"code": "GPU-DRIVER-UNRESPONSIVE"})["fatal"] is True

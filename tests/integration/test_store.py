@@ -306,3 +306,49 @@ def test_retention_command_prunes_by_age_and_refuses_nonsense(mongo_db: Any, mon
 def test_local_server_refuses_an_unknown_backend() -> None:
     with pytest.raises(ConfigError, match=r"unknown FerretDB backend 'mysql' \(one of sqlite, postgresql\)"):
         LocalMongo(backend="mysql")
+
+
+def test_a_store_whose_postgresql_is_not_up_yet_is_transient_and_a_duplicate_is_not(
+    mongo: LocalMongo, tmp_path: Any
+) -> None:
+    """The chart's embedded store starting: FerretDB answers before its PostgreSQL does, with an
+    InternalError (not a connection failure). That is the store not ready (TransientError: workers wait,
+    the agent spools); a real error such as a duplicate key still passes through."""
+    from devtools import tools  # noqa: PLC0415
+    from faultline.errors import TransientError  # noqa: PLC0415
+
+    port = procs.free_port()
+    ferret = subprocess.Popen(
+        [str(tools.binary("ferretdb")), f"--listen-addr=127.0.0.1:{port}",
+         f"--postgresql-url=postgres://127.0.0.1:{procs.free_port()}/postgres"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        st = store.connect(f"mongodb://u:p@127.0.0.1:{port}/?authMechanism=PLAIN&authSource=%24external", "x",
+                           timeout=5)  # fmt: skip
+        procs.wait_for("FerretDB listening", lambda: _listening(port), 10)
+        with (
+            pytest.raises(TransientError, match=r"the store cannot serve now: .*failed to connect"),
+            store.unreachable_is_transient("creating indexes"),
+        ):
+            st.ensure_indexes()
+        st.close()
+    finally:
+        ferret.kill()
+        ferret.wait(10)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    try:
+        coll = client[f"t_dup_{uuid.uuid4().hex[:6]}"]["c"]
+        coll.insert_one({"_id": 1})
+        with pytest.raises(pymongo.errors.DuplicateKeyError), store.unreachable_is_transient("inserting"):
+            coll.insert_one({"_id": 1})
+        client.drop_database(coll.database.name)
+    finally:
+        client.close()
+
+
+def _listening(port: int) -> bool:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
