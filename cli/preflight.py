@@ -96,17 +96,22 @@ def preflight(cfg: config.PreflightConfig) -> None:
     checks = _checks(cfg, backend)
     link = None
     if cfg.gang:
+        from faultline.errors import ConfigError  # noqa: PLC0415
         from faultline.kube import lite  # noqa: PLC0415
 
-        size = gangs.Gang(cfg.gang, cfg.gang_size)
-        link = gang_lease.GangLink(
-            lite.Client.connect(cfg.kubeconfig),
-            cfg.namespace,
-            size,
-            pod=cfg.pod,
-            node=cfg.node,
-            failure_hold=cfg.gang_failure_hold,
-        )
+        try:
+            client = lite.Client.connect(cfg.kubeconfig)
+        except ConfigError as exc:  # no credentials to reach the gang's Lease: check alone, as without RBAC
+            log.warning("preflight gang record unavailable; checking alone", extra={"error": str(exc)[:300]})
+        else:
+            link = gang_lease.GangLink(
+                client,
+                cfg.namespace,
+                gangs.Gang(cfg.gang, cfg.gang_size),
+                pod=cfg.pod,
+                node=cfg.node,
+                failure_hold=cfg.gang_failure_hold,
+            )
     poll = max(cfg.gang_poll, (cfg.gang_size or 0) / 50)
     settings = run.Settings(
         check_timeout=cfg.check_timeout,

@@ -45,6 +45,7 @@ class Row(BaseModel):
     resource: str
     group: str = ""
     where: list[str] = Field(default=[CLUSTER], min_length=1)
+    names: list[str] = []  # resourceNames: the row is about these objects only ("{name}": the chart's prefix)
     why: str = Field(min_length=1)
 
     @field_validator("verbs")
@@ -77,9 +78,18 @@ class Row(BaseModel):
             raise ValueError(f"{bad}: a scope is {CLUSTER}, {RELEASE}, {JOBS} or a namespace's name")
         return where
 
-    def questions(self) -> list[tuple[str, str, str, str]]:
-        """(verb, group, resource, scope): one question each."""
-        return [(v, self.group, self.resource, w) for v in self.verbs for w in self.where]
+    @field_validator("names")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        bad = [n for n in names if not _NAME.match(n.replace("{name}", "x"))]
+        if bad:
+            raise ValueError(f"{bad}: an object's name (no wildcard; {{name}} is the chart's prefix)")
+        return names
+
+    def questions(self) -> list[tuple[str, str, str, str, str]]:
+        """(verb, group, resource, scope, object name or ""): one question each."""
+        return [(v, self.group, self.resource, w, n) for v in self.verbs for w in self.where
+                for n in (self.names or [""])]  # fmt: skip
 
 
 class Account(BaseModel):
@@ -91,7 +101,7 @@ class Account(BaseModel):
     must: list[Row] = []
     must_not: list[Row] = Field(default=[], alias="mustNot")
 
-    def exceptions(self, everyone: Everyone) -> set[tuple[str, str, str, str]]:
+    def exceptions(self, everyone: Everyone) -> set[tuple[str, str, str, str, str]]:
         """The `must` questions that everyone.mustNot refuses to the others."""
         refused = {k for r in everyone.must_not for k in r.questions()}
         return {k for r in self.must for k in r.questions() if k in refused}
@@ -121,6 +131,10 @@ class Names:
         """A scope's namespace: "" for `cluster` (every namespace, or a cluster-scoped resource)."""
         return {CLUSTER: "", RELEASE: self.release, JOBS: self.jobs}.get(scope, scope)
 
+    def object(self, name: str) -> str:
+        """A row's object name as the release named it."""
+        return name.replace("{name}", self.name)
+
     def account(self, account: Account) -> str:
         """`namespace/name` of the ServiceAccount."""
         return f"{self.namespace(account.namespace)}/{account.name.replace('{name}', self.name)}"
@@ -138,11 +152,13 @@ class Check:
     namespace: str  # "": cluster
     allowed: bool
     why: str
+    name: str = ""  # the object (resourceNames); "": any
 
     @property
     def what(self) -> str:
         where = f"in {self.namespace}" if self.namespace else "cluster-wide"
-        return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''} {where}"
+        named = f" {self.name}" if self.name else ""
+        return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''}{named} {where}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,11 +171,13 @@ class Grant:
     group: str
     resource: str
     source: str  # which binding and role, for the message
+    name: str = ""  # the object the rule names (resourceNames); "": any
 
     @property
     def what(self) -> str:
         where = f"in {self.namespace}" if self.namespace else "cluster-wide"
-        return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''} {where}"
+        named = f" {self.name}" if self.name else ""
+        return f"{self.verb} {self.resource}{'.' + self.group if self.group else ''}{named} {where}"
 
 
 def load(path: Path = MATRIX) -> Matrix:
@@ -173,7 +191,7 @@ def load(path: Path = MATRIX) -> Matrix:
         raise MatrixError(f"{path}: {problems}") from exc
     for key, account in matrix.accounts.items():
         refused = {k for r in account.must_not for k in r.questions()}
-        seen: set[tuple[str, str, str, str]] = set()
+        seen: set[tuple[str, str, str, str, str]] = set()
         for row in account.must:
             for k in row.questions():
                 if k in refused:
@@ -193,21 +211,20 @@ def checks(matrix: Matrix, names: Names) -> list[Check]:
     for key, account in matrix.accounts.items():
         sa = names.account(account)
         rows = [(True, r) for r in account.must] + [(False, r) for r in account.must_not]
-        expected: dict[tuple[str, str, str, str], bool] = {}
-        allowed_here = {
-            (v, g, r, names.namespace(w)) for row in account.must for v, g, r, w in row.questions()
-        }
+        expected: dict[tuple[str, str, str, str, str], bool] = {}
+        allowed_here = {(v, g, r, names.namespace(w), names.object(n))
+                        for row in account.must for v, g, r, w, n in row.questions()}  # fmt: skip
         for row in matrix.everyone.must_not:  # an account's own `must` is an exception to everyone's
-            rows += [(False, row.model_copy(update={"verbs": [v], "where": [w]}))
-                     for v in row.verbs for w in row.where
-                     if (v, row.group, row.resource, names.namespace(w)) not in allowed_here]  # fmt: skip
+            rows += [(False, row.model_copy(update={"verbs": [v], "where": [w], "names": [n] if n else []}))
+                     for v, g, r, w, n in row.questions()
+                     if (v, g, r, names.namespace(w), names.object(n)) not in allowed_here]  # fmt: skip
         for allowed, row in rows:
-            for verb, group, resource, scope in row.questions():
-                ns = names.namespace(scope)
-                if expected.setdefault((verb, group, resource, ns), allowed) != allowed:
-                    raise MatrixError(f"{key}: {verb} {resource} in {ns or 'cluster'} is both allowed and "
-                                      f"refused for {names}")  # fmt: skip
-                out.append(Check(key, sa, verb, group, resource, ns, allowed, row.why))
+            for verb, group, resource, scope, obj in row.questions():
+                ns, name = names.namespace(scope), names.object(obj)
+                if expected.setdefault((verb, group, resource, ns, name), allowed) != allowed:
+                    what = f"{verb} {resource}{' ' + name if name else ''} in {ns or 'cluster'}"
+                    raise MatrixError(f"{key}: {what} is both allowed and refused for {names}")
+                out.append(Check(key, sa, verb, group, resource, ns, allowed, row.why, name))
     return out
 
 
@@ -234,18 +251,19 @@ def grants(bindings: Iterable[dict[str, Any]], roles: Iterable[dict[str, Any]]) 
                         out.append(Grant(subject, ns, verb, "", f"nonResourceURLs:{url}", source))
                     for group in rule.get("apiGroups") or []:
                         for resource in rule.get("resources") or []:
-                            out.append(Grant(subject, ns, verb, group, resource, source))
+                            for name in rule.get("resourceNames") or [""]:
+                                out.append(Grant(subject, ns, verb, group, resource, source, name))
     return out
 
 
 def uncovered(matrix: Matrix, names: Names, given: Iterable[Grant]) -> list[str]:
     """A line for each grant that no `must` row of its ServiceAccount allows in that scope (a wildcard
     is never covered: the matrix has none)."""
-    allowed = {(c.service_account, c.namespace, c.verb, c.group, c.resource) for c in checks(matrix, names)
-               if c.allowed}  # fmt: skip
+    allowed = {(c.service_account, c.namespace, c.verb, c.group, c.resource, c.name)
+               for c in checks(matrix, names) if c.allowed}  # fmt: skip
     return [f"{g.source} grants {g.subject} `{g.what}`: no `must` row of {MATRIX.name} says so"
             for g in given
-            if (g.subject, g.namespace, g.verb, g.group, g.resource) not in allowed]  # fmt: skip
+            if (g.subject, g.namespace, g.verb, g.group, g.resource, g.name) not in allowed]  # fmt: skip
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:
@@ -266,7 +284,11 @@ def _where(scopes: list[str]) -> str:
 
 
 def _rows(rows: list[Row], answer: str) -> list[str]:
-    return [f"| {answer} | {', '.join(r.verbs)} | `{r.resource}` | {r.group or 'core'} | {_where(r.where)} | "
+    def resource(r: Row) -> str:
+        names = ", ".join(f"`{n.replace('{name}', '<release>')}`" for n in r.names)
+        return f"`{r.resource}`" + (f" ({names} only)" if names else "")
+
+    return [f"| {answer} | {', '.join(r.verbs)} | {resource(r)} | {r.group or 'core'} | {_where(r.where)} | "
             f"{_cell(r.why)} |" for r in rows]  # fmt: skip
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -272,6 +273,25 @@ class WebhookConfig(Component, KubeFields, MetricsFields):
     )
 
     _check_names = field_validator("checks", mode="before")(_checks)
+
+    @field_validator("preflight_settings", mode="before")
+    @classmethod
+    def _as_environment(cls, value: object) -> object:
+        """Values as the init container's environment carries them: true/false, numbers as written,
+        lists as JSON (what the preflight's settings read from FAULTLINE_<NAME>)."""
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            if isinstance(item, bool):
+                out[key] = "true" if item else "false"
+            elif isinstance(item, int | float):
+                out[key] = str(item)
+            elif isinstance(item, list | tuple | dict):
+                out[key] = json.dumps(item)
+            else:
+                out[key] = item
+        return out
 
     @field_validator("preflight_settings")
     @classmethod

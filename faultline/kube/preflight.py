@@ -54,7 +54,7 @@ def write_secret(
         meta["labels"] = labels
     if resource_version is not None:
         meta["resourceVersion"] = resource_version
-    body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "kubernetes.io/tls",
+    body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}  # fmt: skip
     base = f"/api/v1/namespaces/{_quote(namespace)}/secrets"
     if resource_version is None:

@@ -120,7 +120,7 @@ def _answer(api: Any, check: rbac_matrix.Check) -> bool:
     user, groups = kube.access.service_account(ns, name)
     resource, _, subresource = check.resource.partition("/")
     return kube.access.allowed(api, user, groups, verb=check.verb, group=check.group, resource=resource,
-                               subresource=subresource, namespace=check.namespace)  # fmt: skip
+                               subresource=subresource, namespace=check.namespace, name=check.name)  # fmt: skip
 
 
 def test_every_service_account_may_do_exactly_what_the_matrix_says(
