@@ -314,3 +314,19 @@ def test_every_webhook_setting_is_settable_from_values(tmp_path: Path) -> None:
 def test_bad_values_are_refused_by_name(sets: list[str], error: str) -> None:
     with pytest.raises(ValueError, match=re.escape(error)):
         render(*sets)
+
+
+@pytest.mark.parametrize(
+    "sets", [[ON], [ON, "preflight.certManager.enabled=true", "preflight.gang.namespaces={a,b}"]]
+)
+def test_helm_lint_strict(sets: list[str]) -> None:
+    argv = [
+        str(tools.binary("helm")),
+        "lint",
+        "--strict",
+        str(Path(__file__).resolve().parents[2] / "charts" / "faultline"),
+    ]
+    out = subprocess.run(
+        [*argv, *(a for s in sets for a in ("--set", s))], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
