@@ -8,6 +8,15 @@ reader can only try a number that already exists.
 
 Candidates are found by equality on `<stage>.state` (FerretDB evaluates other filters after fetching
 every document); an item given back with a `retry_after` still in the future is skipped client-side.
+
+A claim, a completion and a take-back are two writes: the lease document, then the work document. A
+writer killed between them (or cut off from the store) leaves the work document a number behind its
+leases, and every later try of that number fails: a pending item nobody could claim again, or a
+claimed one the reaper could not take back (found by the chaos suite's remediation-kill: a repair
+never carried out). Such a lease is an orphan once it is dead (a claim past its `until`, any other
+kind ORPHAN_S after it was written: a live writer makes its second write within its store timeout),
+and whoever trips over it takes the item back (`_recover`): the next number, the item pending, its
+stage redone (every handler is idempotent).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from faultline.store import documents
 from faultline.store.base import CLAIMED, DONE, PARKED, PENDING, WORK, Base
 
 CLAIM_SCAN = 32  # pending items looked at per claim before giving up (others may be taking them)
+ORPHAN_S = 20.0  # past every client's store timeout (10 s): a lease this old has no second write coming
 
 
 @dataclass(frozen=True)
@@ -99,7 +109,8 @@ class Claims(Base):
         now = self.now()
         until = now + lease
         if not self._take(stage, doc["_id"], n, owner, "claimed", until):
-            return None  # another worker took this number first
+            self._recover(stage, doc["_id"], n, collection)  # taken by another, or an orphan
+            return None
         fields = {
             f"{stage}.state": CLAIMED,
             f"{stage}.seq": n,
@@ -171,7 +182,9 @@ class Claims(Base):
             if held is not None and held.get("until") is not None and held["until"] >= now:
                 continue
             if not self._take(stage, doc["_id"], n, "reaper", "expired", None):
-                continue  # the owner completed it just now, or another reaper got there first
+                # the owner completed it just now, another reaper got there first, or an orphan
+                requeued += self._recover(stage, doc["_id"], n, collection)
+                continue
             out_of_attempts = int(doc[stage].get("attempts", 0)) >= max_attempts
             coll.update_one(
                 {"_id": doc["_id"]},
@@ -184,6 +197,25 @@ class Claims(Base):
             parked += out_of_attempts
             requeued += not out_of_attempts
         return requeued, parked
+
+    def _recover(self, stage: str, item: str, n: int, collection: str) -> bool:
+        """Lease `n` of `item` exists though its document shows `n - 1`: if that lease is an orphan (see
+        the module docstring), take the item back with lease `n + 1`, pending; whether it did."""
+        lease = self.leases.find_one({"_id": f"{stage}/{item}/{n}"}) or {}
+        now = self.now()
+        until, at = lease.get("until"), lease.get("at")
+        dead = until < now if until is not None else at is not None and (now - at).total_seconds() > ORPHAN_S
+        if not dead or not self._take(stage, item, n + 1, "reaper", "orphan", None):
+            return False
+        self.db[collection].update_one(
+            {"_id": item, f"{stage}.seq": n - 1},
+            {"$set": {
+                f"{stage}.state": PENDING, f"{stage}.seq": n + 1, f"{stage}.lease_owner": None,
+                f"{stage}.lease_until": None, f"{stage}.updated_at": now,
+                f"{stage}.error": f"taken back: lease {n} ({lease.get('kind')}) had no second write",
+            }},
+        )  # fmt: skip
+        return True
 
     def count_pending(self, stage: str, *, collection: str = "faults") -> int:
         """How many items of `stage` wait (due or backing off): a worker's queue depth."""
