@@ -117,6 +117,10 @@ class Remediation:
     def _handle(self, claim: store.Claim) -> common.Outcome:
         repair = store.Repair.from_doc(claim.doc)
         node = repair.node
+        if repair.rounds and not repair.rounds[-1].outcome:
+            # written (and requested) by a holder that died before its claim closed: that round is handed
+            # over, not decided again (a second request, and the first never carried out)
+            return store.DONE, store.to_janitor()
         others = [r for r in self.store.repairs_of(node) if r.id != repair.id]
         if any(r.janitor.state in (store.PENDING, store.CLAIMED) for r in others):
             # another repair of the node (a person's RemediationRequest) is under way: decide after it
