@@ -310,7 +310,11 @@ class QuarantineWorker:
         *, newly: bool, released: bool = False,
     ) -> None:  # fmt: skip
         held = p.owned != rules.Owned()
-        # `newly`: the breaker's window counts the first quarantine of the episode only
+        if held and not newly:  # the node was patched by a claim whose record never got written (the
+            hold = self.store.hold(node)  # store went away): the episode starts with this record
+            newly = hold is None or not hold.quarantined or hold.quarantined_at is None
+        # `newly`: the breaker's window counts the first quarantine of the episode only; the drainer and
+        # remediation act on an episode, so a hold recorded without one would never be drained
         self.store.record_hold(
             node, faults=want.faults, owned=p.owned.as_json(), at=now, newly=newly, released=released
         )
