@@ -53,6 +53,10 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--keep-logs", type=Path, default=OUT.parent / "chaos-logs",
+        help="the processes' logs of each scenario that misses a goal are copied here",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error("--nodes: at least 2")
@@ -65,7 +69,7 @@ def main() -> int:
         knobs = plan.Knobs.full(nodes=args.nodes, outage_s=outage, seed=args.seed)
         with fakes.FakeCloud() as cloud:
             creds = {"AWS_ACCESS_KEY_ID": fakes.AWS_KEY, "AWS_SECRET_ACCESS_KEY": fakes.AWS_SECRET}
-            env = harness.Environment(knobs, backend, cloud, creds).start()
+            env = harness.Environment(knobs, backend, cloud, creds, keep_logs=args.keep_logs).start()
             try:
                 for i, scenario in enumerate(scenarios):
                     result = harness.run(env, scenario, i)

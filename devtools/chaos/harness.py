@@ -60,9 +60,11 @@ def say(text: str) -> None:
 class Environment:
     def __init__(
         self, knobs: plan.Knobs, backend: str, cloud: Cloud, cloud_env: dict[str, str], *,
-        work: Path | None = None, node_prefix: str = "chaos",
+        work: Path | None = None, node_prefix: str = "chaos", keep_logs: Path | None = None,
     ) -> None:  # fmt: skip
+        """`keep_logs`: where the processes' logs of a scenario that misses a goal are copied."""
         self.knobs = knobs
+        self.keep_logs = keep_logs
         self.backend = backend
         self.cloud = cloud
         self.cloud_env = cloud_env
@@ -167,6 +169,7 @@ def run(env: Environment, scenario: plan.Scenario, index: int) -> Result:
     sent = truth.Sent()
     details: dict[str, Any] = {"what": scenario.what, "fault_at_s": sched.fault_at, "load_s": sched.load_end,
                                "fatal_nodes": len(sched.fatal)}  # fmt: skip
+    result: Result | None = None
     try:
         say(f"[{env.backend}] {scenario.name}: starting the workers and {len(env.nodes)} agents")
         fleet.spawn_workers()
@@ -175,7 +178,7 @@ def run(env: Environment, scenario: plan.Scenario, index: int) -> Result:
         fleet.wait_workers()
         time.sleep(knobs.snapshot_s + 1.0)  # each agent's first recovery snapshot is written
         world = truth.World(sched, env.nodes, pods, env.cloud_nodes, WORKLOAD_NAMESPACE)
-        audit_start, cloud_start = audit.offset(env.cluster.audit_log), len(env.cloud.calls)
+        marks = audit.offset(env.cluster.audit_log), len(env.cloud.calls)
         t0 = time.monotonic()
         injector = Injector(sched, fleet.sim_dir, t0, sent)
         injector.start()
@@ -187,30 +190,46 @@ def run(env: Environment, scenario: plan.Scenario, index: int) -> Result:
         injector.join()
         since = max(recovered, sent.last_at)
         converged, left = _converge(world, st, api, sent, since + knobs.converge_timeout_s)
+        details["problems"] = left[:20]
         converge_s = None if converged is None else round(converged - since, 1)
-        stored = {str(d["_id"]) for d in st.events.find({}, {"_id": 1})}
-        actions = audit.read(env.cluster.audit_log, audit_start, dict.fromkeys(env.nodes, False))
-        calls = list(env.cloud.calls[cloud_start:])
-        counts = truth.duplicates(world, actions, calls)
-        lost = len(sent.ids - stored)
-        details.update(
-            problems=left[:20], duplicates=counts.details, errors=fleet.errors(),
-            missing_actions=truth.missing_actions(world, actions, calls),
-            fatal_events_lost=len(sent.fatal_ids - stored), audit_unreadable=actions.unreadable,
-            cloud_calls=len(calls), jobs=sum(actions.jobs.values()),
-            evictions=sum(actions.evictions.values()), cordons=sum(actions.cordons.values()),
-        )  # fmt: skip
-        dups = (counts.cordons, counts.evictions, counts.jobs, counts.cloud, counts.requests)
-        met = lost == 0 and not any(dups) and converge_s is not None and converge_s <= knobs.converge_goal_s
-        return Result(scenario.name, env.backend, len(sent.ids), lost, *dups, converge_s, met, details)
+        result = _measure(env, scenario, world, st, sent, marks, converge_s, details)
+        result.details["errors"] = fleet.errors()
+        return result
     finally:
         fleet.stop()
         env.fleet_pids.extend(fleet.pids)
+        if env.keep_logs is not None and (result is None or not result.goal_met):
+            kept = env.keep_logs / f"{env.backend}-{index:02d}-{scenario.name}"
+            shutil.copytree(work / "logs", kept, dirs_exist_ok=True)
+            say(f"[{env.backend}] {scenario.name}: logs kept in {kept}")
         _undo(env)
         _clean(api, env.nodes)
         with contextlib.suppress(Exception):
             st.db.client.drop_database(database)
         st.close()
+
+
+def _measure(
+    env: Environment, scenario: plan.Scenario, world: truth.World, st: store.Store, sent: truth.Sent,
+    marks: tuple[int, int], converge_s: float | None, details: dict[str, Any],
+) -> Result:  # fmt: skip
+    """Lost events and duplicate actions against the truth; `marks`: where the audit log and the cloud
+    fake's calls stood when the load began."""
+    stored = {str(d["_id"]) for d in st.events.find({}, {"_id": 1})}
+    actions = audit.read(env.cluster.audit_log, marks[0], dict.fromkeys(env.nodes, False))
+    calls = list(env.cloud.calls[marks[1] :])
+    counts = truth.duplicates(world, actions, calls)
+    lost = len(sent.ids - stored)
+    details.update(
+        duplicates=counts.details, missing_actions=truth.missing_actions(world, actions, calls),
+        fatal_events_lost=len(sent.fatal_ids - stored), audit_unreadable=actions.unreadable,
+        cloud_calls=len(calls), jobs=sum(actions.jobs.values()),
+        evictions=sum(actions.evictions.values()), cordons=sum(actions.cordons.values()),
+    )  # fmt: skip
+    dups = (counts.cordons, counts.evictions, counts.jobs, counts.cloud, counts.requests)
+    goal = env.knobs.converge_goal_s
+    met = lost == 0 and not any(dups) and converge_s is not None and converge_s <= goal
+    return Result(scenario.name, env.backend, len(sent.ids), lost, *dups, converge_s, met, details)
 
 
 class Injector(threading.Thread):
