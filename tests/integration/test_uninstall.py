@@ -104,11 +104,14 @@ def test_uninstall_takes_back_faultlines_marks_and_only_them(api: Any, node: str
         assert mine not in names and theirs in names  # a person's request is theirs
         jobs = [j["metadata"]["name"] for j in kube.jobs.list_all(api, namespace)]
         assert jobs == ["other"], jobs
-        assert report.nodes_released == [node] and report.conditions_removed == {node: sorted(OWNED_TYPES)}
-        assert report.requests_deleted == [mine] and report.jobs_deleted == [f"repair-{node}"]
+        # (the cluster is shared with other tests: only this test's objects are looked at)
+        assert node in report.nodes_released and report.conditions_removed[node] == sorted(OWNED_TYPES)
+        assert mine in report.requests_deleted and theirs not in report.requests_deleted
+        assert report.jobs_deleted == [f"repair-{node}"]
 
         again = uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5)  # idempotent
-        assert again == uninstall.Report()
+        assert node not in again.nodes_released and node not in again.conditions_removed
+        assert mine not in again.requests_deleted and not again.jobs_deleted
     finally:
         with contextlib.suppress(NotFoundError):
             kube.custom(api).delete_cluster_custom_object(
@@ -119,7 +122,7 @@ def test_uninstall_takes_back_faultlines_marks_and_only_them(api: Any, node: str
 def test_the_janitors_cordon_for_a_persons_request_goes(api: Any, node: str, namespace: str) -> None:
     kube.nodes.patch(api, node, {"metadata": {"annotations": {user_requests.CORDONED_FOR: "reboot-n1"}},
                                  "spec": {"unschedulable": True}})  # fmt: skip
-    assert uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5).nodes_released == [node]
+    assert node in uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5).nodes_released
     obj = kube.nodes.read(api, node)
     assert not obj["spec"].get("unschedulable")
     assert user_requests.CORDONED_FOR not in (obj["metadata"].get("annotations") or {})
