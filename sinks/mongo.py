@@ -73,6 +73,23 @@ class Spool:
         self.path.unlink(missing_ok=True)
 
 
+def coalesced(writes: list[tuple[Fault, int]]) -> list[tuple[Fault, int]]:
+    """The spooled fault writes that matter, in order: of consecutive writes of one fault in the same
+    state only the newest (the store keeps the newest revision anyway; a count that rose fifty times in
+    an outage is one write, not fifty, when the store is back and every agent catches up at once); a
+    change of state is kept, as it makes or removes the fault's work items."""
+    out: list[tuple[Fault, int]] = []
+    last: dict[str, int] = {}  # fault id -> where its last kept write is in `out`
+    for fault, revision in writes:
+        i = last.get(fault.id)
+        if i is not None and out[i][0].state == fault.state and out[i][1] <= revision:
+            out[i] = (fault, revision)
+        else:
+            last[fault.id] = len(out)
+            out.append((fault, revision))
+    return out
+
+
 class _Partition(StatelessSinkPartition[NodeUpdate]):
     def __init__(self, uri: str, database: str, spool: Spool, timeout: float, retry: float) -> None:
         self.store = store.connect(uri, database, timeout=timeout)
@@ -106,7 +123,7 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
             self.indexed = True
         if len(self.spool):
             self.store.record_events(self.spool.events())
-            for fault, revision in self.spool.items():
+            for fault, revision in coalesced(self.spool.items()):
                 self.store.write_fault(fault, revision)
             self.spool.clear()
 
