@@ -43,9 +43,13 @@ OWNED_ANNOTATION = "faultline.io/quarantine"
 BREAKER_ID = store.BREAKER_ID
 BREAKER_REFRESH_S = 1.0
 FULL_RESYNC_S = 60.0
-# Work items are taken in first-seen order, so newer work sorts after a list already read: reading the
-# list again before it runs out only drops items other replicas took (a failed claim shows that too),
-# and each read is three whole-collection scans on FerretDB (~150 ms of its CPU at 500 items).
+# Work items are taken fatal faults first, then in first-seen order: after an outage every open fault's
+# item waits (non-fatal ones too, which the default rules act on by doing nothing), and the nodes to
+# cordon must not queue behind hundreds of those (the chaos suite's 10-minute store outage). Newer work
+# mostly sorts after a list already read, so reading the list again before it runs out only drops items
+# other replicas took (a failed claim shows that too); each read is three whole-collection scans on
+# FerretDB (~150 ms of its CPU at 500 items). A fatal fault that comes while a long list of others is
+# worked waits for the next read, CANDIDATES_REFRESH_S at most.
 CANDIDATES_REFRESH_S = 5.0
 STALE, BLOCKED, DRY_RUN, GONE = "stale", "blocked", "dry-run", "node-missing"
 OPTED_OUT = overrides.OPTED_OUT
@@ -98,6 +102,7 @@ class QuarantineWorker:
             every=settings.resync_interval.total_seconds(),
             prefetch=self._prefetch,
             collection="queue",
+            order=("-fatal", "first_seen"),
             refresh=CANDIDATES_REFRESH_S,
             api=api,
         )
