@@ -43,6 +43,7 @@ def test_an_api_server_away_during_the_wait_for_a_reboot_is_not_a_failed_repair(
     st.ensure_indexes()
     fault = _fault(node)
     st.write_fault(fault, 1)
+    forget_repairs(api, node)  # no Job of an earlier test for the node
     before = cluster.fakelet.nodes[node].boot_id
     with NetProxy(int(urllib.parse.urlsplit(cluster.server).port or 443)) as proxy:
         proxied = kube.api_client(_proxied_kubeconfig(cluster, proxy.port, tmp_path))
@@ -55,8 +56,13 @@ def test_an_api_server_away_during_the_wait_for_a_reboot_is_not_a_failed_repair(
         key = _repair(st, node, remedies.REBOOT, fault, "outage-reboot-1")
         worker.start()
         try:
-            procs.wait_for("the reboot Job", lambda: kube.batch(api).list_namespaced_job(
-                "faultline-system", label_selector=f"faultline.io/node={node}").items, 20)  # fmt: skip
+            # this round's own Job, and its boot id recorded (the cluster is shared: another test's Job
+            # for the node must not start the outage before the janitor has read the boot before it)
+            procs.wait_for("the reboot Job", lambda: any(
+                j.metadata.name == "outage-reboot-1" for j in kube.batch(api).list_namespaced_job(
+                    "faultline-system", label_selector=f"faultline.io/node={node}").items), 20)  # fmt: skip
+            procs.wait_for("the boot before recorded",
+                           lambda: st.repairs.find_one({"_id": key})["rounds"][0].get("boot_before"), 20)  # fmt: skip
             proxy.reject()  # the API server restarting, as the janitor sees it
             cluster.fakelet.reboot(node, down_seconds=1.0)  # meanwhile the node reboots
             procs.wait_for("the janitor's reads refused", lambda: proxy.rejected >= 8, 20)
