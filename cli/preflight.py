@@ -47,6 +47,7 @@ def webhook(cfg: config.WebhookConfig) -> None:
         gang_round_keys=cfg.gang_round_keys,
         ingest_socket=cfg.ingest_socket,
         journal_dirs=cfg.journal_dirs,
+        sim_dir=cfg.sim_dir,
         env=cfg.preflight_settings,
         resources=cfg.init_resources,
     )

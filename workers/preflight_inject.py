@@ -46,6 +46,7 @@ class InjectSettings:
     gang_round_keys: tuple[str, ...] = ()
     ingest_socket: Path | None = None  # the agent's socket on the host; None: nothing is reported
     journal_dirs: tuple[Path, ...] = ()  # host journal directories mounted read-only (the xid check)
+    sim_dir: Path | None = None  # the GPU simulator's control directory on the host; None: NVML
     env: Mapping[str, str] = field(default_factory=dict)  # more settings of the preflight, FAULTLINE_<NAME>
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # cpu/memory requests/limits
     args: tuple[str, ...] = ("preflight",)
@@ -162,6 +163,13 @@ def _volumes(settings: InjectSettings) -> list[dict[str, Any]]:
         )
     for i, directory in enumerate(settings.journal_dirs):
         out.append({"name": f"faultline-preflight-journal-{i}", "hostPath": {"path": str(directory)}})
+    if settings.sim_dir is not None:
+        out.append(
+            {
+                "name": "faultline-preflight-sim",
+                "hostPath": {"path": str(settings.sim_dir), "type": "Directory"},
+            }
+        )
     return out
 
 
@@ -194,8 +202,19 @@ def _container(
         env.append(
             {"name": "FAULTLINE_JOURNAL_DIRS", "value": json.dumps([str(d) for d in settings.journal_dirs])}
         )
+    if settings.sim_dir is not None:  # simulated GPUs: the control files the host's simulator writes
+        env += [
+            {"name": "FAULTLINE_GPU_BACKEND", "value": "sim"},
+            {"name": "FAULTLINE_SIM_DIR", "value": str(settings.sim_dir)},
+        ]
+        mounts.append(
+            {"name": "faultline-preflight-sim", "mountPath": str(settings.sim_dir), "readOnly": True}
+        )
+    named = {e["name"] for e in env}
     env += [
-        {"name": f"FAULTLINE_{name.upper()}", "value": value} for name, value in sorted(settings.env.items())
+        {"name": f"FAULTLINE_{name.upper()}", "value": value}
+        for name, value in sorted(settings.env.items())
+        if f"FAULTLINE_{name.upper()}" not in named
     ]
     resources: dict[str, dict[str, str]] = {part: dict(values) for part, values in settings.resources.items()}
     for part in ("limits", "requests"):

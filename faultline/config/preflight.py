@@ -42,6 +42,7 @@ _SET_BY_WEBHOOK = {
     "gang_size",
     "ingest_socket",
     "journal_dirs",
+    "sim_dir",
 }
 
 
@@ -259,6 +260,12 @@ class WebhookConfig(Component, KubeFields, MetricsFields):
         description="host journal directories mounted read-only into the init container (the xid check); "
         "empty: no kernel log is read",
     )
+    sim_dir: Path | None = Field(
+        default=None,
+        description="the GPU simulator's control directory on the hosts (tests and the demo), mounted "
+        "read-only into the init container, which then checks the simulated GPUs (gpu_backend sim); unset: "
+        "the pod's GPUs through NVML",
+    )
     preflight_settings: dict[str, str] = Field(
         default_factory=dict,
         description="more settings of the init container by name (faultline config show preflight), e.g. "
@@ -302,6 +309,15 @@ class WebhookConfig(Component, KubeFields, MetricsFields):
             raise ValueError(f"unknown preflight settings {unknown}; settable: {', '.join(sorted(known))}")
         return value
 
+    @field_validator("ingest_socket", "journal_dirs", "sim_dir")
+    @classmethod
+    def _host_paths(cls, value: Path | tuple[Path, ...] | None) -> Path | tuple[Path, ...] | None:
+        """Mounted from the host: the kubelet takes absolute paths only."""
+        for path in value if isinstance(value, tuple) else [value]:
+            if path is not None and not path.is_absolute():
+                raise ValueError(f"a path on the host must be absolute, not {str(path)!r}")
+        return value
+
     @field_validator("init_resources")
     @classmethod
     def _resources(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -317,4 +333,14 @@ class WebhookConfig(Component, KubeFields, MetricsFields):
     def _tls(self) -> WebhookConfig:
         if self.tls_source == "files" and not (self.tls_cert and self.tls_key):
             raise ValueError("tls_source files needs tls_cert and tls_key")
+        return self
+
+    @model_validator(mode="after")
+    def _simulated(self) -> WebhookConfig:
+        backend = self.preflight_settings.get("gpu_backend", "sim")
+        if self.sim_dir is not None and backend != "sim":
+            raise ValueError(
+                f"sim_dir has the init container check simulated GPUs; preflight_settings gpu_backend "
+                f"{backend!r} contradicts it"
+            )
         return self

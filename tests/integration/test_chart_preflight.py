@@ -184,6 +184,32 @@ def test_the_init_container_it_makes_accepts_its_settings(tmp_path: Path) -> Non
     assert resolved.ingest_socket == Path("/run/faultline/ingest.sock")
 
 
+def test_a_simulator_directory(tmp_path: Path) -> None:
+    """preflight.simDir (tests and the demo): the init container mounts that node directory and its
+    settings resolve to the simulated GPUs there; unset, NVML."""
+    assert webhook_settings(render(ON), tmp_path).sim_dir is None
+    cfg = webhook_settings(render(ON, "preflight.simDir=/var/lib/faultline/sim"), tmp_path)
+    assert cfg.sim_dir == Path("/var/lib/faultline/sim")
+    inject = preflight_inject.InjectSettings(image=cfg.image, sim_dir=cfg.sim_dir, env=cfg.preflight_settings)
+    pod = {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+    body = {
+        "request": {"uid": "u", "kind": {"group": "", "kind": "Pod"}, "operation": "CREATE", "object": pod}
+    }
+    response = preflight_inject.review(body, inject, namespace_labels={"faultline.io/preflight": "enabled"})
+    ops = json.loads(base64.b64decode(response["response"]["patch"]))
+    (init,) = ops[0]["value"]
+    assert ops[1]["value"] == [
+        {
+            "name": "faultline-preflight-sim",
+            "hostPath": {"path": "/var/lib/faultline/sim", "type": "Directory"},
+        }
+    ]
+    env = {e["name"]: e["value"] for e in init["env"] if "value" in e}
+    resolved = settings.resolve(config.PreflightConfig, environ={"NODE_NAME": "gpu-7", **env}).config
+    assert isinstance(resolved, config.PreflightConfig)
+    assert (resolved.gpu_backend, resolved.sim_dir) == ("sim", Path("/var/lib/faultline/sim"))
+
+
 def test_switches(tmp_path: Path) -> None:
     docs = render(
         ON,
@@ -308,6 +334,7 @@ def test_every_webhook_setting_is_settable_from_values(tmp_path: Path) -> None:
         ([ON, "preflight.gang.namespaces={Bad_NS}"], "at '/preflight/gang/namespaces/0'"),
         ([ON, "preflight.dcgm.diagLevel=5"], "at '/preflight/dcgm/diagLevel'"),
         ([ON, "preflight.certManager.issuerKind=Vault"], "at '/preflight/certManager/issuerKind'"),
+        ([ON, "preflight.simDir=sim"], "at '/preflight/simDir'"),
         ([ON, "preflight.gangs.timeout=1m"], "additional properties 'gangs' not allowed"),
     ],
 )

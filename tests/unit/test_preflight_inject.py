@@ -163,6 +163,28 @@ def test_without_host_files_it_runs_as_an_ordinary_user() -> None:
     assert "volumes" not in patched["spec"] and "volumeMounts" not in init
 
 
+def test_a_simulator_directory_makes_it_check_the_simulated_gpus() -> None:
+    """Tests and the demo: the host's simulator control directory mounted read-only, the sim backend
+    named, and the same setting given through `env` not repeated (the webhook's own wins)."""
+    sim = InjectSettings(image="img", sim_dir=Path("/var/lib/faultline/sim"), env={"gpu_backend": "sim"})
+    patched = apply(pod([8]), patch_of(review(pod([8]), settings=sim)))
+    (init,) = patched["spec"]["initContainers"]
+    names = [e["name"] for e in init["env"]]
+    assert names.count("FAULTLINE_GPU_BACKEND") == 1
+    env = env_of(init)
+    assert (env["FAULTLINE_GPU_BACKEND"], env["FAULTLINE_SIM_DIR"]) == ("sim", "/var/lib/faultline/sim")
+    assert init["volumeMounts"] == [
+        {"name": "faultline-preflight-sim", "mountPath": "/var/lib/faultline/sim", "readOnly": True}
+    ]
+    assert patched["spec"]["volumes"] == [
+        {
+            "name": "faultline-preflight-sim",
+            "hostPath": {"path": "/var/lib/faultline/sim", "type": "Directory"},
+        }
+    ]
+    assert init["securityContext"]["runAsUser"] == 65532  # the control files are world-readable
+
+
 @pytest.mark.parametrize(
     ("obj", "kwargs"),
     [

@@ -200,3 +200,20 @@ def test_a_model_built_directly_reads_no_environment(monkeypatch: pytest.MonkeyP
     cfg = config.DrainConfig(mongodb_uri=URI)
     assert cfg.threads == 8
     assert cfg.mongodb_uri.get_secret_value() == URI
+
+
+def test_the_webhooks_host_paths_and_simulator_are_checked() -> None:
+    """What the webhook mounts from the host must be absolute (the kubelet takes no other), and a simulator
+    directory is not paired with another GPU backend for the init container."""
+    base = {"image": "img", "namespace": "faultline"}
+    sim = settings.resolve(
+        config.WebhookConfig, flags={**base, "sim_dir": "/var/lib/faultline/sim"}, environ={}
+    )
+    assert sim.config.sim_dir == Path("/var/lib/faultline/sim")  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"sim_dir: a path on the host must be absolute, not 'sim' \(got"):
+        settings.resolve(config.WebhookConfig, flags={**base, "sim_dir": "sim"}, environ={})
+    with pytest.raises(ConfigError, match=r"journal_dirs: a path on the host must be absolute, not 'log/j"):
+        settings.resolve(config.WebhookConfig, flags={**base, "journal_dirs": ["log/journal"]}, environ={})
+    with pytest.raises(ConfigError, match=r"preflight_settings gpu_backend 'nvml' contradicts it"):
+        settings.resolve(config.WebhookConfig, environ={},
+                         flags={**base, "sim_dir": "/sim", "preflight_settings": {"gpu_backend": "nvml"}})  # fmt: skip
