@@ -47,6 +47,11 @@ class Source(StrEnum):
     GRPC = "grpc"
 
 
+# Fault.metadata["repair"] == PROVIDER_REPAIR: the cloud provider carries out what the fault's action says
+# (announced maintenance): faultline quarantines and drains the node but asks for no repair of its own.
+PROVIDER_REPAIR = "provider"
+
+
 class FaultState(StrEnum):
     OPEN = "open"
     RESOLVED = "resolved"

@@ -1,0 +1,170 @@
+"""When a cloud maintenance fault is raised, resolved, and its event acknowledged (pure; time passed in).
+
+For one node, from what its provider announces now, the node itself (there, Ready, its boot id) and the
+maintenance faults open on it (their stored `Raised` record), per kind of maintenance:
+
+- **raise**: an announced event (scheduled or started) is raised as a fault `lead_time` before its window
+  starts (at once when it has started, or its start is unknown), so quarantine and drain are done before
+  the provider takes the node down. Events of one kind on one node are one fault: the earliest window.
+- **keep**: while it is announced, the fault stays open; its record follows the events (ids, window).
+- **cancelled**: an event the provider marks cancelled (EC2's `[Canceled]`), or one that is no longer
+  announced although its window had not begun, it had not started and nobody asked to start it early:
+  the fault resolves at once.
+- **over**: no longer announced otherwise (completed, or gone after its window began): the fault resolves
+  once the node is Ready again and, for kinds that take the node down (`Kind.restarts`), is back with a new
+  boot id, or has stayed Ready with its boot id for `settle` since the event ended (a maintenance that
+  ended without taking the node down, or an announcement withdrawn after its window began). Until then
+  the node stays quarantined: OCI clears its due time as the instance stops, before the Node shows it.
+- **gone**: the Node no longer exists (an instance retired and replaced): its faults resolve.
+- **acknowledge** (providers that take it: Azure's `StartRequests`): once the node is drained in its
+  current quarantine, an event of a kind that quarantines is asked to start now instead of at its
+  `NotBefore`, so the node is back sooner. Only scheduled events, each once (the record keeps when).
+
+When the provider could not be read this time (`announced` is None) nothing changes but for a Node that
+is gone: a fault is never resolved on missing information.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from workers.announcements import CANCELLED, KINDS, STARTED, Announcement
+
+ACKNOWLEDGES = frozenset({"azure"})  # providers whose events can be asked to start early
+
+
+@dataclass(frozen=True)
+class Settings:
+    lead_time: dt.timedelta = dt.timedelta(hours=1)
+    settle: dt.timedelta = dt.timedelta(minutes=10)
+    quarantine_kinds: frozenset[str] = frozenset({"REBOOT", "REDEPLOY", "TERMINATE"})
+    acknowledge: bool = True
+
+
+@dataclass(frozen=True)
+class NodeState:
+    exists: bool
+    ready: bool = False
+    boot_id: str = ""
+
+
+@dataclass(frozen=True)
+class Raised:
+    """What is recorded with an open maintenance fault (in its metadata): the events behind it, the
+    window's start, the node's boot id when it was raised, when the events ended (None: still announced),
+    when they were asked to start early, and whether one was seen started."""
+
+    provider: str
+    events: tuple[str, ...]
+    not_before: dt.datetime | None
+    not_after: dt.datetime | None = None
+    boot_id: str = ""
+    what: str = ""
+    over_since: dt.datetime | None = None
+    acknowledged: dt.datetime | None = None
+    started: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change for one kind: `raise` (a new fault), `update` (its record changed), `resolve`."""
+
+    op: str  # raise | update | resolve
+    kind: str
+    record: Raised
+    reason: str = ""  # resolve: cancelled | over | gone
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    steps: list[Step] = field(default_factory=list)
+    acknowledge: list[str] = field(default_factory=list)  # event ids to ask to start now
+
+
+def plan(
+    now: dt.datetime, node: NodeState, announced: Iterable[Announcement] | None,
+    raised: Mapping[str, Raised], *, drained: bool, settings: Settings,
+) -> NodePlan:  # fmt: skip
+    """The node's changes (see the module docstring). `raised`: its open maintenance faults by kind;
+    `drained`: the node is drained in its current quarantine episode."""
+    out = NodePlan()
+    if not node.exists:
+        out.steps.extend(Step("resolve", kind, rec, "gone") for kind, rec in sorted(raised.items()))
+        return out
+    if announced is None:
+        return out
+    events = list(announced)
+    for kind in sorted({a.kind for a in events} | set(raised)):
+        mine = [a for a in events if a.kind == kind]
+        active = [a for a in mine if a.active]
+        rec = raised.get(kind)
+        if rec is None:
+            if active and _due(now, active, settings.lead_time):
+                out.steps.append(Step("raise", kind, _record(active, node.boot_id)))
+            continue
+        if active:
+            _keep(now, kind, rec, active, drained, settings, out)
+            continue
+        if _cancelled(now, rec, mine):
+            out.steps.append(Step("resolve", kind, rec, "cancelled"))
+            continue
+        over = rec if rec.over_since is not None else replace(rec, over_since=now)
+        assert over.over_since is not None
+        back = node.ready and (
+            not KINDS[kind].restarts
+            or node.boot_id not in ("", rec.boot_id)
+            or now - over.over_since >= settings.settle
+        )
+        if back:
+            out.steps.append(Step("resolve", kind, over, "over"))
+        elif over is not rec:
+            out.steps.append(Step("update", kind, over))
+    return out
+
+
+def _due(now: dt.datetime, active: list[Announcement], lead: dt.timedelta) -> bool:
+    starts = [a.not_before for a in active]
+    if any(a.state == STARTED for a in active) or any(s is None for s in starts):
+        return True
+    return now >= min(s for s in starts if s is not None) - lead
+
+
+def _record(active: list[Announcement], boot_id: str, base: Raised | None = None) -> Raised:
+    """The record of a kind's announced events: the earliest window, every event id."""
+    first = min(active, key=lambda a: (a.not_before is not None, a.not_before or dt.datetime.min))
+    ends = [a.not_after for a in active if a.not_after is not None]
+    events = tuple(sorted({a.event_id for a in active}))
+    not_after = max(ends) if ends else None
+    rec = base if base is not None else Raised(first.provider, events, first.not_before, boot_id=boot_id)
+    return replace(
+        rec, provider=first.provider, events=events, not_before=first.not_before, not_after=not_after,
+        what=first.what, over_since=None, started=rec.started or any(a.state == STARTED for a in active),
+    )  # fmt: skip
+
+
+def _keep(
+    now: dt.datetime, kind: str, rec: Raised, active: list[Announcement], drained: bool, settings: Settings,
+    out: NodePlan,
+) -> None:  # fmt: skip
+    new = _record(active, rec.boot_id, rec)
+    scheduled = sorted(a.event_id for a in active if a.state != STARTED)
+    if (
+        settings.acknowledge and drained and new.acknowledged is None and scheduled
+        and new.provider in ACKNOWLEDGES and kind in settings.quarantine_kinds
+    ):  # fmt: skip
+        new = replace(new, acknowledged=now)
+        out.acknowledge.extend(scheduled)
+    if new != rec:
+        out.steps.append(Step("update", kind, new))
+
+
+def _cancelled(now: dt.datetime, rec: Raised, mine: list[Announcement]) -> bool:
+    """No longer announced because it was called off, not because it happened."""
+    ended = [a for a in mine if a.event_id in rec.events]
+    if ended:
+        return all(a.state == CANCELLED for a in ended)
+    return (
+        not rec.started and rec.acknowledged is None and rec.not_before is not None and now < rec.not_before
+    )
