@@ -228,15 +228,61 @@ def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> Non
     out.print(f"ok: {len(compiled.patterns)} patterns in {len(compiled.packs.files)} files")
 
 
+def _object_rules_command(paths: list[Path], builtin: bool, *, run_examples: bool) -> bool:
+    """The object rules (`patterns.object_rules`): built-in, then `paths`; whether all is well. Prints
+    nothing when there are none."""
+    from patterns import object_examples, object_rules  # noqa: PLC0415
+
+    if not paths and not builtin:
+        return True
+    try:
+        rules = object_rules.load(paths, builtin=builtin, check_examples=False)
+    except PackError as exc:
+        err.print(f"FAIL {exc}", markup=False)
+        return False
+    where = f"{len(rules.rules)} object rules in {len(rules.files)} files"
+    if not run_examples:
+        out.print(f"ok: {where}", markup=False)
+        return True
+    failures = object_examples.run(rules)
+    for failure in failures:
+        out.print(f"FAIL {failure}", markup=False, highlight=False)
+    if failures:
+        out.print(f"{len(failures)} object rule example failure(s)")
+        return False
+    out.print(f"ok: {object_examples.count(rules)} examples of {where}", markup=False)
+    return True
+
+
+def _packs_and_object_rules(
+    dirs: list[Path], objects: list[Path], builtin: bool, *, run_examples: bool
+) -> None:
+    failed = False
+    try:
+        _pack_command(dirs, builtin, run_examples=run_examples)
+    except typer.Exit:
+        failed = True
+    if not _object_rules_command(objects, builtin, run_examples=run_examples) or failed:
+        raise typer.Exit(1)
+
+
+ObjectRulePaths = Annotated[
+    list[Path] | None,
+    typer.Option("--objects", help="Object rule files or directories (repeatable), after the built-in ones."),
+]
+
+
 @patterns_app.command("lint")
 def patterns_lint(
     dirs: Annotated[
         list[Path] | None, typer.Argument(help="Pack directories or files (default: built-ins only).")
     ] = None,
-    builtin: Annotated[bool, typer.Option(help="Load the built-in packs too.")] = True,
+    objects: ObjectRulePaths = None,
+    builtin: Annotated[bool, typer.Option(help="Load the built-in packs and object rules too.")] = True,
 ) -> None:
-    """Validate packs: schema, regexes (and catastrophic backtracking), templates and tables."""
-    _pack_command(dirs or [], builtin, run_examples=False)
+    """Validate packs (schema, regexes and catastrophic backtracking, templates, tables) and object rules
+    (schema, CEL expressions)."""
+    _packs_and_object_rules(dirs or [], objects or [], builtin, run_examples=False)
 
 
 @patterns_app.command("test")
@@ -244,10 +290,12 @@ def patterns_test(
     dirs: Annotated[
         list[Path] | None, typer.Argument(help="Pack directories or files (default: built-ins only).")
     ] = None,
-    builtin: Annotated[bool, typer.Option(help="Load the built-in packs too.")] = True,
+    objects: ObjectRulePaths = None,
+    builtin: Annotated[bool, typer.Option(help="Load the built-in packs and object rules too.")] = True,
 ) -> None:
-    """Run every pattern's positive and negative examples; report each failure with file and pattern id."""
-    _pack_command(dirs or [], builtin, run_examples=True)
+    """Run every pattern's positive and negative examples, and every object rule's example objects; report
+    each failure with file and pattern or rule id."""
+    _packs_and_object_rules(dirs or [], objects or [], builtin, run_examples=True)
 
 
 @options.command(app, "agent", config.AgentConfig)

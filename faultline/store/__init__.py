@@ -11,6 +11,8 @@ Collections and their modules:
 - `drains` (`drains`): one per node, for its current quarantine episode (`Drain`).
 - `gpu_pods` (`gpu_pods`): per node, which pods use which GPU, as its agent read it (`GpuPods`).
 - `repairs` (`repairs`): one per quarantine episode that needs repair, with its rounds (`Repair`).
+- `feed`, `counters` (`feed`): every node's new events and fault changes in one gap-free numbered
+  order, for the cluster analyzer (`record_batch` writes them, `feed_after` reads them).
 
 Hand-over between workers, through typed fields (`documents`) and named operations:
 - quarantine -> drainer: `record_hold` makes a `NodeHold` with `quarantined`, `owned.cordoned` and the
@@ -81,6 +83,7 @@ from faultline.store.documents import (
     WorkItem,
 )
 from faultline.store.drains import DRAINED
+from faultline.store.feed import FeedBatch, FeedRead
 from faultline.store.holds import BREAKER_ID
 from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation, user_repair_key
 
@@ -88,7 +91,8 @@ __all__ = [
     "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR", "NODEDRAIN",
     "PARKED", "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",
     "Clock", "Drain",
-    "DryRun", "FaultRecord", "GpuAssignment", "GpuPods", "Lease", "NodeHold", "Owned", "Parked",
+    "DryRun", "FaultRecord", "FeedBatch", "FeedRead", "GpuAssignment", "GpuPods", "Lease", "NodeHold",
+    "Owned", "Parked",
     "PodRecord", "Repair", "RepairNotice",
     "RepairRound", "StageStatus", "Store", "UserRequest", "WorkItem", "connect", "episode_label",
     "repair_key", "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient",

@@ -15,7 +15,7 @@ from faultline.errors import TransientError
 from faultline.store.base import CODEC, DRAINS, NODEDRAIN, QUEUE, REPAIRS, STAGES, Clock, utcnow
 from faultline.store.claims import Claims
 from faultline.store.drains import Drains
-from faultline.store.faults import Faults
+from faultline.store.feed import Feed
 from faultline.store.gpu_pods import GpuPodMaps
 from faultline.store.holds import Holds
 from faultline.store.repairs import Repairs
@@ -76,7 +76,7 @@ def unreachable_is_transient(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: the store cannot serve now: {said[:300]}", delay=1.0) from exc
 
 
-class Store(Claims, Faults, Holds, Drains, Repairs, GpuPodMaps):
+class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps):
     """Every collection faultline writes, behind named operations (see the package docstring).
 
     The collection handles (`events`, `faults`, `nodes`, ...) are the store's own, for its operation
@@ -106,6 +106,7 @@ class Store(Claims, Faults, Holds, Drains, Repairs, GpuPodMaps):
         self.drains.create_index([(f"{NODEDRAIN}.state", pymongo.ASCENDING)])
         self.nodes.create_index([("quarantined", pymongo.ASCENDING)])
         self.repairs.create_index([("node", pymongo.ASCENDING)])  # the node agents' repairs_to_confirm
+        self.ensure_feed_indexes()
 
     def close(self) -> None:
         """Close the client (the store is unusable afterwards)."""

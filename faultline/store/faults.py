@@ -29,7 +29,7 @@ class Faults(Base):
     # -- writes from the detection side ---------------------------------------------------------------
     def record_events(self, events: Iterable[HealthEvent]) -> int:
         """Insert events (idempotent by id); return how many were new."""
-        docs = [_event_doc(e) for e in events]
+        docs = [event_doc(e) for e in events]
         if not docs:
             return 0
         try:
@@ -50,7 +50,7 @@ class Faults(Base):
         the same write makes none twice, and one lost to a crash between the two writes is made by the
         replay); a resolved fault's items are removed, so a fault that comes back under the same key
         gets new ones. Returns whether the fault's write applied."""
-        doc = _fault_doc(fault)
+        doc = fault_doc(fault)
         doc["revision"] = revision
         doc["updated_at"] = self.now()
         try:
@@ -116,6 +116,12 @@ class Faults(Base):
             out.setdefault(record.node, []).append(record)
         return out
 
+    def open_faults_from(self, source: str) -> list[documents.FaultRecord]:
+        """The open faults a cluster-side source wrote (its `metadata.source`, e.g. the object monitor's
+        `kube`): what it holds open, read back at its start and at each resync. Not on a hot path."""
+        docs = self.faults.find({"state": FaultState.OPEN.value, "metadata.source": source})
+        return [documents.FaultRecord.from_doc(d) for d in docs]
+
     def open_fatal_faults(self, node: str) -> list[documents.FaultRecord]:
         docs = self.faults.find({"node": node})
         return [
@@ -166,7 +172,8 @@ class Faults(Base):
         )
 
 
-def _event_doc(e: HealthEvent) -> dict[str, Any]:
+def event_doc(e: HealthEvent) -> dict[str, Any]:
+    """An event as `health_events` (and the feed) store it: its id as `_id`."""
     doc = e.model_dump(mode="python")
     doc["_id"] = doc.pop("id")
     doc["entities"] = [dict(x) for x in doc["entities"]]
@@ -175,7 +182,8 @@ def _event_doc(e: HealthEvent) -> dict[str, Any]:
     return doc
 
 
-def _fault_doc(f: Fault) -> dict[str, Any]:
+def fault_doc(f: Fault) -> dict[str, Any]:
+    """A fault's fields as `faults` stores them (the caller adds `_id` and `revision`)."""
     doc = f.model_dump(mode="python")
     doc.pop("id")
     doc["entity"] = dict(doc["entity"])

@@ -1,0 +1,171 @@
+"""The feed the cluster analyzer reads (`faultline.store.feed`) on a real server (FerretDB): numbers
+without gaps under concurrent writers, a reader that sees every event exactly once while they write,
+replays that add nothing twice, and retention that never passes the reader silently."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from devtools.mongo import LocalMongo
+from faultline import store
+from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id, fault_id
+from faultline.store.feed import FEED_CHUNK
+
+pytestmark = pytest.mark.integration
+T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
+
+
+def event(node: str, i: int, code: str = "XID-13") -> HealthEvent:
+    ts = T0 + dt.timedelta(seconds=i)
+    return HealthEvent(
+        id=event_id(node, "kmsg", "GPU", "0000:3b:00", code, ts), node=node, component=Component.GPU,
+        check="xid", code=code, entities=(Entity(type="GPU", id="0000:3b:00"),), healthy=False,
+        fatal=False, action=Action.RESTART_APP, generated_at=ts, observed_at=ts,
+    )  # fmt: skip
+
+
+def fault(node: str, count: int) -> Fault:
+    return Fault(
+        id=fault_id(node, "GPU", "0000:3b:00", "XID-79"), node=node, entity=Entity(type="GPU", id="0000:3b:00"),
+        code="XID-79", component=Component.GPU, count=count, first_seen=T0,
+        last_seen=T0 + dt.timedelta(seconds=count), fatal=True, action=Action.RESTART_BM, state=FaultState.OPEN,
+    )  # fmt: skip
+
+
+def read_all(st: store.Store, position: int = 0) -> tuple[list[store.FeedBatch], int]:
+    out: list[store.FeedBatch] = []
+    while True:
+        got = st.feed_after(position, limit=50)
+        assert got.lost is None
+        if not got.batches:
+            return out, position
+        out += got.batches
+        position = got.batches[-1].n
+
+
+def test_concurrent_writers_number_without_gaps_and_a_reader_sees_each_event_once(
+    mongo: LocalMongo, mongo_db: Any
+) -> None:
+    writers, batches, per_batch = 6, 15, 3
+    done = threading.Event()
+    seen: list[str] = []
+    numbers: list[int] = []
+    errors: list[BaseException] = []
+
+    def write(w: int) -> None:
+        st = store.connect(mongo.uri, mongo_db.name)
+        try:
+            for b in range(batches):
+                evs = [event(f"node-{w}", b * per_batch + k) for k in range(per_batch)]
+                assert st.record_batch(evs, [(fault(f"node-{w}", b + 1), b + 1)]) == per_batch
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+        finally:
+            st.close()
+
+    def read() -> None:  # reads while the writers write: must miss nothing that comes later
+        st = store.connect(mongo.uri, mongo_db.name)
+        position = 0
+        try:
+            while True:
+                finished = done.is_set()
+                got = st.feed_after(position, limit=20)
+                assert got.lost is None
+                for batch in got.batches:
+                    numbers.append(batch.n)
+                    seen.extend(d["_id"] for d in batch.events)
+                    position = batch.n
+                if finished and not got.batches:
+                    return
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            st.close()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    reader.join()
+    assert not errors, errors
+
+    total = writers * batches
+    assert numbers == list(range(1, total + 1))  # every number once, in order, none skipped
+    expected = {event(f"node-{w}", i).id for w in range(writers) for i in range(batches * per_batch)}
+    assert Counter(seen) == Counter(expected)  # every event exactly once
+    st = store.Store(mongo_db)
+    feed, _ = read_all(st)
+    for w in range(writers):  # each writer's batches in the order it wrote them
+        mine = [b for b in feed if b.events and b.events[0]["node"] == f"node-{w}"]
+        assert [b.faults[0]["count"] for b in mine] == list(range(1, batches + 1))
+        assert [b.faults[0]["revision"] for b in mine] == list(range(1, batches + 1))
+
+
+def test_a_batch_written_again_feeds_nothing_twice(mongo_db: Any) -> None:
+    st = store.Store(mongo_db)
+    evs = [event("n1", i) for i in range(3)]
+    st.record_batch(evs, [(fault("n1", 3), 3)])
+    st.record_batch(evs, [(fault("n1", 3), 3)])  # a replay: the same events, the same revision
+    st.record_batch(evs[:1], [(fault("n1", 2), 2)])  # an older write replayed: not applied, not fed
+    feed, _ = read_all(st)
+    assert [b.n for b in feed] == [1]
+    assert [d["_id"] for d in feed[0].events] == [e.id for e in evs]
+    assert [(d["_id"], d["revision"]) for d in feed[0].faults] == [(fault("n1", 3).id, 3)]
+    assert st.feed_head() == 1
+
+
+def test_what_was_stored_but_not_fed_is_fed_by_the_replay(mongo_db: Any) -> None:
+    """A writer cut off between storing and feeding (killed, or the store gone after the first calls):
+    its replay finds the events and the fault revision stored, and feeds them, once."""
+    st = store.Store(mongo_db)
+    evs = [event("n1", i) for i in range(4)]
+    st.record_events(evs[:3])  # stored, never fed
+    st.write_fault(fault("n1", 3), 3)
+    st.record_batch(evs, [(fault("n1", 3), 3)])
+    st.record_batch(evs, [(fault("n1", 3), 3)])
+    feed, _ = read_all(st)
+    assert len(feed) == 1
+    assert sorted(d["_id"] for d in feed[0].events) == sorted(e.id for e in evs)
+    assert [d["revision"] for d in feed[0].faults] == [3]
+    assert st.fed_keys([evs[0].id, "no-such-event"]) == {evs[0].id}
+
+
+def test_large_batches_take_several_numbers_and_empty_ones_none(mongo_db: Any) -> None:
+    st = store.Store(mongo_db)
+    assert st.record_batch([], []) == 0
+    assert st.feed_head() == 0
+    evs = [event("n1", i) for i in range(FEED_CHUNK + 10)]
+    st.record_batch(evs, [])
+    feed, position = read_all(st)
+    assert [len(b.events) for b in feed] == [FEED_CHUNK, 10]
+    assert position == 2
+    assert [d["_id"] for b in feed for d in b.events] == [e.id for e in evs]
+
+
+def test_retention_keeps_what_the_reader_has_not_read_and_reports_what_it_lost(mongo_db: Any) -> None:
+    now = [T0]
+    st = store.Store(mongo_db, clock=lambda: now[0])
+    for i in range(5):
+        st.record_batch([event("n1", i)], [])
+        now[0] += dt.timedelta(hours=1)
+    # 5 documents written at T0 .. T0+4h; now T0+5h. Older than 2h: 1, 2, 3; read up to 2: 1, 2 only
+    assert st.prune_feed(dt.timedelta(hours=2), read_up_to=2) == 2
+    got = st.feed_after(2)
+    assert [b.n for b in got.batches] == [3, 4, 5]
+    # without a reader's position (the retention command), the reader at 1 has lost 2 and 3
+    assert st.prune_feed(dt.timedelta(hours=2)) == 1
+    got = st.feed_after(1)
+    assert got.batches == [] and got.lost == (2, 3)
+    assert [b.n for b in st.feed_after(3).batches] == [4, 5]
+    # writers go on after the head, never into pruned numbers
+    st.record_batch([event("n1", 99)], [])
+    assert [b.n for b in st.feed_after(5).batches] == [6]
