@@ -252,7 +252,7 @@ class Keeper:
     def _bundle(self) -> Bundle:
         for _ in range(5):
             found = ops.read_secret(self.client, self.namespace, self.secret)
-            current = Bundle.from_secret(found[0]) if found is not None else None
+            current = Bundle.from_secret(found.data) if found is not None else None
             new = plan(current, self.clock(), self.hosts, self.validity)
             if new is None:
                 assert current is not None  # plan returns a bundle when there is none
@@ -263,8 +263,8 @@ class Keeper:
                     self.namespace,
                     self.secret,
                     new.to_secret(),
-                    resource_version=found[1] if found is not None else None,
-                    labels={"app.kubernetes.io/managed-by": "faultline"},
+                    found=found,  # the chart's Secret stays Helm's (its labels and annotations kept)
+                    labels={"app.kubernetes.io/managed-by": "faultline"},  # one it makes itself
                 )
             except ConflictError:  # another replica wrote first (AlreadyExistsError is one): take theirs
                 continue

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import urllib.parse
-from typing import Any
+from typing import Any, NamedTuple
 
 from faultline.errors import NotFoundError
 from faultline.kube.lite import Client
@@ -30,8 +30,17 @@ def namespace_labels(client: Client, name: str) -> dict[str, str]:
 # -- the webhook's TLS Secret ------------------------------------------------------------------------------
 
 
-def read_secret(client: Client, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
-    """The Secret's data (decoded) and resourceVersion; None when it does not exist."""
+class FoundSecret(NamedTuple):
+    """A Secret as read: its data (decoded), its resourceVersion, and its metadata, which a replacement
+    keeps."""
+
+    data: dict[str, bytes]
+    resource_version: str
+    metadata: dict[str, Any]
+
+
+def read_secret(client: Client, namespace: str, name: str) -> FoundSecret | None:
+    """The Secret as it is; None when it does not exist."""
     try:
         doc = client.request(
             "GET", f"/api/v1/namespaces/{_quote(namespace)}/secrets/{_quote(name)}",
@@ -40,24 +49,27 @@ def read_secret(client: Client, namespace: str, name: str) -> tuple[dict[str, by
     except NotFoundError:
         return None
     data = {k: base64.b64decode(v) for k, v in (doc.get("data") or {}).items()}
-    return data, str(doc["metadata"].get("resourceVersion", ""))
+    meta = dict(doc.get("metadata") or {})
+    return FoundSecret(data, str(meta.get("resourceVersion", "")), meta)
 
 
 def write_secret(
-    client: Client, namespace: str, name: str, data: dict[str, bytes], *, resource_version: str | None,
+    client: Client, namespace: str, name: str, data: dict[str, bytes], *, found: FoundSecret | None,
     labels: dict[str, str] | None = None,
 ) -> None:  # fmt: skip
-    """Create the Secret (`resource_version` None) or replace it only if it is still at `resource_version`
-    (ConflictError otherwise: someone else wrote it first)."""
+    """Create the Secret (`found` None) with `labels`, or replace its data only if it is still as `found`
+    (ConflictError otherwise: someone else wrote it first). A replaced Secret keeps its metadata as found:
+    the labels and annotations of whoever made it (Helm's, by which `helm uninstall` knows it as the
+    release's) stay."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
-    if labels:
+    if found is not None:
+        meta = {**found.metadata, "resourceVersion": found.resource_version}
+    elif labels:
         meta["labels"] = labels
-    if resource_version is not None:
-        meta["resourceVersion"] = resource_version
     body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}  # fmt: skip
     base = f"/api/v1/namespaces/{_quote(namespace)}/secrets"
-    if resource_version is None:
+    if found is None:
         client.request("POST", base, body, what=f"Secret {namespace}/{name}")
     else:
         client.request("PUT", f"{base}/{_quote(name)}", body, what=f"Secret {namespace}/{name}")

@@ -9,11 +9,13 @@ reaches it; pods of simulated nodes do not run, so the webhook cannot be one of 
 - a pod naming an unknown check is refused with the webhook's message;
 - a serving certificate renewed while it serves (every sync here) keeps admissions going, signed by the
   same CA;
-- the webhook down does not block pod creation under the default failurePolicy (Ignore)."""
+- the webhook down does not block pod creation under the default failurePolicy (Ignore);
+- the chart's Secret, filled and renewed by the webhook, keeps Helm's labels and annotations."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import subprocess
 import sys
 import threading
@@ -31,6 +33,7 @@ from faultline import kube
 from faultline.errors import ApiRejectedError, FaultlineError, NotFoundError
 from faultline.kube import lite
 from faultline.kube import preflight as ops
+from workers import webhook_certs
 
 pytestmark = pytest.mark.integration
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -258,6 +261,43 @@ def test_a_fail_policy_blocks_pods_while_the_webhook_is_down(
     finally:
         with contextlib.suppress(NotFoundError):
             client.request("DELETE", f"{MWC}/{name}")
+        client.close()
+
+
+def test_the_charts_secret_stays_the_releases_when_the_webhook_writes_it(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    """The chart makes the webhook's TLS Secret empty, as Helm's (its managed-by label and release
+    annotations); the webhook fills it and renews it by replacing it. Helm 4 deletes at uninstall only what
+    still carries those, so a replacement keeps the Secret's metadata: once without it, the Secret
+    outlived every `helm uninstall` and a new install into the namespace refused to take it over. A Secret
+    the webhook makes itself (no chart) is labelled as faultline's."""
+    ours = {"labels": {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "fl"},
+            "annotations": {"meta.helm.sh/release-name": "fl", "meta.helm.sh/release-namespace": namespace}}  # fmt: skip
+    client = lite.Client.connect(cluster.kubeconfig)
+    try:
+        client.request("POST", f"/api/v1/namespaces/{namespace}/secrets",
+                       {"metadata": {"name": "fl-webhook-tls", **ours}, "type": "Opaque"})  # fmt: skip
+
+        def keeper(secret: str, days: int = 0) -> webhook_certs.Keeper:
+            now = dt.datetime.now(dt.UTC) + dt.timedelta(days=days)
+            return webhook_certs.Keeper(
+                client, namespace=namespace, secret=secret, webhook_config=None,
+                hosts=webhook_certs.service_hosts("fl-webhook", namespace), validity=webhook_certs.Validity(),
+                clock=lambda: now,
+            )  # fmt: skip
+
+        first = keeper("fl-webhook-tls").sync()
+        renewed = keeper("fl-webhook-tls", days=340).sync()  # less than rotate_before (30 d) left of 365 d
+        assert renewed.cert != first.cert and renewed.ca_cert == first.ca_cert
+        found = ops.read_secret(client, namespace, "fl-webhook-tls")
+        assert found is not None and found.data["tls.crt"] == renewed.cert
+        assert {k: found.metadata.get(k) for k in ours} == ours  # Helm's still, after two writes
+
+        keeper("standalone-tls").sync()
+        own = ops.read_secret(client, namespace, "standalone-tls")
+        assert own is not None and own.metadata["labels"] == {"app.kubernetes.io/managed-by": "faultline"}
+    finally:
         client.close()
 
 
