@@ -9,6 +9,12 @@ Bytewax calls the sink only with new items, so a node that stays quiet after an 
 spool until its next event or the detector's resend a minute later (the chaos suite's store-outage: the
 last spooled events arrived 58 s after the store came back). A thread of the partition therefore tries
 the spool every DRAIN_RETRY_S while it holds writes and no batch came meanwhile.
+
+A drain keeps its progress: the spool is rewritten without what was written (the events once they are in,
+then every DRAIN_CHUNK fault writes), so a store that times out a call mid-drain (the chaos suite's
+10-minute outage on FerretDB's SQLite: 52 agents draining at once, calls timing out after 10 s) costs the
+agent one call, not its whole spool written again from the start. Fatal faults' writes go first (each
+fault's own writes stay in order): a node to cordon does not wait behind an outage's worth of minor ones.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from faultline.models import Fault, HealthEvent, NodeUpdate
 
 SPOOL_MAX_ITEMS = 100_000
 DRAIN_RETRY_S = 2.0
+DRAIN_CHUNK = 10  # fault writes between two rewrites of the spool while it drains
 
 
 class Spool:
@@ -72,6 +79,16 @@ class Spool:
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
 
+    def rewrite(self, writes: list[tuple[Fault, int]]) -> None:
+        """The spool as only these fault writes (what a drain has not written yet); none: cleared."""
+        if not writes:
+            self.clear()
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps({"revision": rev, "fault": f.model_dump(mode="json")}) + "\n"
+                               for f, rev in writes))  # fmt: skip
+        tmp.replace(self.path)
+
 
 def coalesced(writes: list[tuple[Fault, int]]) -> list[tuple[Fault, int]]:
     """The spooled fault writes that matter, in order: of consecutive writes of one fault in the same
@@ -88,6 +105,29 @@ def coalesced(writes: list[tuple[Fault, int]]) -> list[tuple[Fault, int]]:
             last[fault.id] = len(out)
             out.append((fault, revision))
     return out
+
+
+def drain_order(writes: list[tuple[Fault, int]]) -> list[tuple[Fault, int]]:
+    """The writes of fatal faults first, then the others; each fault's own writes in their order."""
+    fatal = {fault.id for fault, _ in writes if fault.fatal}
+    return [w for w in writes if w[0].id in fatal] + [w for w in writes if w[0].id not in fatal]
+
+
+def drain(spool: Spool, st: store.Store) -> None:
+    """Write the spool to the store, keeping progress in the spool as it goes (see the module's doc);
+    a failure leaves exactly what was not written yet."""
+    if not len(spool):
+        return
+    events = spool.events()
+    pending = drain_order(coalesced(spool.items()))
+    if events:
+        st.record_events(events)
+        spool.rewrite(pending)  # the events are in: a retry does not send them again
+    for start in range(0, len(pending), DRAIN_CHUNK):
+        for fault, revision in pending[start : start + DRAIN_CHUNK]:
+            st.write_fault(fault, revision)
+        spool.rewrite(pending[start + DRAIN_CHUNK :])
+    spool.clear()
 
 
 class _Partition(StatelessSinkPartition[NodeUpdate]):
@@ -110,9 +150,7 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
             try:
                 with store.unreachable_is_transient("writing faults"):
                     self._drain()  # what waited, in order, first
-                    self.store.record_events(events)
-                    for fault, revision in writes:
-                        self.store.write_fault(fault, revision)
+                    self.store.record_batch(events, writes)  # and the analyzer's feed
             except TransientError:
                 self.spool.append(writes, events)  # nothing is lost; the next try takes it
             metrics.SPOOL_DEPTH.set(len(self.spool))
@@ -121,11 +159,7 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
         if not self.indexed:
             self.store.ensure_indexes()
             self.indexed = True
-        if len(self.spool):
-            self.store.record_events(self.spool.events())
-            for fault, revision in coalesced(self.spool.items()):
-                self.store.write_fault(fault, revision)
-            self.spool.clear()
+        drain(self.spool, self.store)
 
     def _drain_quietly(self) -> None:
         """The spool tried every `retry` seconds while it holds writes and no batch came meanwhile."""
