@@ -14,11 +14,13 @@ Per-namespace mode, the namespace label `faultline.io/drain-mode` (default `--de
 - `AllowCompletion`: nothing is evicted; the drain waits for the pods to finish.
 - `DeleteAfterTimeout`: evicted like Immediate, and deleted once `delete_after` has passed since the
   first eviction attempt.
-DaemonSet pods, mirror (static) pods and finished pods are left alone; with `gpu_only`, so are pods that
-request no `nvidia.com/gpu`; pods of `system_namespaces` are never evicted (recorded as skipped, with the
-reason). With `partial_gpu_drain`, a node whose faults are each on one GPU and need at most a reset of
-it loses only the pods of those GPUs (`workers.drain_scope`: when, and how the node agent's GPU -> pod
-mapping is trusted); the drain's `scope` records which. A node released while draining ends its drain.
+DaemonSet pods, mirror (static) pods, finished pods and the janitor's repair pods (label
+`faultline.io/repair`: the chaos suite's store outage saw a drain evict one) are left alone; with
+`gpu_only`, so are pods that request no `nvidia.com/gpu`; pods of `system_namespaces` are never evicted
+(recorded as skipped, with the reason). With `partial_gpu_drain`, a node whose faults are each on one GPU
+and need at most a reset of it loses only the pods of those GPUs (`workers.drain_scope`: when, and how the
+node agent's GPU -> pod mapping is trusted); the drain's `scope` records which. A node released while
+draining ends its drain.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ STAGE = "nodedrain"
 MODE_LABEL = "faultline.io/drain-mode"
 MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+REPAIR_LABEL = "faultline.io/repair"  # the janitor's repair pods (a drain that evicted one would undo it)
 
 
 class Settings(config.DrainTuning):
@@ -51,14 +54,16 @@ class Settings(config.DrainTuning):
 
 
 def evictable(pod: dict[str, Any], gpu_only: bool) -> bool:
-    """Pods a drain moves: not DaemonSet-owned, not mirror pods, not finished; with `gpu_only`, only
-    pods that request GPUs."""
+    """Pods a drain moves: not DaemonSet-owned, not mirror pods, not finished, not faultline's own repair
+    pods; with `gpu_only`, only pods that request GPUs."""
     meta, status = pod["metadata"], pod.get("status", {})
     if status.get("phase") in ("Succeeded", "Failed"):
         return False
     if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
         return False
     if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
+        return False
+    if REPAIR_LABEL in (meta.get("labels") or {}):  # the janitor's repair of this node, whatever namespace
         return False
     return requests_gpus(pod) if gpu_only else True
 

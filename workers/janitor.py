@@ -65,6 +65,7 @@ WORKER = "janitor"
 GONE = "<node gone>"  # boot_before of a node that no longer exists
 STAGE = "janitor"
 SIM_ACTION = "faultline.io/sim-action"  # read by the simulated kubelet (devtools.fakelet)
+REPAIR_LABEL = "faultline.io/repair"  # on repair Jobs and their pods: what the pod carries out
 RESET_SCRIPT = (
     "if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q .; then "
     'echo "GPU processes still running; not resetting" >&2; exit 3; fi; '
@@ -287,11 +288,13 @@ class Janitor:
             command = ("sh", "-c", RECORD_SCRIPT, action, *command)
         body: Any = {
             "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "labels": {"faultline.io/repair": action, "faultline.io/node": node}},
+            "metadata": {"name": name, "labels": {REPAIR_LABEL: action, "faultline.io/node": node}},
             "spec": {
                 "backoffLimit": 0, "ttlSecondsAfterFinished": 3600,
                 "template": {
-                    "metadata": {"annotations": {SIM_ACTION: action, **s.job_annotations}},
+                    "metadata": {"annotations": {SIM_ACTION: action, **s.job_annotations},
+                                 # the drainer leaves the repair's own pod (REPAIR_LABEL) on the node
+                                 "labels": {REPAIR_LABEL: action, "faultline.io/node": node}},
                     "spec": {
                         "nodeName": node, "restartPolicy": "Never", "hostPID": privileged,
                         "serviceAccountName": s.service_account, "terminationGracePeriodSeconds": 5,

@@ -260,6 +260,9 @@ def test_a_janitor_killed_mid_repair_is_taken_over(
         assert [j.metadata.name for j in jobs.items] == [f"killed-{os.getpid()}"]
         sc = jobs.items[0].spec.template.spec.containers[0].security_context
         assert (sc.privileged, sc.run_as_user) == (True, 0)  # the image's user could not reboot anything
+        # the pod carries the repair label, so a drain of its node leaves it (workers.drainer.evictable)
+        labels = jobs.items[0].spec.template.metadata.labels  # with the Job controller's own
+        assert (labels["faultline.io/repair"], labels["faultline.io/node"]) == ("reboot", node)
         kinds = [d["kind"] for d in mongo_db["leases"].find({"stage": janitor.STAGE}).sort("n", 1)]
         assert kinds[:2] == ["claimed", "expired"]
     finally:
