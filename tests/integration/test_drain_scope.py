@@ -139,6 +139,7 @@ def test_a_partial_drain_moves_only_the_faulty_gpus_pods_until_a_reboot_needs_th
 ) -> None:
     core = kube.core(api)
     system_namespace(api)  # the CRD, for remediation's requests
+    forget_repairs(api, node)  # the node is shared: an earlier test's request would read as this one's
     st = store.Store(mongo_db)
     st.ensure_indexes()
     for name in ("a", "b"):  # a on GPU 0 (the faulty one), b on GPU 1
