@@ -530,6 +530,16 @@ def worker_janitor(cfg: config.JanitorConfig) -> None:
     run.janitor_main(cfg)
 
 
+@options.command(app, "object-monitor", config.ObjectMonitorConfig)
+def object_monitor(cfg: config.ObjectMonitorConfig) -> None:
+    """Watch the kinds the object rules name and hold a fault open on a node while a rule's predicate is
+    true for an object (GPUs not advertised, a node NotReady for long, GPU pods that cannot get GPUs)."""
+    from workers import run  # noqa: PLC0415
+
+    err.print("object-monitor: started", markup=False)
+    run.object_monitor_main(cfg)
+
+
 @options.command(app, "uninstall", config.UninstallConfig)
 def uninstall(cfg: config.UninstallConfig) -> None:
     """Take back faultline's marks from the cluster after its release is removed (the chart's post-delete

@@ -11,7 +11,13 @@ import time
 from collections.abc import Callable
 
 from faultline import kube, store
-from faultline.config import DrainConfig, JanitorConfig, QuarantineConfig, RemediationConfig
+from faultline.config import (
+    DrainConfig,
+    JanitorConfig,
+    ObjectMonitorConfig,
+    QuarantineConfig,
+    RemediationConfig,
+)
 from faultline.config.base import MetricsFields
 from faultline.errors import ForbiddenError, TransientError
 from faultline.metrics import serve
@@ -20,6 +26,7 @@ from workers import (
     common,
     drainer,
     janitor,
+    object_monitor,
     quarantine,
     remediation,
 )
@@ -115,6 +122,21 @@ def cloud_provider(config: JanitorConfig) -> cloud.Provider | None:
             oci.Settings(config_file=config.oci_config, profile=config.oci_profile, endpoint=endpoint)
         )
     return None
+
+
+def object_monitor_main(config: ObjectMonitorConfig) -> None:
+    settings = object_monitor.Settings.from_config(config)  # the rules are checked before connecting
+    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    monitor = object_monitor.ObjectMonitor(st, kube.api_client(config.kubeconfig), settings)
+    if config.metrics_port:
+        serve(config.metrics_port, host=config.metrics_address, registry=monitor.metrics.registry,
+              health=monitor.healthy)  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    monitor.start()
+    stop.wait()
+    monitor.halt(20.0)
 
 
 Worker = quarantine.QuarantineWorker | drainer.Drainer | remediation.Remediation | janitor.Janitor

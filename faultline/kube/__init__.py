@@ -16,6 +16,7 @@ API errors translated once into `faultline.errors`.
                 discovery), ensure_crds (package data in crds/)
     tokens      mint: a ServiceAccount token, for tests of least-privilege RBAC
     access      allowed: a SubjectAccessReview (may this user do that?), for the chart's RBAC matrix
+    watch       Informer: list and watch of any served kind, listed again after 410 Gone (object monitor)
 
 Generated API groups (`core`, `batch`, ...) stay reachable for tests that set up objects; a call made on
 them directly goes inside `client.translated(verb, what)` so that its errors are translated too.
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
         resources,
         tokens,
         translate,
+        watch,
     )
     from faultline.kube.client import (
         ApiClient,
@@ -61,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ApiClient", "access", "api_client", "apps", "authorization", "batch", "bodies", "client",
     "coordination", "core", "custom", "events", "jobs", "lite", "namespaces", "nodes", "pods", "policy",
-    "rbac", "resources", "tokens", "translate",
+    "rbac", "resources", "tokens", "translate", "watch",
 ]  # fmt: skip
 _FROM_CLIENT = frozenset(
     {"ApiClient", "api_client", "apps", "authorization", "batch", "coordination", "core", "custom", "policy",

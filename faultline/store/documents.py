@@ -95,6 +95,9 @@ class FaultRecord(Document):
     state: str
     resolved_at: UTCDateTime | None = None
     resolved_by: str | None = None
+    message: str = ""
+    pattern: str = ""
+    metadata: dict[str, str] = Field(default_factory=dict)
     revision: int = 0
     work: StageStatus | None = None  # the fault's work item's stage status, where it was read with it
 
