@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from bytewax.recovery import RecoveryConfig
 
     from patterns.compiler import CompiledPacks
+    from sources import scheduled_events
     from sources.files import FileInfo
     from sources.gpu import GpuBackend
     from sources.inputs import LogInput
@@ -386,6 +387,10 @@ def _run_agent(config: config.AgentConfig) -> None:
             interval=config.pod_resources_interval,
         )  # fmt: skip
         gpu_pods.start()
+    relay = None
+    if config.scheduled_events:  # Azure's, which only the node can read (the maintenance monitor's)
+        relay = _scheduled_events(config)
+        relay.start()
     err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
     try:
         epoch = dt.timedelta(seconds=config.snapshot_interval)
@@ -394,10 +399,29 @@ def _run_agent(config: config.AgentConfig) -> None:
     finally:
         if gpu_pods is not None:
             gpu_pods.close()
+        if relay is not None:
+            relay.close()
         if server is not None:
             server.stop(grace=2).wait()
         if nvsentinel is not None:
             nvsentinel.stop(grace=2).wait()
+
+
+def _scheduled_events(config: config.AgentConfig) -> scheduled_events.Relay:
+    from faultline.kube import lite  # noqa: PLC0415
+    from sources import scheduled_events  # noqa: PLC0415
+
+    def provider_id() -> str:
+        client = lite.Client.connect(config.kubeconfig)
+        try:
+            node = lite.read_node_status(client, config.node)  # the whole Node, spec included
+        finally:
+            client.close()
+        return str((node.get("spec") or {}).get("providerID", ""))
+
+    link = scheduled_events.store_link(config.mongodb_uri.get_secret_value(), config.database, config.node)
+    return scheduled_events.Relay(config.node, scheduled_events.Imds(config.imds_endpoint), link, provider_id,
+                                  interval=config.scheduled_events_interval)  # fmt: skip
 
 
 def _stop_inputs(stop: threading.Event) -> None:
@@ -528,6 +552,17 @@ def worker_janitor(cfg: config.JanitorConfig) -> None:
 
     err.print("janitor: started", markup=False)
     run.janitor_main(cfg)
+
+
+@options.command(app, "maintenance", config.MaintenanceConfig)
+def maintenance(cfg: config.MaintenanceConfig) -> None:
+    """Watch what the cloud providers announce for the cluster's nodes (AWS, GCP, OCI APIs; Azure through
+    the node agents): a fault on each node a lead time before its maintenance, so it is quarantined and
+    drained first; resolved once the maintenance is over and the node is back."""
+    from workers import run  # noqa: PLC0415
+
+    err.print("maintenance: started", markup=False)
+    run.maintenance_main(cfg)
 
 
 @options.command(app, "object-monitor", config.ObjectMonitorConfig)

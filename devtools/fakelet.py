@@ -119,6 +119,28 @@ class Fakelet:
         if self._thread is not None:
             self._thread.join(10)
 
+    def add(self, name: str, *, provider_id: str = "") -> SimNode:
+        """One more simulated node, registered now with its `spec.providerID` (which a Node takes only
+        once), and simulated like the others until `remove`."""
+        with self._lock:
+            i = len(self.nodes)
+        node = SimNode(name, f"10.245.{i // 250}.{i % 250 + 1}")
+        body = node_manifest(node, self.gpus)
+        if provider_id:
+            body["spec"]["providerID"] = provider_id
+        kube.nodes.create(self.api, body)
+        self._heartbeat(node, force=True)
+        with self._lock:
+            self.nodes[name] = node
+        return node
+
+    def remove(self, name: str) -> None:
+        """Stop simulating the node and delete its Node."""
+        with self._lock:
+            self.nodes.pop(name, None)
+        with contextlib.suppress(NotFoundError):
+            kube.nodes.delete(self.api, name)
+
     def reboot(self, name: str, down_seconds: float = 3.0) -> str:
         """Take the node NotReady for `down_seconds`, then back Ready with a new boot id (returned)."""
         with self._lock:

@@ -7,14 +7,14 @@ maintenance faults open on it (their stored `Raised` record), per kind of mainte
   starts (at once when it has started, or its start is unknown), so quarantine and drain are done before
   the provider takes the node down. Events of one kind on one node are one fault: the earliest window.
 - **keep**: while it is announced, the fault stays open; its record follows the events (ids, window).
-- **cancelled**: an event the provider marks cancelled (EC2's `[Canceled]`), or one that is no longer
-  announced although its window had not begun, it had not started and nobody asked to start it early:
-  the fault resolves at once.
-- **over**: no longer announced otherwise (completed, or gone after its window began): the fault resolves
-  once the node is Ready again and, for kinds that take the node down (`Kind.restarts`), is back with a new
-  boot id, or has stayed Ready with its boot id for `settle` since the event ended (a maintenance that
-  ended without taking the node down, or an announcement withdrawn after its window began). Until then
-  the node stays quarantined: OCI clears its due time as the instance stops, before the Node shows it.
+- **cancelled**: an event the provider marks cancelled (EC2's `[Canceled]`): the fault resolves at once.
+- **over**: no longer announced otherwise (completed, or gone from the list): the fault resolves once
+  the node is Ready again and, for kinds that take the node down (`Kind.restarts`), is back with a new
+  boot id, or has stayed Ready with its boot id for `settle` since the event went (a maintenance that
+  needed no restart, or an announcement withdrawn: resolved as `cancelled` when it went before its
+  window, never started, was not asked to start early, and the boot id never changed). An event that
+  merely vanished is not taken for a cancellation at once: OCI clears its due time as the instance stops
+  (also when its owner stops it before the due time), before the Node shows it NotReady.
 - **gone**: the Node no longer exists (an instance retired and replaced): its faults resolve.
 - **acknowledge** (providers that take it: Azure's `StartRequests`): once the node is drained in its
   current quarantine, an event of a kind that quarantines is asked to start now instead of at its
@@ -107,18 +107,22 @@ def plan(
         if active:
             _keep(now, kind, rec, active, drained, settings, out)
             continue
-        if _cancelled(now, rec, mine):
+        ended = [a for a in mine if a.event_id in rec.events]
+        if ended and all(a.state == CANCELLED for a in ended):
             out.steps.append(Step("resolve", kind, rec, "cancelled"))
             continue
         over = rec if rec.over_since is not None else replace(rec, over_since=now)
         assert over.over_since is not None
+        rebooted = node.boot_id not in ("", rec.boot_id)
         back = node.ready and (
-            not KINDS[kind].restarts
-            or node.boot_id not in ("", rec.boot_id)
-            or now - over.over_since >= settings.settle
+            not KINDS[kind].restarts or rebooted or now - over.over_since >= settings.settle
         )
         if back:
-            out.steps.append(Step("resolve", kind, over, "over"))
+            withdrawn = (
+                not rebooted and not rec.started and rec.acknowledged is None and rec.not_before is not None
+                and over.over_since < rec.not_before and not ended
+            )  # fmt: skip
+            out.steps.append(Step("resolve", kind, over, "cancelled" if withdrawn else "over"))
         elif over is not rec:
             out.steps.append(Step("update", kind, over))
     return out
@@ -138,9 +142,10 @@ def _record(active: list[Announcement], boot_id: str, base: Raised | None = None
     events = tuple(sorted({a.event_id for a in active}))
     not_after = max(ends) if ends else None
     rec = base if base is not None else Raised(first.provider, events, first.not_before, boot_id=boot_id)
+    started = rec.started or any(a.state == STARTED for a in active)
     return replace(
         rec, provider=first.provider, events=events, not_before=first.not_before, not_after=not_after,
-        what=first.what, over_since=None, started=rec.started or any(a.state == STARTED for a in active),
+        what=first.what[:512], over_since=None, started=started,
     )  # fmt: skip
 
 
@@ -158,13 +163,3 @@ def _keep(
         out.acknowledge.extend(scheduled)
     if new != rec:
         out.steps.append(Step("update", kind, new))
-
-
-def _cancelled(now: dt.datetime, rec: Raised, mine: list[Announcement]) -> bool:
-    """No longer announced because it was called off, not because it happened."""
-    ended = [a for a in mine if a.event_id in rec.events]
-    if ended:
-        return all(a.state == CANCELLED for a in ended)
-    return (
-        not rec.started and rec.acknowledged is None and rec.not_before is not None and now < rec.not_before
-    )

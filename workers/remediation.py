@@ -7,7 +7,9 @@ it is quarantined). Each holds the rounds of repair tried: the step, the request
 the janitor recorded. A claim of the `remediation` stage decides the next step from the node's open
 faults and every round recorded for the node (`workers.remedies`: escalation, caps, repeat offenders)
 and writes the request; CONTACT_SUPPORT writes none: the node stays quarantined, with an Event and the
-node condition `FaultlineRemediation` False. The janitor sets the stage back to pending when a repair
+node condition `FaultlineRemediation` False. Faults whose repair the cloud provider carries out (announced
+maintenance, `repair: provider` in their metadata) get no round: the provider takes the node through its
+maintenance, and the fault resolves once it is back. The janitor sets the stage back to pending when a repair
 did not clear the fault, which makes the next round an escalation. A round that a person's
 RemediationRequest started (adopted by the janitor, `workers.user_requests`) escalates here too, unless
 a quarantine episode's repair of the node is open (that one decides, with the failed round in the
@@ -35,7 +37,7 @@ from typing import Any
 
 from faultline import config, kube, store
 from faultline.errors import ConflictError
-from faultline.models import Action
+from faultline.models import PROVIDER_REPAIR, Action
 from workers import common, remedies, templates
 
 log = logging.getLogger(__name__)
@@ -131,8 +133,12 @@ class Remediation:
             self.store.set_repair_result(repair.id, f"escalation left to repair {episode.id}")
             return store.DONE
         faults = self.store.open_fatal_faults(node)
+        # announced cloud maintenance: the provider does what its action says; faultline only drains
+        provided = [f for f in faults if f.metadata.get("repair") == PROVIDER_REPAIR]
+        faults = [f for f in faults if f.metadata.get("repair") != PROVIDER_REPAIR]
         if not faults:
-            self.store.set_repair_result(repair.id, "faults resolved before repair")
+            why = "left to the cloud provider's maintenance" if provided else "faults resolved before repair"
+            self.store.set_repair_result(repair.id, why)
             return store.DONE
         worst = max(faults, key=lambda d: _SEVERITY[Action(d.action)])
         keys = sorted(d.id for d in faults)

@@ -14,11 +14,12 @@ from faultline import kube, store
 from faultline.config import (
     DrainConfig,
     JanitorConfig,
+    MaintenanceConfig,
     ObjectMonitorConfig,
     QuarantineConfig,
     RemediationConfig,
 )
-from faultline.config.base import MetricsFields
+from faultline.config.base import MetricsFields, part
 from faultline.errors import ForbiddenError, TransientError
 from faultline.metrics import serve
 from workers import (
@@ -26,6 +27,7 @@ from workers import (
     common,
     drainer,
     janitor,
+    maintenance,
     object_monitor,
     quarantine,
     remediation,
@@ -122,6 +124,49 @@ def cloud_provider(config: JanitorConfig) -> cloud.Provider | None:
             oci.Settings(config_file=config.oci_config, profile=config.oci_profile, endpoint=endpoint)
         )
     return None
+
+
+def maintenance_readers(config: MaintenanceConfig) -> dict[str, maintenance.Reader]:
+    """The readers of the providers' announcements, with the janitor's provider classes (credentials are
+    looked up at the first read; OCI's key file is read then too)."""
+    from workers.cloud import aws, gcp, oci  # noqa: PLC0415
+
+    def make_aws() -> aws.AWS:
+        return aws.AWS(aws.Settings(region=config.aws_region or "", endpoint=config.aws_endpoint or ""))
+
+    def make_gcp() -> gcp.GCP:
+        return gcp.GCP(gcp.Settings(endpoint=config.gcp_endpoint or gcp.API))
+
+    def make_oci() -> oci.OCI:
+        settings = oci.Settings(config_file=config.oci_config, profile=config.oci_profile,
+                                endpoint=config.oci_endpoint or "")  # fmt: skip
+        return oci.OCI(settings)
+
+    readers = {"aws": maintenance.aws_reader(maintenance.lazy(make_aws)),
+               "gcp": maintenance.gcp_reader(maintenance.lazy(make_gcp)),
+               "oci": maintenance.oci_reader(maintenance.lazy(make_oci))}  # fmt: skip
+    return {name: read for name, read in readers.items() if name in config.clouds}
+
+
+def maintenance_monitor(config: MaintenanceConfig) -> maintenance.MaintenanceMonitor:
+    settings = part(config, maintenance.Settings, readers=maintenance_readers(config))
+    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    api = kube.api_client(config.kubeconfig)
+    owner = config.owner or common.default_owner(maintenance.WORKER)
+    return maintenance.MaintenanceMonitor(st, api, settings, owner)
+
+
+def maintenance_main(config: MaintenanceConfig) -> None:
+    monitor = maintenance_monitor(config)
+    if config.metrics_port:
+        serve(config.metrics_port, host=config.metrics_address, registry=monitor.registry,
+              health=monitor.healthy)  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    monitor.start()
+    stop.wait()
+    monitor.halt(20.0)
 
 
 def object_monitor_main(config: ObjectMonitorConfig) -> None:

@@ -50,7 +50,7 @@ from typing import Any
 
 from faultline import kube, store
 from faultline.errors import ConflictError, FaultlineError, InvalidError, NotFoundError, TransientError
-from faultline.models import FaultState
+from faultline.models import PROVIDER_REPAIR, FaultState
 from workers import remedies
 
 log = logging.getLogger(__name__)
@@ -238,8 +238,8 @@ def check(
 
 def _default_faults(action: str, gpus: Sequence[str], faults: Iterable[store.FaultRecord]) -> list[str]:
     """The open fatal faults a step is expected to clear: the whole node's for a reboot or replacement,
-    those of the GPUs named by bus id for a reset."""
-    fatal = [f for f in faults if f.fatal]
+    those of the GPUs named by bus id for a reset; never announced maintenance (the provider's to end)."""
+    fatal = [f for f in faults if f.fatal and f.metadata.get("repair") != PROVIDER_REPAIR]
     if action != remedies.GPU_RESET:
         return [f.id for f in fatal]
     named = {b for g in gpus if (b := pci(g)) is not None}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from faultline.config.agent import AgentConfig
 from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
 from faultline.config.commands import RetentionConfig, StatusConfig, UninstallConfig
+from faultline.config.maintenance import MaintenanceConfig, MaintenanceTuning
 from faultline.config.object_monitor import ObjectMonitorConfig, ObjectMonitorTuning
 from faultline.config.preflight import PreflightConfig, WebhookConfig
 from faultline.config.workers import (
@@ -33,11 +34,13 @@ COMPONENTS: dict[str, type[Component]] = {
     "webhook": WebhookConfig,
     "preflight": PreflightConfig,
     "object-monitor": ObjectMonitorConfig,
+    "maintenance": MaintenanceConfig,
 }
 
 __all__ = [
     "COMPONENTS", "AgentConfig", "Component", "DrainConfig", "DrainTuning", "Duration", "Flag",
-    "JanitorConfig", "JanitorTuning", "ObjectMonitorConfig", "ObjectMonitorTuning",
+    "JanitorConfig", "JanitorTuning", "MaintenanceConfig", "MaintenanceTuning",
+    "ObjectMonitorConfig", "ObjectMonitorTuning",
     "PreflightConfig", "QuarantineConfig", "QuarantineTuning",
     "RemediationConfig", "RemediationTuning", "RepairCaps", "RetentionConfig", "Seconds", "StatusConfig",
     "UninstallConfig", "WebhookConfig", "parse_seconds", "part",

@@ -87,6 +87,21 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
         "this Unix socket (mode 0600), for NVSentinel's health monitors; unset: off",
     )
 
+    scheduled_events: bool = Field(
+        default=False,
+        description="on an Azure node (its providerID says), relay its Scheduled Events from the instance "
+        "metadata service to the store for the maintenance monitor, and post the early starts it asks for",
+    )
+    scheduled_events_interval: Seconds = Field(
+        default=10.0, ge=1, le=300,
+        description="between reads of the Scheduled Events (duration); the store is written when they "
+        "changed, and at least every minute",
+    )  # fmt: skip
+    imds_endpoint: str = Field(
+        default="http://169.254.169.254", min_length=1,
+        description="the instance metadata service's base URL (Azure's link-local address)",
+    )  # fmt: skip
+
     @model_validator(mode="before")
     @classmethod
     def _default_state_dir(cls, values: Any) -> Any:

@@ -13,6 +13,8 @@ Collections and their modules:
 - `repairs` (`repairs`): one per quarantine episode that needs repair, with its rounds (`Repair`).
 - `feed`, `counters` (`feed`): every node's new events and fault changes in one gap-free numbered
   order, for the cluster analyzer (`record_batch` writes them, `feed_after` reads them).
+- `maintenance` (`maintenance`): Azure nodes' Scheduled Events, relayed by their agents for the cloud
+  maintenance monitor, and the early starts it asks for (`ScheduledEvents`).
 
 Hand-over between workers, through typed fields (`documents`) and named operations:
 - quarantine -> drainer: `record_hold` makes a `NodeHold` with `quarantined`, `owned.cordoned` and the
@@ -26,6 +28,8 @@ Hand-over between workers, through typed fields (`documents`) and named operatio
 - remediation -> janitor: completing a claim with `also=store.to_janitor()` sets `janitor.state`
   pending; the janitor gives a round that failed back with `also=store.to_remediation()`.
 - quarantine reads `repair_in_progress(node)` (the janitor's stage pending or claimed) before release.
+- node agent <-> maintenance monitor: `record_scheduled_events` (what only an Azure node can read);
+  `request_start` once the node is drained, `record_started` once the agent posted the StartRequests.
 - a person's RemediationRequest -> janitor: the janitor's adoption pass calls `adopt_request` (a
   `Repair` with `user` set and its janitor stage pending), then carries it out like any other.
 - janitor -> node agent: `record_step_verified` marks a round's step done (reset Job succeeded, node
@@ -78,6 +82,8 @@ from faultline.store.documents import (
     Repair,
     RepairNotice,
     RepairRound,
+    ScheduledEvent,
+    ScheduledEvents,
     StageStatus,
     UserRequest,
     WorkItem,
@@ -85,16 +91,19 @@ from faultline.store.documents import (
 from faultline.store.drains import DRAINED
 from faultline.store.feed import FeedBatch, FeedRead
 from faultline.store.holds import BREAKER_ID
+from faultline.store.maintenance import MAINTENANCE_PATTERN
 from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation, user_repair_key
 
 __all__ = [
-    "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR", "NODEDRAIN",
-    "PARKED", "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",
+    "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR",
+    "MAINTENANCE_PATTERN", "NODEDRAIN", "PARKED",
+    "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",
     "Clock", "Drain",
     "DryRun", "FaultRecord", "FeedBatch", "FeedRead", "GpuAssignment", "GpuPods", "Lease", "NodeHold",
     "Owned", "Parked",
     "PodRecord", "Repair", "RepairNotice",
-    "RepairRound", "StageStatus", "Store", "UserRequest", "WorkItem", "connect", "episode_label",
+    "RepairRound", "ScheduledEvent", "ScheduledEvents",
+    "StageStatus", "Store", "UserRequest", "WorkItem", "connect", "episode_label",
     "repair_key", "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient",
     "user_repair_key", "utc", "utcnow",
 ]  # fmt: skip

@@ -23,6 +23,7 @@ PENDING, CLAIMED, DONE, PARKED, IDLE = "pending", "claimed", "done", "parked", "
 # Stages, and where their work documents live.
 QUARANTINE, NODEDRAIN, REMEDIATION, JANITOR = "quarantine", "nodedrain", "remediation", "janitor"
 QUEUE, DRAINS, REPAIRS = "queue", "drains", "repairs"
+MAINTENANCE = "maintenance"  # Azure nodes' Scheduled Events, relayed by their agents
 STAGES = (QUARANTINE,)  # fault-level stages: each new open fault gets a queue item for each
 WORK = ((QUEUE, QUARANTINE), (DRAINS, NODEDRAIN), (REPAIRS, REMEDIATION), (REPAIRS, JANITOR))
 CODEC: CodecOptions[Any] = CodecOptions(tz_aware=True, tzinfo=dt.UTC)
@@ -53,6 +54,7 @@ class Base:
     gpu_pods: Collection[Any]
     queue: Collection[Any]
     repairs: Collection[Any]
+    maintenance: Collection[Any]
 
     def now(self) -> dt.datetime:
         return utc(self.clock())

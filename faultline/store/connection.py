@@ -12,12 +12,13 @@ from pymongo.database import Database
 from pymongo.errors import ConnectionFailure, OperationFailure, ServerSelectionTimeoutError
 
 from faultline.errors import TransientError
-from faultline.store.base import CODEC, DRAINS, NODEDRAIN, QUEUE, REPAIRS, STAGES, Clock, utcnow
+from faultline.store.base import CODEC, DRAINS, MAINTENANCE, NODEDRAIN, QUEUE, REPAIRS, STAGES, Clock, utcnow
 from faultline.store.claims import Claims
 from faultline.store.drains import Drains
 from faultline.store.feed import Feed
 from faultline.store.gpu_pods import GpuPodMaps
 from faultline.store.holds import Holds
+from faultline.store.maintenance import Maintenance
 from faultline.store.repairs import Repairs
 
 
@@ -76,7 +77,7 @@ def unreachable_is_transient(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: the store cannot serve now: {said[:300]}", delay=1.0) from exc
 
 
-class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps):
+class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance):
     """Every collection faultline writes, behind named operations (see the package docstring).
 
     The collection handles (`events`, `faults`, `nodes`, ...) are the store's own, for its operation
@@ -94,6 +95,7 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps):
         self.gpu_pods = self.db["gpu_pods"]  # per node: which pods use which GPU (agent -> drainer)
         self.queue = self.db[QUEUE]  # work items of the fault-level stages
         self.repairs = self.db[REPAIRS]
+        self.maintenance = self.db[MAINTENANCE]  # Azure nodes' Scheduled Events (agent <-> monitor)
 
     def ensure_indexes(self) -> None:
         self.events.create_index([("node", pymongo.ASCENDING), ("observed_at", pymongo.ASCENDING)])
@@ -107,6 +109,7 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps):
         self.nodes.create_index([("quarantined", pymongo.ASCENDING)])
         self.repairs.create_index([("node", pymongo.ASCENDING)])  # the node agents' repairs_to_confirm
         self.ensure_feed_indexes()
+        self.faults.create_index([("pattern", pymongo.ASCENDING)])  # the maintenance monitor's faults
 
     def close(self) -> None:
         """Close the client (the store is unusable afterwards)."""

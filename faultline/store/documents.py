@@ -80,7 +80,8 @@ class EntityRecord(Document):
 
 
 class FaultRecord(Document):
-    """`faults`: the detector's view of one fault (written by the node agents only, by revision)."""
+    """`faults`: the detector's view of one fault (written by revision: by the node agents, and the cloud
+    maintenance monitor for the CSP-MAINTENANCE-* faults, whose `metadata` holds its record)."""
 
     id: str = Field(alias="_id")
     node: str
@@ -283,6 +284,36 @@ class RepairNotice(BaseModel):
     step: str  # GPU_RESET | REBOOT
     gpus: tuple[str, ...]
     verified_at: dt.datetime
+
+
+class ScheduledEvent(Document):
+    """One event of an Azure VM's Scheduled Events document, as its agent read it (`Resources` joined
+    with commas: FerretDB has no arrays inside the documents of an array)."""
+
+    event_id: str
+    event_type: str
+    status: str = "Scheduled"  # Scheduled | Started
+    resources: str = ""
+    not_before: str = ""  # as Azure wrote it (RFC 1123), "" when none
+    description: str = ""
+    source: str = ""  # Platform | User
+    duration_s: int = -1
+
+
+class ScheduledEvents(Document):
+    """`maintenance/<node>`: an Azure node's Scheduled Events, which only the node itself can read (its
+    agent relays them every few seconds), and the early starts asked for them: `start_requested` by the
+    maintenance monitor once the node is drained, `started` by the agent once it posted them."""
+
+    id: str = Field(alias="_id")
+    node: str
+    read_at: UTCDateTime | None = None
+    vm_name: str = ""
+    incarnation: int = 0
+    events: list[ScheduledEvent] = Field(default_factory=list)
+    start_requested: list[str] = Field(default_factory=list)
+    started: list[str] = Field(default_factory=list)
+    started_at: UTCDateTime | None = None
 
 
 class Parked(BaseModel):

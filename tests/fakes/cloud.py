@@ -3,7 +3,14 @@ calls. Each checks what the real API checks first: the authentication (AWS Signa
 the secret key, OCI's RSA signature verified with the public key, bearer tokens the fake itself issued
 from its metadata / token endpoints), the method and path, and answers in the provider's format (EC2
 XML, GCE operations, ARM asynchronous operations, OCI JSON). `on_reboot` / `on_replace` are called with
-the instance id, so a test can reboot or remove the simulated node."""
+the instance id, so a test can reboot or remove the simulated node.
+
+What the maintenance monitor reads, set by a test: `ec2_events` (DescribeInstanceStatus's events by
+instance id; an id in `ec2_gone` is refused as EC2 refuses a terminated one), `gce_instances` (a zone's
+instances.list by (project, zone)), `oci_instances` (GetInstance by OCID), and, for a node agent, Azure's
+instance metadata service: `azure_vm` (the compute name) and `azure_events` (the Scheduled Events
+document's events; each answer raises its DocumentIncarnation when they changed). A StartRequests post
+marks its events Started, records them in `azure_started` and calls `on_start` with each id."""
 
 from __future__ import annotations
 
@@ -42,6 +49,15 @@ class FakeCloud:
         self.oci_public_key = oci_public_key
         self.tokens: set[str] = set()
         self.sessions: dict[str, str] = {}  # AWS session token -> secret issued with it
+        self.ec2_events: dict[str, list[dict[str, str]]] = {}
+        self.ec2_gone: set[str] = set()
+        self.gce_instances: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        self.oci_instances: dict[str, dict[str, Any]] = {}
+        self.azure_vm = "aks-gpu-00000000-vmss_0"
+        self.azure_events: list[dict[str, Any]] = []
+        self.azure_started: list[str] = []
+        self.on_start: Callable[[str], None] = lambda _: None
+        self._incarnation: tuple[int, str] = (1, "[]")
         self._ops: dict[str, int] = {}  # operation -> polls left before it is done
         self._n = itertools.count(1)
         self._lock = threading.Lock()
@@ -113,6 +129,8 @@ class FakeCloud:
     ) -> tuple[int, dict[str, str], bytes]:
         if path.startswith("/aws/"):
             return self._aws(h, method, path, body)
+        if path in ("/metadata/scheduledevents", "/metadata/instance/compute"):
+            return self._imds(h, method, path, query, body)
         if path == "/pod-identity":
             if h.headers.get("Authorization") != POD_IDENTITY_TOKEN:
                 return 401, {}, b"bad token"
@@ -166,6 +184,8 @@ class FakeCloud:
         if injected := self._injected("aws"):
             return injected
         action, instance = params.get("Action", ""), params.get("InstanceId.1", "")
+        if action == "DescribeInstanceStatus" and params.get("Version") == aws.EC2_VERSION:
+            return self._ec2_status(params)
         if params.get("Version") != aws.EC2_VERSION or not instance.startswith("i-"):
             return 400, {}, _aws_error("InvalidParameterValue", f"bad request {params}")
         if instance == "i-00000000000000404":
@@ -194,6 +214,28 @@ class FakeCloud:
                 ).encode(),
             )
         return 400, {}, _aws_error("InvalidAction", action)
+
+    def _ec2_status(self, params: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        ids = [v for k, v in sorted(params.items()) if k.startswith("InstanceId.")]
+        if params.get("IncludeAllInstances") != "true" or not 0 < len(ids) <= aws.DESCRIBE_BATCH:
+            return 400, {}, _aws_error("InvalidParameterValue", f"bad DescribeInstanceStatus {params}")
+        gone = [i for i in ids if i in self.ec2_gone]
+        if gone:
+            message = f"The instance IDs '{', '.join(gone)}' do not exist"
+            return 400, {}, _aws_error("InvalidInstanceID.NotFound", message)
+        self.calls.append(("aws", "DescribeInstanceStatus", ",".join(ids)))
+        items = []
+        for i in ids:
+            events = "".join(
+                "<item>" + "".join(f"<{k}>{v}</{k}>" for k, v in e.items()) + "</item>"
+                for e in self.ec2_events.get(i, [])
+            )
+            items.append(f"<item><instanceId>{i}</instanceId><availabilityZone>us-east-1a</availabilityZone>"
+                         f"<eventsSet>{events}</eventsSet><instanceState><code>16</code><name>running</name>"
+                         "</instanceState></item>")  # fmt: skip
+        body = (f'<DescribeInstanceStatusResponse xmlns="{EC2_NS}"><requestId>r-3</requestId>'
+                f"<instanceStatusSet>{''.join(items)}</instanceStatusSet></DescribeInstanceStatusResponse>")  # fmt: skip
+        return 200, {}, body.encode()
 
     def _aws_check_signature(
         self, h: BaseHTTPRequestHandler, method: str, path: str, body: bytes
@@ -247,6 +289,11 @@ class FakeCloud:
                     return 404, {}, b"no such operation"
                 self._ops[name] = max(0, left - 1)
             return 200, {}, json.dumps(_gce_op(name, "RUNNING" if left else "DONE")).encode()
+        if rest == "instances" and method == "GET":
+            listed = self.gce_instances.get((project, zone), {})
+            self.calls.append(("gcp", "list", f"{project}/{zone}"))
+            items = [{"name": n, **i} for n, i in sorted(listed.items())]
+            return 200, {}, json.dumps({"items": items}).encode()
         if grp := re.match(r"^instanceGroupManagers/([^/]+)/recreateInstances$", rest):
             for url in json.loads(body)["instances"]:
                 instance = url.rsplit("/", 1)[-1]
@@ -352,6 +399,32 @@ class FakeCloud:
             self._ops[name] = max(0, left - 1)
         return 200, {}, json.dumps({"status": "InProgress" if left else "Succeeded"}).encode()
 
+    # -- Azure's instance metadata service (on the node) ----------------------------------------------------
+    def _imds(
+        self, h: BaseHTTPRequestHandler, method: str, path: str, query: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        if h.headers.get("Metadata") != "true" or not query.get("api-version"):
+            return 400, {}, b'{"error":"Bad request. Required metadata header not specified"}'
+        if path == "/metadata/instance/compute":
+            return 200, {}, json.dumps({"name": self.azure_vm, "vmId": "00000000-1111"}).encode()
+        if method == "POST":
+            wanted = [r.get("EventId") for r in json.loads(body or b"{}").get("StartRequests", [])]
+            with self._lock:
+                for event in self.azure_events:
+                    if event.get("EventId") in wanted:
+                        event["EventStatus"] = "Started"
+                self.azure_started.extend(str(w) for w in wanted)
+            for w in wanted:
+                self.on_start(str(w))
+            return 200, {}, b""
+        with self._lock:
+            events = json.dumps(self.azure_events, sort_keys=True)
+            if events != self._incarnation[1]:
+                self._incarnation = (self._incarnation[0] + 1, events)
+            incarnation = self._incarnation[0]
+        document = {"DocumentIncarnation": incarnation, "Events": json.loads(events)}
+        return 200, {}, json.dumps(document).encode()
+
     # -- OCI ---------------------------------------------------------------------------------------------
     def _oci(
         self, h: BaseHTTPRequestHandler, method: str, path: str, body: bytes
@@ -367,6 +440,11 @@ class FakeCloud:
         if not m:
             return 404, {}, b'{"code":"NotAuthorizedOrNotFound"}'
         instance = m[1]
+        if method == "GET":
+            if instance not in self.oci_instances:
+                return 404, {}, b'{"code":"NotAuthorizedOrNotFound","message":"not found"}'
+            self.calls.append(("oci", "GET", instance))
+            return 200, {}, json.dumps({"id": instance, **self.oci_instances[instance]}).encode()
         if method == "POST" and query.get("action") == "RESET":
             self.calls.append(("oci", "RESET", instance))
             self.on_reboot(instance)

@@ -74,11 +74,22 @@ def test_kept_while_announced_and_its_record_follows_the_events() -> None:
 def test_a_cancelled_event_resolves_it() -> None:
     raised = {"REBOOT": record()}
     assert ops(plan(T0 - H, [event(state="cancelled")], raised)) == [("resolve", "REBOOT", "cancelled")]
-    # gone from the announcements before its window began, never started nor acknowledged: called off
-    assert ops(plan(T0 - M, [], raised)) == [("resolve", "REBOOT", "cancelled")]
-    # ... but one asked to start early, or seen started, was not called off: it happened
-    assert ops(plan(T0 - M, [], {"REBOOT": record(acknowledged=T0 - H)})) == [("update", "REBOOT", "")]
-    assert ops(plan(T0 - M, [], {"REBOOT": record(started=True)})) == [("update", "REBOOT", "")]
+
+
+def test_an_event_that_vanished_before_its_window_resolves_after_settle_as_cancelled() -> None:
+    """Not at once: OCI clears its due time as the instance stops, also when its owner stops it early,
+    and the Node is still Ready for a while then."""
+    p = plan(T0 - H, [], {"REBOOT": record()})
+    assert ops(p) == [("update", "REBOOT", "")] and p.steps[0].record.over_since == T0 - H
+    waiting = {"REBOOT": record(over_since=T0 - H)}
+    assert ops(plan(T0 - H + 9 * M, [], waiting)) == []
+    assert ops(plan(T0 - H + 10 * M, [], waiting)) == [("resolve", "REBOOT", "cancelled")]
+    # one asked to start early, or seen started, did happen: over, not cancelled
+    for rec in (record(over_since=T0 - H, acknowledged=T0 - 2 * H), record(over_since=T0 - H, started=True)):
+        assert ops(plan(T0 - H + 10 * M, [], {"REBOOT": rec})) == [("resolve", "REBOOT", "over")]
+    # stopped early by its owner: the node comes back with a new boot id, which is the maintenance done
+    back = mp.NodeState(exists=True, ready=True, boot_id="boot-2")
+    assert ops(plan(T0 - H + M, [], waiting, back)) == [("resolve", "REBOOT", "over")]
 
 
 def test_over_once_the_node_is_back_with_a_new_boot_id() -> None:

@@ -108,6 +108,13 @@ def test_a_reboot_validates_the_nodes_open_fatal_faults() -> None:
     assert verdict.message == "accepted: REBOOT of node gpu-1, validating f1, f2"
 
 
+def test_announced_maintenance_is_not_what_a_persons_reboot_validates() -> None:
+    announced = {"code": "CSP-MAINTENANCE-REBOOT", "metadata": {"repair": "provider"}}
+    maintenance = fault("csp").model_copy(update=announced)
+    verdict = check(req(reason="stuck"), faults=(fault("f1"), maintenance))
+    assert verdict.round is not None and verdict.round.fault_keys == ["f1"]
+
+
 def test_a_reset_validates_the_faults_of_the_gpus_named_by_bus_id() -> None:
     faults = (fault("f1"), fault("f2", "0000:3b:00"))
     verdict = check(req("GPU_RESET", gpus=("00000000:3B:00.0", "5")), faults=faults)

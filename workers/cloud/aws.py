@@ -3,12 +3,15 @@
     reboot   RebootInstances (EC2 hard-reboots the instance if the OS does not restart within 4 minutes)
     replace  TerminateInstances: the node's Auto Scaling group (EKS managed or self-managed node group)
              launches a new instance on other hardware; the old Node is deleted by the cloud controller
+    instance_events  DescribeInstanceStatus: the scheduled events of many instances at once, for the
+             maintenance monitor (`workers.announcements.from_ec2`)
 
 Credentials, in this order: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (/ AWS_SESSION_TOKEN); EKS Pod
 Identity (AWS_CONTAINER_CREDENTIALS_FULL_URI with AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or _TOKEN); IRSA
 (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE, exchanged at STS by AssumeRoleWithWebIdentity).
 Temporary credentials are refreshed five minutes before they expire. The IAM policy needs
-ec2:RebootInstances and ec2:TerminateInstances (scope them with a tag condition on the cluster's nodes).
+ec2:RebootInstances and ec2:TerminateInstances (scope them with a tag condition on the cluster's nodes);
+the maintenance monitor, ec2:DescribeInstanceStatus only.
 
 Why no boto3: botocore requires python-dateutil < 3 and the Kubernetes client 37 requires >= 3.
 """
@@ -34,6 +37,7 @@ from workers import cloud
 
 EC2_VERSION = "2016-11-15"
 STS_VERSION = "2011-06-15"
+DESCRIBE_BATCH = 100  # instance ids per DescribeInstanceStatus call
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,9 @@ class AWS:
         return m[1]
 
     def ec2(self, inst: cloud.Instance, action: str, params: dict[str, str]) -> ET.Element:
-        region = self._region(inst)
+        return self._ec2(self._region(inst), action, params, f"AWS EC2 {action} {inst.id}")
+
+    def _ec2(self, region: str, action: str, params: dict[str, str], what: str) -> ET.Element:
         base = self.settings.endpoint or self.settings.env.get("AWS_ENDPOINT_URL_EC2", "")
         url = (base or f"https://ec2.{region}.amazonaws.com").rstrip("/") + "/"
         body = urllib.parse.urlencode({"Action": action, "Version": EC2_VERSION, **params}).encode()
@@ -186,7 +192,6 @@ class AWS:
         headers |= sign(
             "POST", url, headers, body, self.credentials(region), region, "ec2", dt.datetime.now(dt.UTC)
         )
-        what = f"AWS EC2 {action} {inst.id}"
         try:
             r = self.session.post(url, data=body, headers=headers, timeout=cloud.TIMEOUT_S)
         except requests.RequestException as exc:
@@ -207,6 +212,47 @@ class AWS:
         root = self.ec2(inst, "TerminateInstances", {"InstanceId.1": inst.id})
         state = root.findtext(".//instancesSet/item/currentState/name") or "unknown"
         return f"EC2 TerminateInstances {inst.id}: {state}; its Auto Scaling group launches a replacement"
+
+    def instance_events(self, instances: list[cloud.Instance]) -> dict[str, list[dict[str, str]]]:
+        """The scheduled events of these instances, each event's fields as text (`code`, `description`,
+        `notBefore`, `notAfter`, `instanceEventId`), by instance id: DescribeInstanceStatus with
+        IncludeAllInstances (stopped ones too), DESCRIBE_BATCH ids a call per region. An instance EC2 no
+        longer knows (terminated and gone) has no events: it is left out of the call and retried without."""
+        by_region: dict[str, list[str]] = {}
+        for inst in instances:
+            by_region.setdefault(self._region(inst), []).append(inst.id)
+        out: dict[str, list[dict[str, str]]] = {}
+        for region, ids in sorted(by_region.items()):
+            for start in range(0, len(ids), DESCRIBE_BATCH):
+                out.update(self._describe(region, ids[start : start + DESCRIBE_BATCH]))
+        return out
+
+    def _describe(self, region: str, ids: list[str]) -> dict[str, list[dict[str, str]]]:
+        out: dict[str, list[dict[str, str]]] = {i: [] for i in ids}
+        token = ""
+        while ids:
+            params = {"IncludeAllInstances": "true", **{f"InstanceId.{n}": i for n, i in enumerate(ids, 1)}}
+            if token:
+                params["NextToken"] = token
+            what = f"AWS EC2 DescribeInstanceStatus ({len(ids)} instances in {region})"
+            try:
+                root = self._ec2(region, "DescribeInstanceStatus", params, what)
+            except cloud.CloudError as exc:
+                gone = set(re.findall(r"i-[0-9a-f]+", str(exc))) & set(ids)
+                if "InvalidInstanceID" not in str(exc) or not gone:
+                    raise
+                ids = [i for i in ids if i not in gone]
+                continue
+            statuses = root.find("instanceStatusSet")
+            for item in list(statuses) if statuses is not None else []:
+                events = item.find("eventsSet")
+                listed = list(events) if events is not None else []
+                found = [{field.tag: (field.text or "") for field in event} for event in listed]
+                out.setdefault(item.findtext("instanceId", ""), []).extend(found)
+            token = root.findtext("nextToken") or ""
+            if not token:
+                break
+        return out
 
 
 def _epoch(value: str | None) -> float | None:

@@ -3,12 +3,14 @@
     reboot   instances.reset (a hard reset: the node keeps its name and disks)
     replace  for an instance of a managed instance group (a GKE node pool), the group's recreateInstances:
              a new VM under the same name, placed anew; any other instance is deleted
-Both wait for the zone operation to finish.
+Both wait for the zone operation to finish. For the maintenance monitor, `zone_instances` lists a zone's
+instances with their `scheduling` and `upcomingMaintenance` (one paged call per zone).
 
 The token comes from the metadata server (the node's service account, or the workload identity
 federation GKE serves there); GCE_METADATA_HOST overrides its address. The service account needs
 compute.instances.reset, .get, .delete and compute.instanceGroupManagers.update
-(roles/compute.instanceAdmin.v1 is enough).
+(roles/compute.instanceAdmin.v1 is enough); the maintenance monitor, compute.instances.list only
+(roles/compute.viewer).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import requests
 
 from workers import cloud
 
 API = "https://compute.googleapis.com/compute/v1"
+LIST_FIELDS = "items(name,scheduling,upcomingMaintenance),nextPageToken"
 
 
 @dataclass(frozen=True)
@@ -99,3 +103,18 @@ class GCP:
             what = f"GCE delete {inst.id} (in no managed instance group)"
             op = self._call("DELETE", self._instance_path(inst), what)
         return self._wait(op, inst, what)
+
+    def zone_instances(self, project: str, zone: str) -> dict[str, dict[str, Any]]:
+        """Every instance of a zone, by name, with its `scheduling` and `upcomingMaintenance`
+        (instances.list, 500 a page, only those fields)."""
+        out: dict[str, dict[str, Any]] = {}
+        token = ""
+        while True:
+            query = {"fields": LIST_FIELDS, "maxResults": "500", **({"pageToken": token} if token else {})}
+            page = self._call("GET", f"projects/{project}/zones/{zone}/instances?{urlencode(query)}",
+                              f"GCE list instances of {project}/{zone}")  # fmt: skip
+            for item in page.get("items") or []:
+                out[str(item.get("name", ""))] = item
+            token = str(page.get("nextPageToken") or "")
+            if not token:
+                return out

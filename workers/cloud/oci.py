@@ -3,11 +3,13 @@
     reboot   InstanceAction RESET (a power cycle: GPU hangs often ignore the soft ACPI shutdown)
     replace  TerminateInstance (boot volume not kept): the node's instance pool (an OKE node pool)
              launches a replacement; the old Node is deleted by the cloud controller
+    instance GetInstance, for the maintenance monitor (`timeMaintenanceRebootDue`)
 
 Credentials: an API key in the usual config file (`user`, `fingerprint`, `tenancy`, `region`, `key_file`,
 optional `pass_phrase`; profile DEFAULT unless set), mounted from a Secret. Every request is signed as OCI
 documents it: RSA-SHA256 over `date (request-target) host`, plus `x-content-sha256 content-type
-content-length` for bodies. The policy needs `manage instance-family` in the nodes' compartment.
+content-length` for bodies. The policy needs `manage instance-family` in the nodes' compartment (the
+maintenance monitor: `read instances`).
 
 Why no OCI SDK: it requires python-dateutil < 3 and the Kubernetes client 37 requires >= 3.
 """
@@ -22,6 +24,7 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 from cryptography.hazmat.primitives import hashes, serialization
@@ -121,3 +124,10 @@ class OCI:
         what = f"OCI TerminateInstance {inst.id}"
         self._call("DELETE", f"/instances/{inst.id}?preserveBootVolume=false", what, (200, 204))
         return f"{what}: terminating; its instance pool launches a replacement"
+
+    def instance(self, inst: cloud.Instance) -> dict[str, Any]:
+        """The instance as GetInstance answers it. OCI answers 404 NotAuthorizedOrNotFound both for an
+        instance that is gone and for one the policy does not let it read: a CloudError either way."""
+        r = self._call("GET", f"/instances/{inst.id}", f"OCI GetInstance {inst.id}", (200,))
+        body: dict[str, Any] = r.json()
+        return body
