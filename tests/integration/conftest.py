@@ -12,14 +12,16 @@ started (addresses, links, iptables rules, mounts, network namespaces, cgroups, 
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pymongo
 import pytest
 
-from devtools import procs, realnode_check, realnode_host
+from devtools import procs, realnode_check, realnode_host, tools
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube
@@ -86,6 +88,42 @@ def real_cluster(mongo: LocalMongo, real_nodes_watched: None) -> Iterator[LocalC
 def real_store(real_cluster: LocalCluster, mongo: LocalMongo) -> str:
     """The session's FerretDB as pods on the real node reach it (host:port)."""
     return real_cluster.expose(mongo.port)
+
+
+@pytest.fixture
+def sim_nodes_cordoned(real_cluster: LocalCluster) -> Iterator[None]:
+    """The simulated nodes of the real-node cluster run no real pod: cordoned, a test's pods (and the
+    chart's) can only go to the real node."""
+    api = real_cluster.api()
+    for sim in real_cluster.node_names:
+        kube.nodes.patch(api, sim, {"spec": {"unschedulable": True}})
+    try:
+        yield
+    finally:
+        for sim in real_cluster.node_names:
+            kube.nodes.patch(api, sim, {"spec": {"unschedulable": None}})
+
+
+@pytest.fixture
+def helm_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a test's helm commands: its cache, configuration and data in the test's own
+    directory (an OCI chart pulled by one test is not another's)."""
+    tools.ensure("helm")
+    return {**os.environ, "HELM_CACHE_HOME": str(tmp_path / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(tmp_path / "helm" / "config"),
+            "HELM_DATA_HOME": str(tmp_path / "helm" / "data")}  # fmt: skip
+
+
+@pytest.fixture
+def store_db(mongo: LocalMongo) -> Iterator[tuple[str, Any]]:
+    """A database of its own in the session's FerretDB for a chart's release: its name and a handle."""
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri, serverSelectionTimeoutMS=10_000)
+    name = f"t_chart_{uuid.uuid4().hex[:8]}"
+    try:
+        yield name, client[name]
+    finally:
+        client.drop_database(name)
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -176,27 +175,6 @@ def _diagnosis(api: Any, ns: str) -> str:
 
 def _fail(message: str, api: Any, ns: str) -> NoReturn:
     raise AssertionError(f"{message}\n{_diagnosis(api, ns)}")
-
-
-@pytest.fixture
-def helm_env(tmp_path: Path) -> dict[str, str]:
-    tools.ensure("helm")
-    return {**os.environ, "HELM_CACHE_HOME": str(tmp_path / "helm" / "cache"),
-            "HELM_CONFIG_HOME": str(tmp_path / "helm" / "config"),
-            "HELM_DATA_HOME": str(tmp_path / "helm" / "data")}  # fmt: skip
-
-
-@pytest.fixture
-def sim_nodes_cordoned(real_cluster: LocalCluster) -> Iterator[None]:
-    """The simulated nodes run no real pod: cordoned, FerretDB can only go to the real node."""
-    api = real_cluster.api()
-    for sim in real_cluster.node_names:
-        kube.nodes.patch(api, sim, {"spec": {"unschedulable": True}})
-    try:
-        yield
-    finally:
-        for sim in real_cluster.node_names:
-            kube.nodes.patch(api, sim, {"spec": {"unschedulable": None}})
 
 
 @pytest.mark.usefixtures("sim_nodes_cordoned")

@@ -23,18 +23,15 @@ import contextlib
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pymongo
 import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
 from devtools import procs, realnode, tools
 from devtools.cluster import LocalCluster
-from devtools.mongo import LocalMongo
 from faultline import kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import NotFoundError, TransientError
@@ -54,14 +51,40 @@ CLUSTER_LABELS = frozenset({realnode.LABEL, "faultline.io/simulated"})
 CHART_VERSION = yaml.safe_load((tools.REPO / "charts" / "faultline" / "Chart.yaml").read_text())["version"]
 
 
-def _helm(env: dict[str, str], *args: str) -> str:
+def advertise_gpus(api: Any, count: int | None) -> None:
+    """The real node's nvidia.com/gpu capacity, as a device plugin would advertise it (None: none)."""
+    gpus = {"nvidia.com/gpu": None if count is None else str(count)}
+    kube.nodes.patch_status(api, NODE, {"capacity": gpus, "allocatable": gpus})
+
+
+def release_real_node(api: Any) -> None:
+    """What a test may have left on the real node, taken back: faultline's labels, annotations and taints,
+    a cordon, the advertised GPUs, the agent's conditions."""
+    node = kube.nodes.read(api, NODE)
+    kube.nodes.patch(api, NODE, {
+        "metadata": {
+            "labels": {k: None for k in node["metadata"].get("labels") or {}
+                       if k.startswith("faultline.io/") and k not in CLUSTER_LABELS},
+            "annotations": {k: None for k in node["metadata"].get("annotations") or {}
+                            if k.startswith("faultline.io/")},
+        },
+        "spec": {"unschedulable": None,
+                 "taints": [t for t in node["spec"].get("taints") or []
+                            if not t["key"].startswith("faultline.io/")] or None},
+    })  # fmt: skip
+    advertise_gpus(api, None)
+    left = [t for t in kube.nodes.conditions(api, NODE) if t in OWNED_TYPES]
+    kube.nodes.write_conditions(api, NODE, [], left)
+
+
+def helm(env: dict[str, str], *args: str) -> str:
     done = subprocess.run([str(tools.binary("helm")), *args], capture_output=True, text=True, env=env,
                           check=False, timeout=180)  # fmt: skip
     assert done.returncode == 0, f"helm {' '.join(args[:2])}: {done.stderr.strip()}"
     return done.stdout
 
 
-def _values(
+def chart_values(
     cluster: LocalCluster, uri: str, database: str, state: Path, *, workers: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     assert cluster.real is not None
@@ -96,20 +119,21 @@ def _values(
     }  # fmt: skip
 
 
-def _ready(pod: dict[str, Any]) -> bool:
+def ready(pod: dict[str, Any]) -> bool:
     conditions = pod.get("status", {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def _release_pods(api: Any, ns: str) -> list[dict[str, Any]]:
+def release_pods(api: Any, ns: str, release: str = RELEASE) -> list[dict[str, Any]]:
     pods = kube.pods.list_all(api, field_selector=f"metadata.namespace={ns}")
     return [
-        p for p in pods if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == RELEASE
+        p for p in pods if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == release
     ]
 
 
-def _component_pod(api: Any, ns: str, component: str) -> dict[str, Any] | None:
-    for pod in _release_pods(api, ns):
+def component_pod(api: Any, ns: str, component: str, release: str = RELEASE) -> dict[str, Any] | None:
+    """The component's pod that is not being deleted (None while there is none)."""
+    for pod in release_pods(api, ns, release):
         labels = pod["metadata"].get("labels") or {}
         if labels.get("app.kubernetes.io/component") == component and not pod["metadata"].get(
             "deletionTimestamp"
@@ -118,20 +142,20 @@ def _component_pod(api: Any, ns: str, component: str) -> dict[str, Any] | None:
     return None
 
 
-def _diagnosis(api: Any, ns: str, db: Any) -> str:
+def diagnosis(api: Any, ns: str, db: Any, release: str = RELEASE) -> str:
     """What the node, the RemediationRequests, the store and each component's log say (a failed wait)."""
     node = kube.nodes.read(api, NODE)
-    said = [f"node marks: {_faultline_marks(node)}", f"conditions: {kube.nodes.conditions(api, NODE)}"]
+    said = [f"node marks: {faultline_marks(node)}", f"conditions: {kube.nodes.conditions(api, NODE)}"]
     said += [f"RR: {r['spec']} {r.get('status')}" for r in kube.resources.list_requests(api)]
     for name in ("faults", "repairs", "nodes"):
         said += [f"{name}: {doc}" for doc in db[name].find({}, {"_id": 0}).limit(10)]
-    for pod in _release_pods(api, ns):
+    for pod in release_pods(api, ns, release):
         log = kube.core(api).read_namespaced_pod_log(pod["metadata"]["name"], ns, tail_lines=25)
         said.append(f"--- {pod['metadata']['name']}:\n{log}")
     return "\n".join(said)
 
 
-def _faultline_marks(node: dict[str, Any]) -> list[str]:
+def faultline_marks(node: dict[str, Any]) -> list[str]:
     meta, spec = node["metadata"], node["spec"]
     marks = [
         f"label {k}"
@@ -143,25 +167,6 @@ def _faultline_marks(node: dict[str, Any]) -> list[str]:
     if spec.get("unschedulable"):
         marks.append("cordoned")
     return marks
-
-
-@pytest.fixture
-def helm_env(tmp_path: Path) -> dict[str, str]:
-    tools.ensure("helm")
-    return {**os.environ, "HELM_CACHE_HOME": str(tmp_path / "helm" / "cache"),
-            "HELM_CONFIG_HOME": str(tmp_path / "helm" / "config"),
-            "HELM_DATA_HOME": str(tmp_path / "helm" / "data")}  # fmt: skip
-
-
-@pytest.fixture
-def store_db(mongo: LocalMongo) -> Iterator[tuple[str, Any]]:
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri, serverSelectionTimeoutMS=10_000)
-    name = f"t_chart_{uuid.uuid4().hex[:8]}"
-    try:
-        yield name, client[name]
-    finally:
-        client.drop_database(name)
-        client.close()
 
 
 def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninstalls_on_a_real_node(
@@ -183,16 +188,16 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
     sim_nodes = list(real_cluster.node_names)
     try:
         # -- (a) install: the agent alone, a real pod on the real node -----------------------------------
-        values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state)))
-        _helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-              "--kubeconfig", kubeconfig, "--namespace", ns, "--create-namespace", "-f", str(values))  # fmt: skip
+        values.write_text(yaml.safe_dump(chart_values(real_cluster, uri, database, state)))
+        helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+             "--kubeconfig", kubeconfig, "--namespace", ns, "--create-namespace", "-f", str(values))  # fmt: skip
         procs.wait_for("the agent pod Ready on the real node",
-                       lambda: _ready(_component_pod(api, ns, "agent") or {}), 180, interval=1)  # fmt: skip
-        agent = _component_pod(api, ns, "agent")
+                       lambda: ready(component_pod(api, ns, "agent") or {}), 180, interval=1)  # fmt: skip
+        agent = component_pod(api, ns, "agent")
         assert agent is not None and agent["spec"]["nodeName"] == NODE
         image = agent["status"]["containerStatuses"][0]
         assert image["imageID"].endswith(real_cluster.real.image.split("@")[1])
-        assert [p["spec"]["nodeName"] for p in _release_pods(api, ns)] == [NODE]  # the agent only
+        assert [p["spec"]["nodeName"] for p in release_pods(api, ns)] == [NODE]  # the agent only
 
         simulator.inject(NODE, 3, kind="xid", value=79, directory=state / "sim")
 
@@ -207,8 +212,7 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
         # -- (b) upgrades: the workers on one at a time, each doing its part ---------------------------------
         for sim in sim_nodes:  # nothing of the test's lands on a simulated node
             kube.nodes.patch(api, sim, {"spec": {"unschedulable": True}})
-        kube.nodes.patch_status(api, NODE, {"capacity": {"nvidia.com/gpu": "8"},
-                                            "allocatable": {"nvidia.com/gpu": "8"}})  # fmt: skip
+        advertise_gpus(api, 8)
         core.create_namespace({"metadata": {"name": workload}})  # type: ignore[arg-type]
         procs.wait_for("the workload namespace's ServiceAccount",
                        lambda: bool(core.read_namespaced_service_account("default", workload)), 30)  # fmt: skip
@@ -225,12 +229,12 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
 
         def switch_on(worker: str) -> None:
             on = WORKERS[: WORKERS.index(worker) + 1]
-            values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state, workers=on)))
-            _helm(helm_env, "upgrade", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-                  "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
+            values.write_text(yaml.safe_dump(chart_values(real_cluster, uri, database, state, workers=on)))
+            helm(helm_env, "upgrade", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+                 "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
             procs.wait_for(f"the {worker} pod Ready on the real node",
-                           lambda: _ready(_component_pod(api, ns, worker) or {}), 180, interval=1)  # fmt: skip
-            pod = _component_pod(api, ns, worker)
+                           lambda: ready(component_pod(api, ns, worker) or {}), 180, interval=1)  # fmt: skip
+            pod = component_pod(api, ns, worker)
             assert pod is not None and pod["spec"]["nodeName"] == NODE, worker
 
         def quarantined() -> bool:
@@ -283,23 +287,21 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
 
         try:
             procs.wait_for("the real node released (repair validated, hold-down over)",
-                           lambda: not _faultline_marks(kube.nodes.read(api, NODE)), 150, interval=0.5)  # fmt: skip
+                           lambda: not faultline_marks(kube.nodes.read(api, NODE)), 150, interval=0.5)  # fmt: skip
         except TransientError as exc:
-            raise AssertionError(_diagnosis(api, ns, db)) from exc
+            raise AssertionError(diagnosis(api, ns, db)) from exc
         procs.wait_for("GpuHealthy True again", lambda: gpu_condition().get("status") == "True", 60)
-        for pod in _release_pods(api, ns):  # no component was restarted through the whole scenario
+        for pod in release_pods(api, ns):  # no component was restarted through the whole scenario
             restarts = [s["restartCount"] for s in pod["status"].get("containerStatuses") or []]
-            assert restarts == [0] and _ready(pod), (pod["metadata"]["name"], pod["status"])
+            assert restarts == [0] and ready(pod), (pod["metadata"]["name"], pod["status"])
 
         # -- (c) uninstall: the post-delete hook takes back what the components left ---------------------
         kube.nodes.patch(api, NODE, {"spec": {"unschedulable": True}})  # an operator's cordon: it stays
-        _helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
-        procs.wait_for("no pod of the release", lambda: not _release_pods(api, ns), 90, interval=0.5)
+        helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
+        procs.wait_for("no pod of the release", lambda: not release_pods(api, ns), 90, interval=0.5)
         for node in kube.nodes.list_all(api):
             name = node["metadata"]["name"]
-            marks = [
-                m for m in _faultline_marks(node) if not (m == "cordoned" and name in {*sim_nodes, NODE})
-            ]
+            marks = [m for m in faultline_marks(node) if not (m == "cordoned" and name in {*sim_nodes, NODE})]
             assert not marks, (name, marks)
             assert not set(kube.nodes.conditions(api, name)) & OWNED_TYPES, name
         assert kube.nodes.read(api, NODE)["spec"].get("unschedulable") is True
@@ -322,22 +324,7 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
                     kube.resources.RR_GROUP, kube.resources.RR_VERSION, kube.resources.RR_PLURAL,
                     rr["metadata"]["name"],
                 )  # fmt: skip
-        node = kube.nodes.read(api, NODE)
-        kube.nodes.patch(api, NODE, {
-            "metadata": {
-                "labels": {k: None for k in node["metadata"].get("labels") or {}
-                           if k.startswith("faultline.io/") and k not in CLUSTER_LABELS},
-                "annotations": {k: None for k in node["metadata"].get("annotations") or {}
-                                if k.startswith("faultline.io/")},
-            },
-            "spec": {"unschedulable": None,
-                     "taints": [t for t in node["spec"].get("taints") or []
-                                if not t["key"].startswith("faultline.io/")] or None},
-        })  # fmt: skip
-        kube.nodes.patch_status(api, NODE, {"capacity": {"nvidia.com/gpu": None},
-                                            "allocatable": {"nvidia.com/gpu": None}})  # fmt: skip
-        left = [t for t in kube.nodes.conditions(api, NODE) if t in OWNED_TYPES]
-        kube.nodes.write_conditions(api, NODE, [], left)
+        release_real_node(api)
 
         def namespaces_gone() -> bool:
             names = {n.metadata.name for n in core.list_namespace().items if n.metadata is not None}
