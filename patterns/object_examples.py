@@ -6,7 +6,8 @@ evaluate on an example fails the example, so rules guard what an object may lack
 "Raise at `now`": `when` is true and `node` names a node; with `for`, the condition is also due: `since`
 (where the rule has one) lies at least `for` before `now` (without `since` the example stands for an
 object seen that long). A rule that reads `now`, or times its condition with `since` and `for`, needs
-each example's `now`.
+each example's `now`. Examples test the rule as its file wrote it: its own params and `for`, whatever
+a later file's `overrides` changed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Failure:
 
 
 def needs_now(rule: CompiledRule) -> bool:
-    return rule.uses_now or (rule.for_s is not None and "since" in rule.exprs)
+    return rule.uses_now or (rule.spec.for_ is not None and "since" in rule.exprs)
 
 
 def check_rule(rule: CompiledRule) -> list[Failure]:
@@ -64,11 +65,11 @@ def _raises(rule: CompiledRule, example: Example) -> tuple[Verdict, str]:
     """The rule's verdict on the example at its `now`, and why it does not raise ('' when it does)."""
     now = example.now or ANY_TIME
     now = now if now.tzinfo else now.replace(tzinfo=dt.UTC)
-    verdict = rule.evaluate(cel.value(example.object), now)
+    verdict = rule.evaluate(cel.value(example.object), now, params=cel.value(dict(rule.spec.params)))
     if verdict.error or not verdict.holds:
         return verdict, "the rule does not raise its fault"
-    if rule.for_s is not None and verdict.since is not None:
-        due = verdict.since + dt.timedelta(seconds=rule.for_s)
+    if rule.spec.for_ is not None and verdict.since is not None:
+        due = verdict.since + dt.timedelta(seconds=rule.spec.for_)
         if now < due:
             return (
                 verdict,

@@ -176,6 +176,7 @@ def test_overrides_change_params_for_fault_and_switch_rules_off(tmp_path: Path) 
     node = {"kind": "Node", "metadata": {"name": "n1", "labels": {"example.com/gpus": "8"}},
             "status": {"allocatable": {"nvidia.com/gpu": "4"}, "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
     assert gpus.evaluate(cel.value(node), T0).holds  # the new label is read
+    assert object_examples.run(rules) == []  # examples test the rules as written (`patterns test`)
 
 
 @pytest.mark.parametrize(

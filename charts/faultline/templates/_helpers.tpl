@@ -122,7 +122,8 @@ data:
 {{- define "faultline.configDir" -}}/etc/faultline/config{{- end -}}
 
 {{/* a worker's ConfigMap and Deployment: (dict "root" $ "worker" "quarantine" "values" .Values.quarantine
-"settings" dict "files" dict "mounts" list "volumes" list) */}}
+"settings" dict "files" dict "mounts" list "volumes" list "command" list), `command` the arguments before
+--config (default: worker <worker>) */}}
 {{- define "faultline.worker" -}}
 {{- $root := .root -}}
 {{- $name := printf "%s-%s" (include "faultline.name" $root) .worker -}}
@@ -180,8 +181,9 @@ spec:
           image: {{ include "faultline.image" $root }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args:
-            - worker
-            - {{ .worker }}
+            {{- range (.command | default (list "worker" .worker)) }}
+            - {{ . }}
+            {{- end }}
             - --config={{ include "faultline.configDir" . }}/config.yaml
           env:
             {{- include "faultline.env" $root | nindent 12 }}
