@@ -302,7 +302,7 @@ def test_network_policy_and_pod_monitor_when_enabled() -> None:
     assert set(policies) == {f"fl-{c}" for c in ("agent", *WORKERS, "ferretdb", "postgres")}
     ferret_from = policies["fl-ferretdb"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
     assert {"key": "app.kubernetes.io/component", "operator": "In",
-            "values": ["agent", "quarantine", "drain", "remediation", "janitor"]} in ferret_from  # fmt: skip
+            "values": ["agent", "quarantine", "drain", "remediation", "janitor", "maintenance"]} in ferret_from  # fmt: skip
     assert policies["fl-postgres"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/instance": "fl", "app.kubernetes.io/component": "ferretdb"}  # fmt: skip
     agent_egress = [r for r in policies["fl-agent"]["egress"] if "to" in r]
@@ -377,9 +377,10 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
 
     from_env = {"mongodb_uri", "kubeconfig", "node"}
     chart = {"agent": "agent", "quarantine": "quarantine", "drain": "drain", "remediation": "remediation",
-             "janitor": "janitor"}  # fmt: skip
+             "janitor": "janitor", "maintenance": "maintenance"}  # fmt: skip
     values: dict[str, Any] = {"quarantine": {"enabled": True}, "drain": {"enabled": True},
-                              "remediation": {"enabled": True}, "janitor": {"enabled": True}}  # fmt: skip
+                              "remediation": {"enabled": True}, "janitor": {"enabled": True},
+                              "maintenance": {"enabled": True}}  # fmt: skip
     given: dict[str, dict[str, Any]] = {}
     for component, key in chart.items():
         model = config.COMPONENTS[component]

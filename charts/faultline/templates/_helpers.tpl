@@ -30,6 +30,12 @@ where given (repository@sha256:...), else repository:tag */}}
 {{- if not (or .Values.store.external.uri .Values.store.external.existingSecret) -}}true{{- end -}}
 {{- end -}}
 
+{{/* true ("true") when the agents relay Azure's Scheduled Events for the maintenance monitor */}}
+{{- define "faultline.scheduledEvents" -}}
+{{- $m := .Values.maintenance -}}
+{{- if and $m.enabled $m.azure.scheduledEvents (has "azure" $m.clouds) -}}true{{- end -}}
+{{- end -}}
+
 {{/* the Secret holding the store's MongoDB URI, and its key */}}
 {{- define "faultline.store.secret" -}}
 {{- if .Values.store.external.existingSecret -}}{{ .Values.store.external.existingSecret }}
