@@ -16,6 +16,7 @@ after the first complete list.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -124,7 +125,9 @@ class Informer:
         self.stop.set()
         response = self._response
         if response is not None:
-            response.shutdown()  # wakes the read blocked in the watch
+            # wakes the read blocked in the watch; urllib3 refuses once the watch gave the connection back
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                response.shutdown()
         if self._thread is not None:
             self._thread.join(timeout)
 

@@ -1,0 +1,65 @@
+"""The informer's pure parts: a watch stream cut into chunks anywhere gives the same events, the paths of
+core and group kinds, namespaced or not."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from faultline.kube import watch
+
+
+class Stream:
+    """What urllib3 hands the watch: the body in chunks as they arrive."""
+
+    def __init__(self, body: bytes, size: int) -> None:
+        self.body, self.size = body, size
+
+    def stream(self, amt: int | None = None, decode_content: bool = True) -> Iterator[bytes]:
+        for i in range(0, len(self.body), self.size):
+            yield self.body[i : i + self.size]
+
+
+EVENTS = [
+    {"type": "ADDED", "object": {"kind": "Node", "metadata": {"name": "a", "resourceVersion": "5"}}},
+    {"type": "BOOKMARK", "object": {"kind": "Node", "metadata": {"resourceVersion": "9"}}},
+    {
+        "type": "ERROR",
+        "object": {"kind": "Status", "code": 410, "message": "too old resource version: 1 (9)"},
+    },
+]
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 10_000])
+def test_events_are_whole_lines_however_the_stream_is_cut(size: int) -> None:
+    body = b"".join(json.dumps(e).encode() + b"\n" for e in EVENTS)
+    assert list(watch._events(Stream(body, size))) == EVENTS
+    assert list(watch._events(Stream(body.rstrip(b"\n"), size))) == EVENTS  # the last line unterminated
+
+
+def test_a_410_event_means_list_again_and_a_bookmark_moves_the_version() -> None:
+    delivered: list[watch.Change] = []
+    informer = watch.Informer(None, watch.Target("v1", "Node"), delivered.append)
+    assert informer._handle(EVENTS[0], "1") == "5"
+    assert informer._handle(EVENTS[1], "5") == "9"
+    assert [c.kind for c in delivered] == ["upsert"]
+    with pytest.raises(watch.ExpiredError, match="too old resource version"):
+        informer._handle(EVENTS[2], "9")
+
+
+@pytest.mark.parametrize(
+    ("target", "namespaced", "path"),
+    [
+        (watch.Target("v1", "Node"), False, "/api/v1/nodes"),
+        (watch.Target("v1", "Pod"), True, "/api/v1/pods"),
+        (watch.Target("v1", "Pod", namespace="ml"), True, "/api/v1/namespaces/ml/pods"),
+        (watch.Target("apps/v1", "Deployment"), True, "/apis/apps/v1/deployments"),
+        (watch.Target("lab.example.com/v1", "Gadget", namespace="lab"), True,
+         "/apis/lab.example.com/v1/namespaces/lab/gadgets"),
+    ],
+)  # fmt: skip
+def test_collection_paths(target: watch.Target, namespaced: bool, path: str) -> None:
+    plural = target.resource or f"{target.kind.lower()}s"
+    assert watch.collection_path(target, plural, namespaced) == path
