@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli import config_cmd, demo, options, preflight
+from cli import analyzer, config_cmd, demo, options, preflight
 from faultline import config
 from faultline.errors import FaultlineError, PackError
 
@@ -49,6 +49,7 @@ app.add_typer(store_app, name="store")
 worker_app = typer.Typer(help="faultline's workers, each run as a Deployment.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
 app.add_typer(config_cmd.app, name="config")
+app.add_typer(analyzer.app, name="analyzer")
 app.command("demo")(demo.demo)
 options.command(app, "webhook", config.WebhookConfig)(preflight.webhook)
 options.command(app, "preflight", config.PreflightConfig)(preflight.preflight)
@@ -206,16 +207,19 @@ def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> Non
         err.print(f"FAIL {exc}", markup=False)
         raise typer.Exit(1) from exc
     if run_examples:
-        failures = examples.run(compiled)
+        from patterns import cluster  # noqa: PLC0415
+
+        failures = examples.run(compiled) + cluster.check_examples(cluster.ClusterPacks(compiled.packs))
         for failure in failures:
             out.print(f"FAIL {failure}", markup=False, highlight=False)
         if failures:
             out.print(f"{len(failures)} example failure(s)")
             raise typer.Exit(1)
         total = sum(len(p.spec.examples.match) + len(p.spec.examples.no_match) for p in compiled.patterns)
-        out.print(
-            f"ok: {total} examples of {len(compiled.patterns)} patterns in {len(compiled.packs.files)} files"
-        )
+        total += sum(len(c.pattern.examples.match) + len(c.pattern.examples.no_match)
+                     for c in compiled.packs.cluster.values())  # fmt: skip
+        count = len(compiled.patterns) + len(compiled.packs.cluster)
+        out.print(f"ok: {total} examples of {count} patterns in {len(compiled.packs.files)} files")
         return
     for p in compiled.patterns:
         previous = compiled.packs.patterns[p.id].overrides

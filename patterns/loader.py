@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from faultline import yamldoc
 from faultline.errors import PackError
-from patterns.schema import Classification, Pack, Pattern
+from patterns.schema import Classification, ClusterPattern, Pack, Pattern
 
 BUILTIN_DIR = Path(__file__).parent / "packs"
 
@@ -27,11 +27,21 @@ class LoadedPattern:
     overrides: str | None = None  # the file whose pattern of the same id this one replaced
 
 
+@dataclass(frozen=True)
+class LoadedClusterPattern:
+    pattern: ClusterPattern
+    file: str
+    pack: str
+    overrides: str | None = None
+
+
 @dataclass
 class PackSet:
-    """Everything the loaded packs say, merged: patterns by id (in load order) and tables by name."""
+    """Everything the loaded packs say, merged: patterns by id (in load order) and tables by name; the
+    analyzer's (`scope: cluster`) apart in `cluster`."""
 
     patterns: dict[str, LoadedPattern] = field(default_factory=dict)
+    cluster: dict[str, LoadedClusterPattern] = field(default_factory=dict)
     tables: dict[str, dict[str, Classification]] = field(default_factory=dict)
     table_files: dict[str, list[str]] = field(default_factory=dict)  # every file that set rows of it
     files: list[str] = field(default_factory=list)
@@ -66,8 +76,13 @@ def read_pack(path: Path) -> Pack:
 
 
 def _pattern_id(raw: dict[str, Any], loc: tuple[int | str, ...]) -> str | None:
-    if len(loc) >= 2 and loc[0] == "patterns" and isinstance(loc[1], int):
+    if len(loc) >= 2 and loc[0] in ("patterns", "cluster_patterns") and isinstance(loc[1], int):
         patterns = raw.get("patterns")
+        if isinstance(patterns, list):  # the schema parts them by scope: index within the same scope
+            cluster = loc[0] == "cluster_patterns"
+            patterns = [
+                p for p in patterns if (isinstance(p, dict) and p.get("scope") == "cluster") == cluster
+            ]
         if isinstance(patterns, list) and loc[1] < len(patterns) and isinstance(patterns[loc[1]], dict):
             return str(patterns[loc[1]].get("id", f"#{loc[1] + 1}"))
         return f"#{loc[1] + 1}"
@@ -76,7 +91,7 @@ def _pattern_id(raw: dict[str, Any], loc: tuple[int | str, ...]) -> str | None:
 
 def _describe(err: Any) -> str:
     loc = [str(p) for p in err["loc"]]
-    if len(loc) >= 2 and loc[0] == "patterns":
+    if len(loc) >= 2 and loc[0] in ("patterns", "cluster_patterns"):
         loc = loc[2:]
     where = ".".join(p for p in loc if not p.startswith(("SetStep", "TableStep", "ExpectedMatch", "str")))
     msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
@@ -103,6 +118,14 @@ def _merge(packs: PackSet, pack: Pack, file: str) -> None:
         previous = packs.patterns.get(pattern.id)
         packs.patterns[pattern.id] = LoadedPattern(
             pattern, file, pack.pack, overrides=previous.file if previous else None
+        )
+    for cp in pack.cluster_patterns:
+        if cp.id in seen:
+            raise PackError(file, "duplicate pattern id in one pack", cp.id)
+        seen.add(cp.id)
+        replaced = packs.cluster.get(cp.id)
+        packs.cluster[cp.id] = LoadedClusterPattern(
+            cp, file, pack.pack, overrides=replaced.file if replaced else None
         )
     for name, rows in pack.tables.items():
         table = packs.tables.setdefault(name, {})

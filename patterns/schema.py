@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from faultline.models import Action, Component
+from patterns.templates import Template
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -38,6 +39,14 @@ def parse_duration(value: object) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _offset(value: object) -> float:
+    return 0.0 if value in (0, "0", "0s") else parse_duration(value)
+
+
+Offset = Annotated[float, BeforeValidator(_offset)]
+"""A duration that may be zero (when a cluster example's record happens)."""
 
 
 class _Strict(BaseModel):
@@ -167,6 +176,7 @@ class Examples(_Strict):
 class Pattern(_Strict):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     description: str
+    scope: Literal["node"] = Field(default="node", description="node: the agent runs it; see ClusterPattern")
     kind: Literal["fault", "clear", "boot"] = "fault"
     sources: list[LogSource] = Field(default_factory=lambda: list(LOG_SOURCES))
     origin: Literal["kernel", "any"] = Field(
@@ -216,12 +226,161 @@ class Pattern(_Strict):
         return value
 
 
+# -- cluster scope: patterns the analyzer runs over every node's events (`patterns.cluster`) ------------
+
+# Fields a cluster pattern's window key and fault templates may name (see `patterns.cluster.field_value`);
+# `label:<node label>` and `metadata:<event metadata key>` name any other, under an alias (`zone=label:...`).
+CLUSTER_FIELDS = (
+    "node", "code", "component", "entity", "entity_id", "gpu", "gpu_uuid", "gpu_serial", "nvlink_domain",
+    "job",
+)  # fmt: skip
+_KEY_ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def key_field(spec: str) -> tuple[str, str]:
+    """`gpu` -> ("gpu", "gpu"); `zone=label:topology.kubernetes.io/zone` -> ("zone", "label:..."): a
+    window key entry as (the name templates use, where its value comes from)."""
+    name, _, source = spec.partition("=")
+    name, source = name.strip(), source.strip() or name.strip()
+    if not _KEY_ALIAS.match(name):
+        raise ValueError(f"{spec!r}: a key's name is a word (e.g. zone=label:topology.kubernetes.io/zone)")
+    if source.startswith(("label:", "metadata:")):
+        if not source.partition(":")[2]:
+            raise ValueError(f"{spec!r}: name the label or metadata key after the colon")
+    elif source not in CLUSTER_FIELDS:
+        raise ValueError(
+            f"{spec!r}: unknown field (one of {', '.join(CLUSTER_FIELDS)}, label:<name>, metadata:<key>)"
+        )
+    return name, source
+
+
+class ClusterMatch(_Strict):
+    """Which of the feed's records a cluster pattern counts (every condition must hold)."""
+
+    records: Literal["events", "faults"] = Field(
+        default="events", description="health events, or fault changes (each new revision of a fault)"
+    )
+    codes: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="code globs")
+    components: list[Component] | None = None
+    healthy: bool | None = Field(default=False, description="events: only unhealthy ones by default")
+    fatal: bool | None = None
+    states: list[Literal["open", "resolved"]] | None = Field(default=None, description="faults' states")
+    labels: dict[str, str] = Field(default_factory=dict, description="node labels (value globs)")
+
+
+class ClusterWindow(_Strict):
+    """A sliding window over event time per key: the pattern fires once `count` records (or `count`
+    distinct values of `distinct`) fall within `within` of the newest."""
+
+    key: list[str] = Field(min_length=1, description="fields whose values key the window")
+    within: Duration
+    count: int = Field(default=1, ge=1)
+    distinct: str | None = Field(default=None, description="count distinct values of this field instead")
+
+    @field_validator("key")
+    @classmethod
+    def _fields(cls, value: list[str]) -> list[str]:
+        names = [key_field(v)[0] for v in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a key names a field twice: {names}")
+        return value
+
+    @field_validator("distinct")
+    @classmethod
+    def _distinct_field(cls, value: str | None) -> str | None:
+        if value is not None:
+            key_field(value)
+        return value
+
+
+class ClusterFault(_Strict):
+    """The derived fault, written to `faults` like any other (one per node: `nodes`)."""
+
+    code: str = Field(description="template over the key's fields, e.g. 'GPU-REPEAT-{code}'")
+    component: Component = Component.NODE
+    entity: EntitySpec | None = Field(default=None, description="default: {type: NODE, id: '{node}'}")
+    fatal: bool = False
+    action: Action = Action.NONE
+    description: str = ""
+    nodes: Literal["trigger", "every"] = Field(
+        default="trigger",
+        description="the nodes given the fault: trigger, the node of the record that made the pattern "
+        "fire; every, each node with a record in the window",
+    )
+
+
+class ClusterRecord(_Strict):
+    """One record of a cluster example: an event (or fault change) `at` after the example's start."""
+
+    at: Offset = 0.0
+    node: str
+    code: str
+    component: Component = Component.GPU
+    entity: str = Field(default="", description="type:id, e.g. GPU:0000:3b:00")
+    healthy: bool = False
+    fatal: bool = False
+    state: Literal["open", "resolved"] = "open"
+    metadata: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict, description="its node's labels")
+
+
+class ClusterExample(_Strict):
+    records: list[ClusterRecord] = Field(min_length=1)
+    expect: dict[str, Any] = Field(
+        default_factory=dict, description="code, nodes (those given the fault), entity_id, count"
+    )
+
+
+class ClusterExamples(_Strict):
+    match: list[ClusterExample] = Field(min_length=1)
+    no_match: list[ClusterExample] = Field(min_length=1)
+
+
+class ClusterPattern(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    description: str
+    scope: Literal["cluster"]
+    match: ClusterMatch = Field(default_factory=ClusterMatch)
+    window: ClusterWindow
+    fault: ClusterFault
+    examples: ClusterExamples
+
+    @model_validator(mode="after")
+    def _templates(self) -> ClusterPattern:
+        names = {key_field(k)[0] for k in self.window.key} | {"key", "node"}  # node: the fault's own
+        spec = self.fault.entity
+        for what, template in (("fault.code", self.fault.code),
+                               ("fault.entity.id", spec.id if spec else "{node}")):  # fmt: skip
+            unknown = set(Template(template).fields) - names
+            if unknown:
+                raise ValueError(
+                    f"{what} {template!r} names {sorted(unknown)}, not in the window key {sorted(names)}"
+                )
+        return self
+
+
 class Pack(_Strict):
     pack: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     version: int | str = 1
     description: str = ""
     tables: dict[str, dict[str, Classification]] = Field(default_factory=dict)
     patterns: list[Pattern] = Field(default_factory=list)
+    cluster_patterns: list[ClusterPattern] = Field(
+        default_factory=list, description="the patterns of `scope: cluster`, set from `patterns`"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scopes(cls, value: object) -> object:
+        # one `patterns` list in the file; the node agent's and the analyzer's patterns apart here
+        if isinstance(value, dict) and isinstance(value.get("patterns"), list):
+            if "cluster_patterns" in value:
+                raise ValueError("cluster_patterns: unknown field (give cluster patterns `scope: cluster`)")
+            items = value["patterns"]
+            cluster = [p for p in items if isinstance(p, dict) and p.get("scope") == "cluster"]
+            node = [p for p in items if not (isinstance(p, dict) and p.get("scope") == "cluster")]
+            return {**value, "patterns": node, "cluster_patterns": cluster}
+        return value
 
     @field_validator("tables", mode="before")
     @classmethod

@@ -121,11 +121,10 @@ def drain(spool: Spool, st: store.Store) -> None:
     events = spool.events()
     pending = drain_order(coalesced(spool.items()))
     if events:
-        st.record_events(events)
+        st.record_batch(events, [])  # with the analyzer's feed, as every write of the agent
         spool.rewrite(pending)  # the events are in: a retry does not send them again
     for start in range(0, len(pending), DRAIN_CHUNK):
-        for fault, revision in pending[start : start + DRAIN_CHUNK]:
-            st.write_fault(fault, revision)
+        st.record_batch([], pending[start : start + DRAIN_CHUNK])
         spool.rewrite(pending[start + DRAIN_CHUNK :])
     spool.clear()
 

@@ -5,6 +5,7 @@ environment < flags, `cli.settings`) and handed down as objects. `COMPONENTS` na
 from __future__ import annotations
 
 from faultline.config.agent import AgentConfig
+from faultline.config.analyzer import AnalyzerConfig
 from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
 from faultline.config.commands import RetentionConfig, StatusConfig, UninstallConfig
 from faultline.config.maintenance import MaintenanceConfig, MaintenanceTuning
@@ -33,12 +34,14 @@ COMPONENTS: dict[str, type[Component]] = {
     "uninstall": UninstallConfig,
     "webhook": WebhookConfig,
     "preflight": PreflightConfig,
+    "analyzer": AnalyzerConfig,
     "object-monitor": ObjectMonitorConfig,
     "maintenance": MaintenanceConfig,
 }
 
 __all__ = [
-    "COMPONENTS", "AgentConfig", "Component", "DrainConfig", "DrainTuning", "Duration", "Flag",
+    "COMPONENTS", "AgentConfig", "AnalyzerConfig", "Component", "DrainConfig", "DrainTuning", "Duration",
+    "Flag",
     "JanitorConfig", "JanitorTuning", "MaintenanceConfig", "MaintenanceTuning",
     "ObjectMonitorConfig", "ObjectMonitorTuning",
     "PreflightConfig", "QuarantineConfig", "QuarantineTuning",

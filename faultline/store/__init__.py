@@ -13,6 +13,8 @@ Collections and their modules:
 - `repairs` (`repairs`): one per quarantine episode that needs repair, with its rounds (`Repair`).
 - `feed`, `counters` (`feed`): every node's new events and fault changes in one gap-free numbered
   order, for the cluster analyzer (`record_batch` writes them, `feed_after` reads them).
+- `analyzer` (`analyzer`): the cluster analyzer's checkpoints, one per partition of its windows; its
+  lease is the work item `analyzer/cluster` in `queue`.
 - `maintenance` (`maintenance`): Azure nodes' Scheduled Events, relayed by their agents for the cloud
   maintenance monitor, and the early starts it asks for (`ScheduledEvents`).
 
@@ -46,6 +48,7 @@ transactions, TTL indexes, change streams, update pipelines, positional operator
 equality filters on the hot path (FerretDB evaluates other filters after fetching every document).
 """
 
+from faultline.store.analyzer import ANALYZER, ANALYZER_ITEM
 from faultline.store.backoff import retry_delay
 from faultline.store.base import (
     CLAIMED,
@@ -95,6 +98,7 @@ from faultline.store.maintenance import MAINTENANCE_PATTERN
 from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation, user_repair_key
 
 __all__ = [
+    "ANALYZER", "ANALYZER_ITEM",
     "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR",
     "MAINTENANCE_PATTERN", "NODEDRAIN", "PARKED",
     "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",

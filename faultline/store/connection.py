@@ -12,6 +12,7 @@ from pymongo.database import Database
 from pymongo.errors import ConnectionFailure, OperationFailure, ServerSelectionTimeoutError
 
 from faultline.errors import TransientError
+from faultline.store.analyzer import Analyzer
 from faultline.store.base import CODEC, DRAINS, MAINTENANCE, NODEDRAIN, QUEUE, REPAIRS, STAGES, Clock, utcnow
 from faultline.store.claims import Claims
 from faultline.store.drains import Drains
@@ -77,7 +78,7 @@ def unreachable_is_transient(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: the store cannot serve now: {said[:300]}", delay=1.0) from exc
 
 
-class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance):
+class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analyzer):
     """Every collection faultline writes, behind named operations (see the package docstring).
 
     The collection handles (`events`, `faults`, `nodes`, ...) are the store's own, for its operation

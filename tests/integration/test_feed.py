@@ -7,14 +7,26 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devtools.mongo import LocalMongo
 from faultline import store
-from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id, fault_id
+from faultline.models import (
+    Action,
+    Component,
+    Entity,
+    Fault,
+    FaultState,
+    HealthEvent,
+    NodeUpdate,
+    event_id,
+    fault_id,
+)
 from faultline.store.feed import FEED_CHUNK
+from sinks.mongo import MongoSink
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
@@ -169,3 +181,37 @@ def test_retention_keeps_what_the_reader_has_not_read_and_reports_what_it_lost(m
     # writers go on after the head, never into pruned numbers
     st.record_batch([event("n1", 99)], [])
     assert [b.n for b in st.feed_after(5).batches] == [6]
+
+
+def test_the_agents_sink_feeds_what_it_spooled_once_the_store_is_back(tmp_path: Path) -> None:
+    """The node agent's sink while the store is away: its spooled events and fault writes reach the feed
+    once it is back, each event once (the spool's coalescing keeps the newest write of the fault)."""
+
+    def update(i: int) -> NodeUpdate:
+        f = fault("n1", i + 1)
+        return NodeUpdate("n1", [f], [(f, i + 1)], [event("n1", i)])
+
+    server = LocalMongo(workdir=tmp_path / "ferretdb")
+    server.start()
+    sink = MongoSink(server.uri, "agent", spool=tmp_path / "spool.jsonl", timeout=1.0).build(
+        "mongo_out", 0, 1
+    )
+    try:
+        sink.write_batch([update(0)])
+        port = server.port
+        server.stop()
+        sink.write_batch([update(1)])
+        sink.write_batch([update(2)])
+        server = LocalMongo(workdir=tmp_path / "ferretdb", port=port)
+        server.start()
+        sink.write_batch([update(3)])  # the spool first, then this batch
+        st = store.connect(server.uri, "agent")
+        try:
+            feed, _ = read_all(st)
+        finally:
+            st.close()
+    finally:
+        sink.close()
+        server.stop()
+    assert Counter(d["_id"] for b in feed for d in b.events) == Counter(event("n1", i).id for i in range(4))
+    assert [d["revision"] for b in feed for d in b.faults] == [1, 3, 4]

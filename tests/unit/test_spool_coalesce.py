@@ -47,7 +47,7 @@ def test_coalesced(writes: list[tuple[str, int, FaultState, int]], kept: list[tu
 
 
 class _FlakyStore:
-    """The store's two write calls as the drain makes them; the `fail_at`-th fault write times out."""
+    """The store's writes as the drain makes them; the `fail_at`-th fault write times out."""
 
     def __init__(self, fail_at: int | None = None) -> None:
         self.fail_at = fail_at
@@ -56,6 +56,13 @@ class _FlakyStore:
 
     def record_events(self, events: list[Any]) -> int:
         self.events += [e.id for e in events]
+        return len(events)
+
+    def record_batch(self, events: list[Any], writes: list[tuple[Fault, int]]) -> int:
+        """As the store's: the events, then each fault write (a failure leaves the rest unwritten)."""
+        self.record_events(events)
+        for fault, revision in writes:
+            self.write_fault(fault, revision)
         return len(events)
 
     def write_fault(self, fault: Fault, revision: int) -> bool:

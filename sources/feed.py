@@ -1,0 +1,143 @@
+"""The cluster analyzer's input: the store's feed (`faultline.store.feed`), read in order from a
+position, as `patterns.cluster.Record`s with their node's labels.
+
+One partition (the feed is one sequence): it polls `feed_after` every `poll` seconds while caught up
+and at once while there is more. Its items are `(record, watermark)` for each record and, after each
+read, `(None, (position, watermark))`, a tick: everything up to `position` has been handed on (the
+partitions' checkpoint says how far they are; see `dataflows.cluster`). The watermark is the newest
+event time read so far, never ahead of this machine's clock by more than MAX_AHEAD (a node whose clock
+runs ahead must not age every window out).
+
+The source keeps no resume state of its own (Bytewax's recovery is not used): it starts where the
+store's checkpoints say (`Store.analyzer_position`). A store that cannot be reached is waited for (its
+error logged once per outage); numbers pruned before they were read are skipped, logged and counted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+
+from faultline import store
+from faultline.errors import TransientError
+from patterns.cluster import Record
+
+log = logging.getLogger("faultline.analyzer")
+MAX_AHEAD = 300.0  # seconds an event time may run ahead of this clock before it stops moving the watermark
+Item = tuple[Record | None, Any]  # (record, watermark) or (None, (position, watermark)): a tick
+NO_LABELS: Mapping[str, str] = {}
+
+
+def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]]) -> list[Record]:
+    """A feed document's events and fault changes as records, in its order."""
+    out = []
+    for i, d in enumerate(batch.events):
+        entity = (d.get("entities") or [{}])[0]
+        out.append(Record(
+            position=batch.n << 16 | i, kind="events", id=str(d["_id"]), t=_epoch(d["observed_at"]),
+            node=str(d["node"]), code=str(d["code"]), component=str(d.get("component", "")),
+            entity_type=str(entity.get("type", "")), entity_id=str(entity.get("id", "")),
+            healthy=bool(d.get("healthy")), fatal=bool(d.get("fatal")), metadata=d.get("metadata") or {},
+            labels=labels(str(d["node"])),
+        ))  # fmt: skip
+    for j, d in enumerate(batch.faults, start=len(batch.events)):
+        entity = d.get("entity") or {}
+        out.append(Record(
+            position=batch.n << 16 | j, kind="faults", id=f"{d['_id']}@{d.get('revision')}",
+            t=_epoch(d["last_seen"]), node=str(d["node"]), code=str(d["code"]),
+            component=str(d.get("component", "")), entity_type=str(entity.get("type", "")),
+            entity_id=str(entity.get("id", "")), fatal=bool(d.get("fatal")), state=str(d.get("state", "")),
+            metadata=d.get("metadata") or {}, labels=labels(str(d["node"])),
+        ))  # fmt: skip
+    return out
+
+
+def _epoch(t: dt.datetime) -> float:
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+
+
+class _FeedPartition(StatefulSourcePartition[Item, None]):
+    def __init__(self, src: FeedSource) -> None:
+        self.src = src
+        self.store = src.connect()
+        self.position = src.start
+        self.watermark = float("-inf")
+        self.awake: dt.datetime | None = None
+        self.down_since: float | None = None
+
+    def next_batch(self) -> list[Item]:
+        if self.src.stop is not None and self.src.stop.is_set():
+            raise StopIteration
+        try:
+            with store.unreachable_is_transient("reading the feed"):
+                got = self.store.feed_after(self.position, self.src.batch)
+        except TransientError as exc:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+                log.warning("feed_unreachable", extra={"error": str(exc)})
+            self._sleep(min(max(exc.delay, self.src.poll), 5.0))
+            return []
+        if self.down_since is not None:
+            log.info("feed_reachable", extra={"after_s": round(time.monotonic() - self.down_since, 1)})
+            self.down_since = None
+        if got.lost is not None:
+            first, last = got.lost
+            log.warning("feed_pruned_unread", extra={"first": first, "last": last, "count": last - first + 1})
+            self.src.on_lost(last - first + 1)
+            self.position = last
+            return []
+        if not got.batches:
+            self._sleep(self.src.poll)
+            return []
+        self.awake = None
+        out: list[Item] = []
+        ceiling = time.time() + MAX_AHEAD
+        for batch in got.batches:
+            for r in records(batch, self.src.labels):
+                self.watermark = max(self.watermark, min(r.t, ceiling))
+                out.append((r, self.watermark))
+            self.position = batch.n
+        out.append((None, (self.position << 16 | 0xFFFF, self.watermark)))
+        return out
+
+    def _sleep(self, seconds: float) -> None:
+        self.awake = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+
+    def next_awake(self) -> dt.datetime | None:
+        return self.awake
+
+    def snapshot(self) -> None:
+        return None  # progress lives in the store's checkpoints, written after the windows took it in
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class FeedSource(FixedPartitionedSource[Item, None]):
+    """`connect` makes the partition's store (in the worker: Bytewax may fork); `start` is the feed number
+    to read after; `labels(node)` gives a node's labels; setting `stop` ends the input."""
+
+    def __init__(
+        self, connect: Callable[[], store.Store], start: int, *, labels: Callable[[str], Mapping[str, str]],
+        poll: float = 0.5, batch: int = 256, stop: threading.Event | None = None,
+        on_lost: Callable[[int], None] = lambda _n: None,
+    ) -> None:  # fmt: skip
+        self.connect = connect
+        self.start = start
+        self.labels = labels
+        self.poll = poll
+        self.batch = batch
+        self.stop = stop
+        self.on_lost = on_lost
+
+    def list_parts(self) -> list[str]:
+        return ["feed"]
+
+    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _FeedPartition:
+        return _FeedPartition(self)

@@ -1,0 +1,178 @@
+"""The cluster analyzer as a process (`faultline analyzer`) on a real store (FerretDB): it reads every
+node's events from the feed the agents' writes make, derives faults that the quarantine worker's queue
+takes like any other, and across a stop, a kill and a take-over by a standby replica it counts every
+event exactly once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devtools.mongo import LocalMongo
+from faultline import store
+from faultline.models import Action, Component, Entity, HealthEvent, event_id, fault_id
+
+pytestmark = pytest.mark.integration
+T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
+
+PACK = """
+pack: test-cluster
+patterns:
+  - id: gpu-repeat
+    scope: cluster
+    description: the same GPU (by UUID) fails again, whichever node it is in
+    match: {codes: [XID-79, XID-95]}
+    window: {key: [gpu], within: 24h, count: 2}
+    fault:
+      code: GPU-REPEATED-FAILURE
+      component: GPU
+      entity: {type: GPU-UUID, id: "{gpu}"}
+      fatal: true
+      action: CONTACT_SUPPORT
+    examples:
+      match:
+        - records:
+            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
+            - {at: 1h, node: n2, code: XID-95, metadata: {gpu_uuid: GPU-1}}
+          expect: {nodes: [n2], entity_id: GPU-1, count: 2}
+      no_match:
+        - records:
+            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
+            - {at: 1h, node: n2, code: XID-79, metadata: {gpu_uuid: GPU-2}}
+"""
+
+
+def xid(node: str, i: int, uuid: str = "GPU-1", code: str = "XID-79") -> HealthEvent:
+    ts = T0 + dt.timedelta(seconds=i)
+    return HealthEvent(
+        id=event_id(node, "kmsg", "GPU", "0000:3b:00", code, ts), node=node, component=Component.GPU,
+        check="xid", code=code, entities=(Entity(type="GPU", id="0000:3b:00"),), healthy=False, fatal=True,
+        action=Action.RESTART_BM, metadata={"gpu_uuid": uuid}, generated_at=ts, observed_at=ts,
+    )  # fmt: skip
+
+
+class Analyzer:
+    def __init__(
+        self, mongo: LocalMongo, database: str, pack: Path, log: Path, name: str, *extra: str
+    ) -> None:
+        self.log = log.open("a")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "faultline", "analyzer", "--mongodb-uri", mongo.uri, "--database", database,
+             "--pack", str(pack), "--no-builtin", "--no-node-labels", "--poll", "100ms",
+             "--checkpoint-interval", "200ms", "--lease", "5s", "--owner", name, *extra],
+            stdout=self.log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.path = log
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        self.popen.send_signal(sig)
+        try:
+            return self.popen.wait(30)
+        finally:
+            self.log.close()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def says(self, text: str) -> bool:
+        return text in self.path.read_text()
+
+
+@pytest.fixture
+def analyzers(mongo: LocalMongo, mongo_db: Any, tmp_path: Path) -> Iterator[Any]:
+    pack = tmp_path / "cluster.yaml"
+    pack.write_text(PACK)
+    started: list[Analyzer] = []
+
+    def start(name: str, *extra: str) -> Analyzer:
+        a = Analyzer(mongo, mongo_db.name, pack, tmp_path / f"{name}.log", name, *extra)
+        started.append(a)
+        return a
+
+    yield start
+    for a in started:
+        if a.alive():
+            a.popen.kill()
+            a.popen.wait(10)
+            a.log.close()
+
+
+def count(db: Any, node: str) -> int | None:
+    """The count of the derived fault on `node` (GPU-1's repeated failures), None before there is one."""
+    doc = db["faults"].find_one({"_id": fault_id(node, "GPU-UUID", "GPU-1", "GPU-REPEATED-FAILURE")})
+    return None if doc is None else int(doc["count"])
+
+
+def caught_up(st: store.Store) -> bool:
+    from patterns.cluster import PARTITIONS  # noqa: PLC0415
+
+    return st.analyzer_position(PARTITIONS) >= st.feed_head()
+
+
+def wait(what: str, check: Any, a: Analyzer | None = None, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if a is not None and not a.alive():
+            raise AssertionError(f"the analyzer exited before {what}:\n{a.path.read_text()[-3000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeover(
+    analyzers: Any, mongo_db: Any
+) -> None:
+    st = store.Store(mongo_db)
+    st.record_batch([xid("n1", 0)], [])  # GPU-1 on n1; before the analyzer ever ran: read at its first start
+    st.record_batch([xid("n1", 5, uuid="GPU-2")], [])  # another GPU: never counted for GPU-1
+    a = analyzers("a")
+    wait("the analyzer taking the lease", lambda: a.says("analyzer: active as a"), a)
+    st.record_batch([xid("n2", 10, code="XID-95")], [])  # the same GPU, moved to n2, fails again
+    wait("the derived fault", lambda: count(mongo_db, "n2") == 2, a)
+    fault = st.faults.find_one({"node": "n2"})
+    assert fault["state"] == "open" and fault["fatal"] is True and fault["action"] == "CONTACT_SUPPORT"
+    assert fault["pattern"] == "gpu-repeat" and fault["metadata"]["window"] == "GPU-1"
+    assert fault["metadata"]["records"].split(",") == [xid("n1", 0).id, xid("n2", 10, code="XID-95").id]
+    assert fault["first_seen"] == store.utc(T0) and fault["entity"] == {"type": "GPU-UUID", "id": "GPU-1"}
+    # the quarantine worker's work item, as for any fault
+    assert (
+        mongo_db["queue"].find_one({"_id": f"quarantine/{fault['_id']}"})["quarantine"]["state"] == "pending"
+    )
+
+    # an orderly stop writes the checkpoints; what comes meanwhile is read at the next start, once
+    wait("the checkpoints", lambda: caught_up(st), a)
+    assert a.stop() == 0
+    st.record_batch([xid("n2", 20, code="XID-95")], [])
+    b = analyzers("b", "--checkpoint-interval", "10m")  # writes no checkpoint of its own before it is killed
+    wait("the third event counted", lambda: count(mongo_db, "n2") == 3, b)
+    st.record_batch([xid("n3", 30)], [])
+    wait("the fourth event counted", lambda: count(mongo_db, "n3") == 4, b)
+    assert b.stop(signal.SIGKILL) == -signal.SIGKILL
+
+    # two replicas: one takes the lease once b's runs out; it reads again from a's checkpoints (b counted
+    # 20 and 30 after them) and counts nothing twice
+    c, d = analyzers("c"), analyzers("d")
+    wait("one replica active", lambda: c.says("active as") or d.says("active as"), None, 30)
+    active, standby = (c, d) if c.says("active as") else (d, c)
+    st.record_batch([xid("n3", 40)], [])
+    wait("the fifth event counted", lambda: count(mongo_db, "n3") == 5 and caught_up(st), active)
+    assert (count(mongo_db, "n2"), count(mongo_db, "n1")) == (3, None)
+    assert not standby.says("active as")
+
+    # the active replica dies: the standby takes over from the checkpoints
+    assert active.stop(signal.SIGKILL) == -signal.SIGKILL
+    wait("the standby taking over", lambda: standby.says("active as"), standby, 30)
+    st.record_batch([xid("n1", 50)], [])
+    wait("the sixth event counted", lambda: count(mongo_db, "n1") == 6 and caught_up(st), standby)
+    time.sleep(1)  # a record counted twice would show by now
+    assert [count(mongo_db, n) for n in ("n1", "n2", "n3")] == [6, 3, 5]
+    assert standby.stop() == 0
