@@ -507,18 +507,22 @@ def sim_inject(
 
 @options.command(store_app, "retention", config.RetentionConfig)
 def store_retention(cfg: config.RetentionConfig) -> None:
-    """Delete old health events (run periodically, e.g. by a CronJob: FerretDB and DocumentDB have no TTL
-    indexes). Faults are kept: they hold the state of open problems and their remediation."""
+    """Delete old health events and the analyzer's feed documents (run periodically, e.g. by a CronJob:
+    FerretDB and DocumentDB have no TTL indexes). Faults are kept: they hold the state of open problems and
+    their remediation."""
     from faultline import store  # noqa: PLC0415
 
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
         with store.unreachable_is_transient("pruning health events"):
             deleted = st.prune_events(cfg.older_than)
+            fed = st.prune_feed(cfg.older_than)  # the analyzer's feed: by age, read or not
     finally:
         st.close()
     older_than = options.format_value(cfg.older_than)
     out.print(f"deleted {deleted} health events older than {older_than}", markup=False)
+    if fed:
+        out.print(f"deleted {fed} feed documents older than {older_than}", markup=False)
 
 
 @options.command(worker_app, "quarantine", config.QuarantineConfig)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import bytewax.operators as op
@@ -69,11 +69,19 @@ RESEND_S = 60.0  # the detector re-sends the node's state this often (see Detect
 RESTART_GAP = 1 << 32  # added to the match sequence on restore (see DetectLogic)
 
 
-def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
-    """The stored record of one match (its id is deterministic, so a replay stores it once)."""
+def health_event(
+    detector: NodeDetector, t: scan.Timed, gpu_uuids: Mapping[str, str] | None = None
+) -> HealthEvent:
+    """The stored record of one match (its id is deterministic, so a replay stores it once). A GPU's
+    event carries the GPU's UUID (`gpu_uuids`: PCI bus id -> UUID) in `metadata.gpu_uuid`: the cluster
+    analyzer follows a GPU by it across reboots and nodes."""
     hit = t.hit
     observed = utc_from_epoch(t.ts)
     entities = (Entity(type=hit.entity_type, id=hit.entity_id),) if hit.entity_id else ()
+    metadata = {"source": t.source}
+    uuid = (gpu_uuids or {}).get(hit.entity_id) if hit.entity_type == "GPU" else None
+    if uuid:
+        metadata["gpu_uuid"] = uuid
     return HealthEvent(
         id=event_id(detector.node, t.source, hit.entity_type, hit.entity_id, hit.code, observed),
         node=detector.node,
@@ -85,7 +93,7 @@ def health_event(detector: NodeDetector, t: scan.Timed) -> HealthEvent:
         fatal=hit.fatal,
         action=Action(hit.action),
         message=t.message[:1024],
-        metadata={"source": t.source},
+        metadata=metadata,
         generated_at=dt.datetime.now(dt.UTC),
         observed_at=observed,
     )
@@ -109,8 +117,12 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]
     that starts with no snapshot (its state directory lost, a new node of the same name) must still write
     above what an earlier agent of the node stored, or its faults would be ignored by the store."""
 
-    def __init__(self, node: str, compiled: CompiledPacks, resume: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, node: str, compiled: CompiledPacks, resume: dict[str, Any] | None = None,
+        gpu_uuids: Mapping[str, str] | None = None,
+    ) -> None:  # fmt: skip
         now = dt.datetime.now(dt.UTC)
+        self.gpu_uuids = dict(gpu_uuids or {})
         if resume is None:
             self.detector = NodeDetector(node, compiled)
             self.seen: dict[str, tuple[Any, ...]] = {}
@@ -131,7 +143,7 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]
             self.detector.observe(t.ts, t.hit, t.message, t.boot)
             self.sequence += 1
             metrics.EVENTS.labels(code=t.hit.code).inc()
-            events.append(health_event(self.detector, t))
+            events.append(health_event(self.detector, t, self.gpu_uuids))
         faults = self.detector.snapshot_faults()
         open_by_component: dict[str, int] = {}
         for f in faults:
@@ -205,7 +217,8 @@ def build(
     ]
     hits = op.map(STEP_MATCH, batches, lambda item: matchers[item[0]](item[1]))
     keyed = op.map("key", op.filter("nonempty", hits, bool), lambda batch: (node, batch))
-    updates = op.stateful(STEP_DETECT, keyed, lambda resume: DetectLogic(node, compiled, resume))
+    uuids = {d.pci: d.uuid for d in devices.values() if d.uuid}
+    updates = op.stateful(STEP_DETECT, keyed, lambda resume: DetectLogic(node, compiled, resume, uuids))
     plain = op.key_rm("unkey", updates)
     for step_id, sink in sinks.items():
         op.output(step_id, plain, sink)

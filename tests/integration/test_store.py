@@ -288,14 +288,20 @@ def test_retention_command_prunes_by_age_and_refuses_nonsense(mongo_db: Any, mon
     ]
     new = [event(10 + i).model_copy(update={"generated_at": now - dt.timedelta(hours=i)}) for i in range(2)]
     st.record_events(old + new)
+    st.counters.insert_one({"_id": "feed", "n": 2})  # the analyzer's feed: one old document, one new
+    st.feed.insert_many([{"_id": "000000000000000001", "n": 1, "at": now - dt.timedelta(days=20)},
+                         {"_id": "000000000000000002", "n": 2, "at": now}])  # fmt: skip
     base = [sys.executable, "-m", "faultline", "store", "retention", "--mongodb-uri", mongo.uri,
             "--database", mongo_db.name]  # fmt: skip
     done = subprocess.run(
         [*base, "--older-than", "14d"], check=False, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "deleted 3 health events older than 14d"
+    assert done.stdout.splitlines() == [
+        "deleted 3 health events older than 14d", "deleted 1 feed documents older than 14d"
+    ]  # fmt: skip
     assert st.events.count_documents({}) == 2
+    assert [d["n"] for d in st.feed.find({})] == [2]
     bad = subprocess.run(
         [*base, "--older-than", "soon"], check=False, capture_output=True, text=True, timeout=60
     )

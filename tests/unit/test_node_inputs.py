@@ -166,3 +166,16 @@ def test_an_agent_starting_without_a_snapshot_writes_above_an_earlier_agent() ->
     (update,), _ = fresh.on_item(node._entry_matcher(compiled, "journal", 1)([_entry(60, line)]))
     [(_, new)] = update.changed
     assert new > old
+
+
+def test_a_gpus_events_carry_its_uuid_for_the_cluster_analyzer() -> None:
+    compiled = compiler.compile_packs(loader.load([], builtin=True), check_examples=False)
+    logic = node.DetectLogic("n1", compiled, gpu_uuids={"0000:3b:00": "GPU-8f2c"})
+    lines = ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+             "NVRM: Xid (PCI:0000:5e:00): 79, pid=1, GPU has fallen off the bus."]  # fmt: skip
+    (update,), _ = logic.on_item(
+        node._entry_matcher(compiled, "journal", 1)([_entry(i, t) for i, t in enumerate(lines)])
+    )
+    assert [e.metadata for e in update.events] == [
+        {"source": "journal", "gpu_uuid": "GPU-8f2c"}, {"source": "journal"}  # a GPU the backend does not list
+    ]  # fmt: skip
