@@ -200,17 +200,19 @@ class MaintenanceMonitor:
         return True
 
     def healthy(self) -> bool:
-        """Looked at the providers lately (a look that failed on the store or the API server counts not)."""
-        return time.monotonic() - self.last_look < 3 * self.settings.interval.total_seconds() + 60
+        """The loop is not stuck: a look ended lately, whether it got through or not (an outage of the
+        store or the API server is waited out, not answered with a restart)."""
+        return time.monotonic() - self.last_look < 3 * self.settings.interval.total_seconds() + 120
 
     def _run(self) -> None:
         while not self.stop.is_set():
             try:
                 with store.unreachable_is_transient("looking at cloud maintenance"):
                     self.look()
-                self.last_look = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - the store or the API server away: the next look
                 log.warning("maintenance: look failed: %s", str(exc)[:300], extra={"worker": WORKER})
+            finally:
+                self.last_look = time.monotonic()
             self.stop.wait(self.settings.interval.total_seconds())
 
     # -- one look ------------------------------------------------------------------------------------------
