@@ -7,6 +7,8 @@
 #   image/supply-chain.sh push REGISTRY      push the image by digest to REGISTRY/images/faultline, sign it,
 #                                            attest the SBOM; package the chart, push it to
 #                                            oci://REGISTRY/faultline and sign it; then push-store
+#   image/supply-chain.sh chart              package the chart of the image's commit (.cache/image/revision)
+#                                            into .cache/image/chart, what push pushes
 #   image/supply-chain.sh push-store REGISTRY
 #                                            the embedded store's images, those `make image-store` built
 #                                            (.cache/image/store): by digest to REGISTRY/images/ferretdb
@@ -83,11 +85,7 @@ push() {
   quiet "$bin/cosign" attest --key "$keys/cosign.key" --type cyclonedx --predicate "$out/sbom.cdx.json" \
     "${sign_flags[@]}" "$image@$digest"
   log "signed and attested the SBOM"
-  # The chart from the image's commit (it links the CRD from faultline/kube), as the image is.
-  rm -rf "$out/chart" && mkdir -p "$out/chart/src"
-  git -C "$root" archive "$(cat "$out/revision")" charts faultline/kube/crds | tar -x -C "$out/chart/src"
-  quiet "$bin/helm" package "$out/chart/src/charts/faultline" --destination "$out/chart"
-  rm -rf "$out/chart/src"
+  chart
   local tgz; tgz=$(ls "$out"/chart/faultline-*.tgz)
   local pushed
   pushed=$("$bin/helm" push "$tgz" "oci://$reg" --plain-http 2>&1) || { echo "$pushed" >&2; exit 1; }
@@ -98,6 +96,21 @@ push() {
   local chart_version=${tgz##*/faultline-}; chart_version=${chart_version%.tgz}
   log "pushed and signed the chart: helm install faultline oci://$reg/faultline --version $chart_version"
   push_store "$reg"
+}
+
+# The chart from the image's commit, as the image is, packaged into $out/chart. Its symbolic links (the CRD
+# in faultline/kube, the built-in object rules in patterns/objects) are archived with what they point to,
+# so helm packages them as files: an archive of charts/ alone leaves them dangling and helm refuses it.
+chart() {
+  local rev link linked=()
+  rev=$(cat "$out/revision")
+  while IFS= read -r link; do
+    linked+=("$(realpath -ms --relative-to="$root" "$root/$(dirname "$link")/$(git -C "$root" cat-file -p "$rev:$link")")")
+  done < <(git -C "$root" ls-tree -r "$rev" charts | awk '$1 == "120000" {print $4}')
+  rm -rf "$out/chart" && mkdir -p "$out/chart/src"
+  git -C "$root" archive "$rev" charts "${linked[@]}" | tar -x -C "$out/chart/src"
+  quiet "$bin/helm" package "$out/chart/src/charts/faultline" --destination "$out/chart"
+  rm -rf "$out/chart/src"
 }
 
 store_images() {  # the store images make image-store built: NAME per line
@@ -176,8 +189,9 @@ case ${1:-} in
   keys) keypair ;;
   push) push "${2:?REGISTRY}" ;;
   push-store) push_store "${2:?REGISTRY}" ;;
+  chart) chart ;;
   verify) verify "${2:?REGISTRY}" "${3:-}" ;;
   registry) exec "$bin/crane" registry serve --address "${2:?ADDRESS}" ;;
   selftest) selftest ;;
-  *) sed -n '2,25p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,27p' "$0" >&2; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -258,6 +259,36 @@ def test_signature_and_attestation_verify_with_the_key_and_fail_with_another(
     )
     assert bad.returncode != 0
     assert "signature verified" not in bad.stdout
+
+
+def test_the_chart_is_packaged_with_what_its_links_point_to(ref: str, tmp_path: Path) -> None:
+    """`supply-chain.sh chart` (what push pushes): each symbolic link of the chart at the image's commit is
+    a file of the package with its target's content. An archive of charts/ alone left the built-in object
+    rules' link dangling and helm refused to package the chart, so no real-node test could install it."""
+    ok("bash", ROOT / "tools" / "build.sh", "helm", timeout=1500)
+    (tmp_path / "revision").write_text(f"{ref}\n")
+    ok("bash", ROOT / "image" / "supply-chain.sh", "chart", cwd=ROOT,
+       env={**os.environ, "FAULTLINE_IMAGE_DIR": str(tmp_path)})  # fmt: skip
+    (package,) = (tmp_path / "chart").glob("faultline-*.tgz")
+
+    def show(path: str) -> bytes:
+        return subprocess.run(
+            ["git", "show", f"{ref}:{path}"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+
+    listed = ok("git", "ls-tree", "-r", ref, "charts", cwd=ROOT).splitlines()
+    links = [line.split("\t")[1] for line in listed if line.startswith("120000 ")]
+    assert {
+        "charts/faultline/crds/remediationrequests.yaml",
+        "charts/faultline/files/object-rules.yaml",
+    } <= set(links), links
+    with tarfile.open(package) as tar:
+        for link in links:
+            target = os.path.normpath(os.path.join(os.path.dirname(link), show(link).decode()))
+            member = tar.getmember(link.removeprefix("charts/"))
+            content = tar.extractfile(member)
+            assert member.isfile() and content is not None, link
+            assert content.read() == show(target), link
 
 
 def test_the_chart_installs_from_the_registry(pushed: str, tmp_path: Path) -> None:
