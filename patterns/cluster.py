@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,15 +209,40 @@ class Derived:
         )  # fmt: skip
 
 
-@dataclass
-class Window:
-    """One pattern's window for one key: entries (t, position, id, node, distinct) in time order."""
+Entry = tuple[float, int, str, str, str]  # (t, position, record id, node, distinct value)
 
-    entries: list[tuple[float, int, str, str, str]] = field(default_factory=list)
+
+class Window:
+    """One pattern's window for one key: its entries in time order, with the ids it holds and how many
+    entries hold each distinct value (so a record costs a look-up, not a pass over the window)."""
+
+    __slots__ = ("entries", "ids", "values")
+
+    def __init__(self, entries: Iterable[Entry] = ()) -> None:
+        self.entries: list[Entry] = []
+        self.ids: set[str] = set()
+        self.values: Counter[str] = Counter()
+        for e in sorted(entries):
+            self.insert(e)
 
     @property
     def newest(self) -> float:
         return self.entries[-1][0] if self.entries else float("-inf")
+
+    def insert(self, e: Entry) -> None:
+        bisect.insort(self.entries, e)
+        self.ids.add(e[2])
+        self.values[e[4]] += 1
+
+    def trim(self, cutoff: float, cap: int) -> None:
+        """Drop the entries older than `cutoff`, and the oldest past `cap`."""
+        start = max(bisect.bisect_left(self.entries, (cutoff,)), len(self.entries) - cap)
+        for e in self.entries[:start]:
+            self.ids.discard(e[2])
+            self.values[e[4]] -= 1
+            if not self.values[e[4]]:
+                del self.values[e[4]]
+        del self.entries[:start]
 
 
 class Windows:
@@ -239,16 +265,16 @@ class Windows:
         if item.t < item.watermark - p.within:
             self.late += 1
             return []
-        w = self.windows.setdefault((item.pattern, item.key), Window())
-        if any(e[2] == item.id for e in w.entries):
+        w = self.windows.get((item.pattern, item.key))
+        if w is None:
+            w = self.windows[(item.pattern, item.key)] = Window()
+        elif item.id in w.ids:
             self.repeats += 1
             return []
-        bisect.insort(w.entries, (item.t, item.position, item.id, item.node, item.distinct))
-        cutoff = w.newest - p.within
-        start = bisect.bisect_left(w.entries, (cutoff,))
-        del w.entries[: max(start, len(w.entries) - MAX_ENTRIES)]
-        measure = len({e[4] for e in w.entries}) if p.distinct is not None else len(w.entries)
-        if measure < p.count or not any(e[2] == item.id for e in w.entries):
+        w.insert((item.t, item.position, item.id, item.node, item.distinct))
+        w.trim(w.newest - p.within, MAX_ENTRIES)
+        measure = len(w.values) if p.distinct is not None else len(w.entries)
+        if measure < p.count or item.id not in w.ids:
             return []
         return self._fire(p, item, w, measure)
 
@@ -305,12 +331,12 @@ class Windows:
             if w["pattern"] in packs.patterns:  # a pattern removed from the packs leaves its windows behind
                 entries = zip(w["t"], w["position"], w["id"], w["node"], w["distinct"], strict=True)
                 out.windows[(w["pattern"], w["key"])] = Window(
-                    sorted((float(t), int(p), str(i), str(n), str(d)) for t, p, i, n, d in entries)
+                    (float(t), int(p), str(i), str(n), str(d)) for t, p, i, n, d in entries
                 )
         return out
 
 
-def _columns(entries: list[tuple[float, int, str, str, str]]) -> dict[str, list[Any]]:
+def _columns(entries: list[Entry]) -> dict[str, list[Any]]:
     names = ("t", "position", "id", "node", "distinct")
     return {name: [e[i] for e in entries] for i, name in enumerate(names)}
 

@@ -16,12 +16,14 @@ from typing import Any
 
 import pytest
 
+from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
-from faultline import store
+from faultline import kube, store
 from faultline.models import Action, Component, Entity, HealthEvent, event_id, fault_id
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
+ZONE = "topology.kubernetes.io/zone"
 
 PACK = """
 pack: test-cluster
@@ -50,6 +52,28 @@ patterns:
 """
 
 
+ZONE_PATTERN = """
+  - id: zone-burst
+    scope: cluster
+    description: fatal faults on three nodes of one zone within ten minutes
+    match: {fatal: true}
+    window: {key: ["zone=label:topology.kubernetes.io/zone"], within: 10m, count: 3, distinct: node}
+    fault: {code: ZONE-INCIDENT, entity: {type: ZONE, id: "{zone}"}, nodes: every}
+    examples:
+      match:
+        - records:
+            - {node: a, code: XID-79, fatal: true, labels: {topology.kubernetes.io/zone: z1}}
+            - {at: 1m, node: b, code: XID-79, fatal: true, labels: {topology.kubernetes.io/zone: z1}}
+            - {at: 2m, node: c, code: XID-79, fatal: true, labels: {topology.kubernetes.io/zone: z1}}
+          expect: {nodes: [a, b, c], entity_id: z1}
+      no_match:
+        - records:
+            - {node: a, code: XID-79, fatal: true, labels: {topology.kubernetes.io/zone: z1}}
+            - {at: 1m, node: b, code: XID-79, fatal: true, labels: {topology.kubernetes.io/zone: z2}}
+            - {at: 2m, node: c, code: XID-79, fatal: true}
+"""
+
+
 def xid(node: str, i: int, uuid: str = "GPU-1", code: str = "XID-79") -> HealthEvent:
     ts = T0 + dt.timedelta(seconds=i)
     return HealthEvent(
@@ -64,9 +88,10 @@ class Analyzer:
         self, mongo: LocalMongo, database: str, pack: Path, log: Path, name: str, *extra: str
     ) -> None:
         self.log = log.open("a")
+        labels = [] if "--kubeconfig" in extra else ["--no-node-labels"]  # no API server: no node labels
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "faultline", "analyzer", "--mongodb-uri", mongo.uri, "--database", database,
-             "--pack", str(pack), "--no-builtin", "--no-node-labels", "--poll", "100ms",
+             "--pack", str(pack), "--no-builtin", *labels, "--poll", "100ms",
              "--checkpoint-interval", "200ms", "--lease", "5s", "--owner", name, *extra],
             stdout=self.log, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
@@ -89,7 +114,7 @@ class Analyzer:
 @pytest.fixture
 def analyzers(mongo: LocalMongo, mongo_db: Any, tmp_path: Path) -> Iterator[Any]:
     pack = tmp_path / "cluster.yaml"
-    pack.write_text(PACK)
+    pack.write_text(PACK + ZONE_PATTERN)
     started: list[Analyzer] = []
 
     def start(name: str, *extra: str) -> Analyzer:
@@ -125,7 +150,7 @@ def wait(what: str, check: Any, a: Analyzer | None = None, timeout: float = 60) 
         if a is not None and not a.alive():
             raise AssertionError(f"the analyzer exited before {what}:\n{a.path.read_text()[-3000:]}")
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f":\n{a.path.read_text()[-3000:]}" if a else ""))
 
 
 def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeover(
@@ -176,3 +201,29 @@ def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeove
     time.sleep(1)  # a record counted twice would show by now
     assert [count(mongo_db, n) for n in ("n1", "n2", "n3")] == [6, 3, 5]
     assert standby.stop() == 0
+
+
+def test_windows_keyed_by_a_node_label_read_from_the_api_server(
+    analyzers: Any, mongo_db: Any, cluster: LocalCluster, api: Any
+) -> None:
+    """A topology key: the zone label of the nodes, as the analyzer reads it from the real API server."""
+    names = cluster.node_names[:4]
+    zones = {names[0]: "zone-a", names[1]: "zone-a", names[2]: "zone-b", names[3]: "zone-a"}
+    for name, zone in zones.items():
+        kube.nodes.patch(api, name, {"metadata": {"labels": {ZONE: zone}}})
+    try:
+        a = analyzers("a", "--kubeconfig", str(cluster.kubeconfig))
+        wait("the analyzer taking the lease", lambda: a.says("analyzer: active as a"), a)
+        st = store.Store(mongo_db)
+        for i, name in enumerate(names[:3]):  # two nodes of zone-a and one of zone-b: no incident yet
+            st.record_batch([xid(name, 100 + i, uuid=f"GPU-{i}")], [])
+        wait("caught up", lambda: caught_up(st), a)
+        assert st.faults.count_documents({"code": "ZONE-INCIDENT"}) == 0
+        st.record_batch([xid(names[3], 110, uuid="GPU-3")], [])  # the third node of zone-a
+        wait("the zone incident", lambda: st.faults.count_documents({"code": "ZONE-INCIDENT"}) == 3, a)
+        got = {d["node"]: (d["entity"], d["count"]) for d in st.faults.find({"code": "ZONE-INCIDENT"})}
+        assert got == {n: ({"type": "ZONE", "id": "zone-a"}, 3) for n in (names[0], names[1], names[3])}
+        assert a.stop() == 0
+    finally:
+        for name in zones:
+            kube.nodes.patch(api, name, {"metadata": {"labels": {ZONE: None}}})

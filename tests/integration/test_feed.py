@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pymongo
 import pytest
 
 from devtools.mongo import LocalMongo
@@ -60,9 +62,22 @@ def read_all(st: store.Store, position: int = 0) -> tuple[list[store.FeedBatch],
         position = got.batches[-1].n
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_concurrent_writers_number_without_gaps_and_a_reader_sees_each_event_once(
-    mongo: LocalMongo, mongo_db: Any
+    backend: str, request: pytest.FixtureRequest
 ) -> None:
+    """On both FerretDB backends (PostgreSQL serves concurrent writers in parallel, SQLite one at a time)."""
+    mongo: LocalMongo = request.getfixturevalue("mongo" if backend == "sqlite" else "mongo_pg")
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    mongo_db = client[f"t_feed_{uuid.uuid4().hex[:8]}"]
+    try:
+        _concurrent_writers(mongo, mongo_db)
+    finally:
+        client.drop_database(mongo_db.name)
+        client.close()
+
+
+def _concurrent_writers(mongo: LocalMongo, mongo_db: Any) -> None:
     writers, batches, per_batch = 6, 15, 3
     done = threading.Event()
     seen: list[str] = []
