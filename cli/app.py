@@ -604,11 +604,12 @@ def uninstall(cfg: config.UninstallConfig) -> None:
 
 @options.command(app, "status", config.StatusConfig)
 def status(cfg: config.StatusConfig) -> None:
-    """The quarantine circuit breaker, the nodes faultline holds, and the parked work items (failed
-    permanently or out of attempts: they wait for a person)."""
+    """The quarantine circuit breaker, the nodes faultline holds, the parked work items (failed
+    permanently or out of attempts: they wait for a person), and the cluster analyzer's progress."""
     from rich.table import Table  # noqa: PLC0415
 
     from faultline import store  # noqa: PLC0415
+    from patterns.cluster import PARTITIONS  # noqa: PLC0415
 
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
@@ -616,10 +617,17 @@ def status(cfg: config.StatusConfig) -> None:
             brk = st.breaker()
             held = st.held_nodes()
             parked = st.parked()
+            analyzer = st.analyzer_status(PARTITIONS)
     finally:
         st.close()
     since = f" since {brk.since:%Y-%m-%d %H:%M:%S}Z ({brk.reason})" if brk.since else ""
     out.print(f"circuit breaker: {brk.state}{since}", markup=False)
+    if analyzer is not None:
+        who = f"active: {analyzer.owner}" if analyzer.owner else "no replica active"
+        at = analyzer.checkpointed_at
+        saved = f", last checkpoint {at:%Y-%m-%d %H:%M:%S}Z" if at else ""
+        out.print(f"cluster analyzer: {who}; feed read up to {analyzer.position} of {analyzer.head} "
+                  f"({analyzer.head - analyzer.position} behind){saved}", markup=False)  # fmt: skip
     table = Table("node", "quarantined at", "faults")
     for hold in held:
         at = hold.quarantined_at

@@ -28,7 +28,7 @@ from faultline import store
 from faultline.errors import TransientError
 from patterns.cluster import Record
 
-log = logging.getLogger("faultline.analyzer")
+log = logging.getLogger(__name__)
 MAX_AHEAD = 300.0  # seconds an event time may run ahead of this clock before it stops moving the watermark
 Item = tuple[Record | None, Any]  # (record, watermark) or (None, (position, watermark)): a tick
 NO_LABELS: Mapping[str, str] = {}
@@ -80,15 +80,17 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
         except TransientError as exc:
             if self.down_since is None:
                 self.down_since = time.monotonic()
-                log.warning("feed_unreachable", extra={"error": str(exc)})
+                log.warning("store unreachable: the feed is not read", extra={"reason": str(exc)})
             self._sleep(min(max(exc.delay, self.src.poll), 5.0))
             return []
         if self.down_since is not None:
-            log.info("feed_reachable", extra={"after_s": round(time.monotonic() - self.down_since, 1)})
+            log.info("store reachable again: reading the feed",
+                     extra={"after_s": round(time.monotonic() - self.down_since, 1)})  # fmt: skip
             self.down_since = None
         if got.lost is not None:
             first, last = got.lost
-            log.warning("feed_pruned_unread", extra={"first": first, "last": last, "count": last - first + 1})
+            log.warning("feed documents pruned before they were read: skipped",
+                        extra={"first": first, "last": last, "count": last - first + 1})  # fmt: skip
             self.src.on_lost(last - first + 1)
             self.position = last
             return []

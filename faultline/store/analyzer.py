@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pymongo.collection import Collection
 
-from faultline.store.base import Base
+from faultline.store.base import CLAIMED, QUEUE, Base
+from faultline.store.feed import COUNTERS, FEED
 
 ANALYZER = "analyzer"  # the stage of the analyzer's lease item (`queue`), and the checkpoints' collection
 ANALYZER_ITEM = "cluster"  # the lease item's key: `analyzer/cluster`
@@ -28,6 +30,18 @@ ANALYZER_ITEM = "cluster"  # the lease item's key: `analyzer/cluster`
 
 def checkpoint_id(partition: int) -> str:
     return f"partition/{partition}"
+
+
+@dataclass(frozen=True)
+class AnalyzerStatus:
+    """For `faultline status`: who holds the analyzer's lease (None: no replica is active) and until
+    when, how far into the feed every partition is, the feed's head, and the last checkpoint's time."""
+
+    owner: str | None
+    until: dt.datetime | None
+    position: int
+    head: int
+    checkpointed_at: dt.datetime | None
 
 
 class Analyzer(Base):
@@ -49,7 +63,20 @@ class Analyzer(Base):
         saved = self.analyzer_checkpoints()
         return min(int(saved.get(p, {}).get("upto") or 0) for p in range(partitions)) >> 16
 
-    def analyzer_updated(self) -> dt.datetime | None:
-        """When a checkpoint was last written (`faultline status`)."""
-        doc = self.checkpoints.find_one({}, {"updated_at": 1}, sort=[("updated_at", -1)])
-        return None if doc is None else doc.get("updated_at")
+    def analyzer_status(self, partitions: int) -> AnalyzerStatus | None:
+        """None when no analyzer ever ran here."""
+        item_id = f"{ANALYZER}/{ANALYZER_ITEM}"
+        item = self.db[QUEUE].find_one({"_id": item_id})
+        saved = list(self.checkpoints.find({}, {"updated_at": 1}))
+        if item is None and not saved:
+            return None
+        owner = until = None
+        stage = (item or {}).get(ANALYZER) or {}
+        if stage.get("state") == CLAIMED:
+            lease = self.leases.find_one({"_id": f"{ANALYZER}/{item_id}/{stage.get('seq', 0)}"}) or {}
+            if lease.get("until") is not None and lease["until"] >= self.now():
+                owner, until = stage.get("lease_owner"), lease["until"]
+        head = self.db[COUNTERS].find_one({"_id": FEED}) or {}
+        times = [d["updated_at"] for d in saved if d.get("updated_at") is not None]
+        return AnalyzerStatus(owner, until, self.analyzer_position(partitions), int(head.get("n", 0)),
+                              max(times, default=None))  # fmt: skip

@@ -136,6 +136,14 @@ def count(db: Any, node: str) -> int | None:
     return None if doc is None else int(doc["count"])
 
 
+def status(db: Any) -> str:
+    """`faultline status` against the test's database."""
+    uri = "mongodb://{}:{}/".format(*db.client.address)
+    done = subprocess.run([sys.executable, "-m", "faultline", "status", "--mongodb-uri", uri, "--database", db.name],
+                          check=True, capture_output=True, text=True, timeout=60)  # fmt: skip
+    return done.stdout
+
+
 def caught_up(st: store.Store) -> bool:
     from patterns.cluster import PARTITIONS  # noqa: PLC0415
 
@@ -175,7 +183,9 @@ def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeove
 
     # an orderly stop writes the checkpoints; what comes meanwhile is read at the next start, once
     wait("the checkpoints", lambda: caught_up(st), a)
+    assert "cluster analyzer: active: a; feed read up to 3 of 3 (0 behind)" in status(mongo_db)
     assert a.stop() == 0
+    assert "cluster analyzer: no replica active; feed read up to 3 of 3 (0 behind)" in status(mongo_db)
     st.record_batch([xid("n2", 20, code="XID-95")], [])
     b = analyzers("b", "--checkpoint-interval", "10m")  # writes no checkpoint of its own before it is killed
     wait("the third event counted", lambda: count(mongo_db, "n2") == 3, b)
