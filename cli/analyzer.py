@@ -121,9 +121,16 @@ def _active(
         kubeconfig = str(cfg.kubeconfig) if cfg.kubeconfig else None
         labels = node_labels.NodeLabels(node_labels.from_api(kubeconfig), cfg.labels_refresh.total_seconds())
         labels.start()
+    # the feed's watermark where reading starts: that of the partitions furthest behind (every partition
+    # gets every tick, so theirs is the source's at that position)
+    behind = [
+        s for p, s in checkpoints.items() if p < cluster.PARTITIONS and int(s.get("upto") or 0) >> 16 == start
+    ]
+    watermark = max((float(s["watermark"]) for s in behind if s.get("watermark") is not None),
+                    default=float("-inf"))  # fmt: skip
     source = FeedSource(
         lambda: store.connect(uri, db), start, labels=labels.get if labels else lambda _n: node_labels.NONE,
-        poll=cfg.poll, batch=cfg.batch, stop=stop, on_lost=m.lost.inc,
+        poll=cfg.poll, batch=cfg.batch, stop=stop, on_lost=m.lost.inc, watermark=watermark,
     )  # fmt: skip
     sink = AnalyzerSink(lambda: store.connect(uri, db), leader.owner, guard=leader.holding,
                         on_fault=lambda d: m.derived.labels(pattern=d.pattern).inc())  # fmt: skip

@@ -67,7 +67,7 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
         self.src = src
         self.store = src.connect()
         self.position = src.start
-        self.watermark = float("-inf")
+        self.watermark = src.watermark
         self.awake: dt.datetime | None = None
         self.down_since: float | None = None
 
@@ -123,15 +123,18 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
 
 class FeedSource(FixedPartitionedSource[Item, None]):
     """`connect` makes the partition's store (in the worker: Bytewax may fork); `start` is the feed number
-    to read after; `labels(node)` gives a node's labels; setting `stop` ends the input."""
+    to read after and `watermark` the newest event time read before it (the checkpoints'), so a restart
+    judges late records as the run before it did; `labels(node)` gives a node's labels; setting `stop`
+    ends the input."""
 
     def __init__(
         self, connect: Callable[[], store.Store], start: int, *, labels: Callable[[str], Mapping[str, str]],
         poll: float = 0.5, batch: int = 256, stop: threading.Event | None = None,
-        on_lost: Callable[[int], None] = lambda _n: None,
+        on_lost: Callable[[int], None] = lambda _n: None, watermark: float = float("-inf"),
     ) -> None:  # fmt: skip
         self.connect = connect
         self.start = start
+        self.watermark = watermark
         self.labels = labels
         self.poll = poll
         self.batch = batch
