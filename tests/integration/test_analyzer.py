@@ -9,6 +9,7 @@ import datetime as dt
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,3 +238,24 @@ def test_windows_keyed_by_a_node_label_read_from_the_api_server(
     finally:
         for name in zones:
             kube.nodes.patch(api, name, {"metadata": {"labels": {ZONE: None}}})
+
+
+def test_one_replica_holds_the_lease_and_one_that_lost_it_learns_so(mongo_db: Any) -> None:
+    from dataflows.cluster import Leadership  # noqa: PLC0415
+
+    st = store.Store(mongo_db)
+    lease = dt.timedelta(seconds=1)
+    a, b = Leadership(st, "a", lease), Leadership(st, "b", lease)
+    assert a.try_acquire() and a.holding()
+    assert not b.try_acquire()  # a holds it
+    time.sleep(1.2)  # a stopped renewing (a long pause, cut off from the store): its lease ran out
+    assert b.try_acquire() and b.holding()
+    lost = threading.Event()
+    a.keep(on_lost=lost.set)  # a comes back and renews: it learns it was taken over
+    assert lost.wait(5) and a.lost.is_set() and not a.holding()
+    a.release()  # gives nothing back: it holds nothing
+    assert not Leadership(st, "c", lease).try_acquire()  # b still holds it
+    b.release()  # an orderly stop gives it back at once
+    c = Leadership(st, "c", lease)
+    assert c.try_acquire()
+    c.release()
