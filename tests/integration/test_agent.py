@@ -192,8 +192,9 @@ def test_xid_to_fault_document_and_condition_then_clear(
         poll("the fault's work item", lambda: queue.find_one({"_id": f"quarantine/{fid}"}), 10)
         assert queue.find_one({"_id": f"quarantine/{fid}"})["quarantine"]["state"] == "pending"
         (event,) = list(faults.database["health_events"].find({"code": "XID-79"}))
+        uuid = simulator.devices_for(node)[3].uuid  # the GPU followed across reboots by the analyzer
         assert (event["node"], event["healthy"], event["check"], event["metadata"]) == (
-            node, False, "xid", {"source": "nvml"}
+            node, False, "xid", {"source": "nvml", "gpu_uuid": uuid}
         )  # fmt: skip
         poll(
             "GpuHealthy False",
