@@ -341,6 +341,7 @@ def _run_agent(config: config.AgentConfig) -> None:
             config.mongodb_uri.get_secret_value(),
             config.database,
             spool=config.state_dir / "mongo-spool.jsonl",
+            feed=config.analyzer_feed,
         ),
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }

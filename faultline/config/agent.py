@@ -87,6 +87,11 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
         "this Unix socket (mode 0600), for NVSentinel's health monitors; unset: off",
     )
 
+    analyzer_feed: bool = Field(
+        default=False,
+        description="also write the store's feed that the cluster analyzer reads (where one runs: the "
+        "chart sets it with analyzer.enabled); its one numbered order costs writers at once retries",
+    )
     scheduled_events: bool = Field(
         default=False,
         description="on an Azure node (its providerID says), relay its Scheduled Events from the instance "

@@ -209,7 +209,7 @@ def test_the_agents_sink_feeds_what_it_spooled_once_the_store_is_back(tmp_path: 
 
     server = LocalMongo(workdir=tmp_path / "ferretdb")
     server.start()
-    sink = MongoSink(server.uri, "agent", spool=tmp_path / "spool.jsonl", timeout=1.0).build(
+    sink = MongoSink(server.uri, "agent", spool=tmp_path / "spool.jsonl", timeout=1.0, feed=True).build(
         "mongo_out", 0, 1
     )
     try:
@@ -231,6 +231,24 @@ def test_the_agents_sink_feeds_what_it_spooled_once_the_store_is_back(tmp_path: 
         server.stop()
     assert Counter(d["_id"] for b in feed for d in b.events) == Counter(event("n1", i).id for i in range(4))
     assert [d["revision"] for b in feed for d in b.faults] == [1, 3, 4]
+
+
+def test_an_agents_sink_without_the_feed_writes_none(
+    mongo: LocalMongo, mongo_db: Any, tmp_path: Path
+) -> None:
+    """The feed is written only where an analyzer reads it (the agent's analyzer_feed): without it the
+    sink stores events and faults as before, and no feed document or head."""
+    f = fault("n1", 1)
+    sink = MongoSink(mongo.uri, mongo_db.name, spool=tmp_path / "spool.jsonl", timeout=1.0).build(
+        "mongo_out", 0, 1
+    )
+    try:
+        sink.write_batch([NodeUpdate("n1", [f], [(f, 1)], [event("n1", 0)])])
+    finally:
+        sink.close()
+    st = store.Store(mongo_db)
+    assert st.has_event(event("n1", 0).id) and st.faults.find_one({"_id": f.id}) is not None
+    assert st.feed.count_documents({}) == 0 and st.feed_head() == 0
 
 
 def test_the_analyzers_source_skips_what_was_pruned_unread_then_reads_on(
