@@ -105,7 +105,7 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
         if position <= w.upto:
             return [], op.StatefulLogic.RETAIN
         w.upto = position
-        w.expire(watermark)
+        w.watermark = max(w.watermark, watermark)
         if self.clock() - self.saved_at >= self.interval:
             return [self._checkpoint()], op.StatefulLogic.RETAIN
         return [], op.StatefulLogic.RETAIN
@@ -120,6 +120,7 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
 
     def _checkpoint(self) -> Out:
         assert self.windows is not None
+        self.windows.expire(self.windows.watermark)  # here, not at every tick: a pass over every window
         self.saved_at = self.clock()
         self.saved_upto = self.windows.upto
         return ("checkpoint", (self.partition, self.windows.state()))

@@ -4,11 +4,12 @@ together, as plain code with time passed in (the Bytewax shell is `dataflows.clu
 A cluster pattern counts the feed's records (health events, or fault changes) that match it in a
 sliding window over event time, one window per key: the values of the fields it names (the GPU across
 reboots, the node, the NVLink domain, a node label such as the zone or rack, the job). Once `count`
-records, or `count` distinct values of `distinct`, fall within `within` of the window's newest, it
-fires: a derived fault for the node of the record that made it fire (`nodes: trigger`) or for every
-node in the window (`nodes: every`), carrying the ids of the records behind it. While the condition
-holds every further record fires again with the window's new figures (the store keeps the newest
-revision).
+records, or `count` distinct values of `distinct`, fall within `within` before the watermark (the
+newest event time of the feed so far, the same for every window, so the outcome does not depend on how
+windows are spread over partitions or when quiet ones expire), it fires: a derived fault for the node
+of the record that made it fire (`nodes: trigger`) or for every node in the window (`nodes: every`),
+carrying the ids of the records behind it. While the condition holds every further record fires again
+with the window's new figures (the store keeps the newest revision).
 
 Fields (`field`): `node`, `code`, `component`, `entity` (`type:id`), `entity_id`; `gpu` is the GPU
 across reboots and nodes (its UUID from the event's metadata, else its serial, else the node and PCI
@@ -17,8 +18,9 @@ address); `gpu_uuid`, `gpu_serial`, `nvlink_domain` (the event's metadata, else 
 metadata. A record without a value for one of a pattern's key fields is not counted by it.
 
 State is bounded: a window keeps at most MAX_ENTRIES records (the newest), drops those older than
-`within` before its newest, ignores a record older than that (late) or one it holds already (a replay),
-and goes when its newest record is older than `within` before the watermark (`Windows.expire`).
+`within` before the watermark, ignores a record older than that (late) or one it holds already (a
+replay), and goes when its newest record is older than that too (`Windows.expire`, run at checkpoints:
+an expired window is one whose every record the next would drop anyway).
 """
 
 from __future__ import annotations
@@ -272,7 +274,7 @@ class Windows:
             self.repeats += 1
             return []
         w.insert((item.t, item.position, item.id, item.node, item.distinct))
-        w.trim(w.newest - p.within, MAX_ENTRIES)
+        w.trim(max(w.newest, item.watermark) - p.within, MAX_ENTRIES)
         measure = len(w.values) if p.distinct is not None else len(w.entries)
         if measure < p.count or item.id not in w.ids:
             return []

@@ -269,3 +269,21 @@ def test_a_partition_checkpoints_when_its_interval_passed_or_the_feed_went_quiet
     assert logic.notify_at() is None  # nothing new since
     assert logic.on_item(tick) == ([], False)  # a tick it has taken in already
     assert logic.on_eof() == ([], False)
+
+
+def test_windows_count_against_the_feeds_newest_time_so_partitions_and_expiry_change_nothing(
+    packs: ClusterPacks,
+) -> None:
+    """G1 failed at 0 and G2 at 4000 s; G1's failures at 3400 and 3500 s are within the hour before
+    4000 s but the one at 0 is not: two in the window, no fault, whether G1's window had expired or not."""
+    recs = [rec(1, "n1"), rec(2, "n2", t=4000, metadata={"gpu_uuid": "G2"}), rec(3, "n1", t=3400),
+            rec(4, "n1", t=3500)]  # fmt: skip
+    assert cluster.replay(packs, recs) == []
+    w = Windows(packs)
+    wm = float("-inf")
+    for r in recs:
+        wm = max(wm, r.t)
+        for routed in packs.route(r, wm):
+            w.add(routed)
+            w.expire(wm)  # as often as can be
+    assert [len(win.entries) for (_, key), win in sorted(w.windows.items())] == [2, 1]  # G1, G2
