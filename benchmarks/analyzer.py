@@ -8,7 +8,9 @@
    written as the agents write them (`Store.record_batch`, `--batch` events a write, from 8 threads; one
    in ten an XID 79 of a GPU of its own, so windows are made) and a `faultline analyzer` process is
    started; the time from its taking the lease until every partition's checkpoint has passed the feed's
-   head gives events/s. Done once per history size, so the per-event cost is printed at both ends.
+   head gives events/s (a checkpoint comes every second here: small runs are dominated by that wait, so
+   use tens of thousands of events). Done once per history size, so the per-event cost is printed at
+   both ends.
 2. Latency: with an analyzer running, events are written at `--rate` events/s for `--seconds`, a write
    every 10 ms; every fifth write primes a fresh GPU with two XID 79s and the next carries its third,
    which completes a window of the benchmark's pack: the time from that write until its derived fault is
