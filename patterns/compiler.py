@@ -264,7 +264,7 @@ def _derive_literals(source: str, flags: int) -> tuple[str, ...]:
     try:
         with warnings.catch_warnings():  # "possible nested set" (`[[`): the stdlib's future reading, not ours
             warnings.simplefilter("ignore", FutureWarning)
-            parsed = stdre._parser.parse(source, flags & stdre.IGNORECASE)  # type: ignore[attr-defined]
+            parsed = stdre._parser.parse(source, flags & stdre.IGNORECASE)  # type: ignore[attr-defined, unused-ignore]
     except Exception:  # noqa: BLE001 - `regex`-only syntax: the pack must declare `prefilter`
         return ()
     best = ""
