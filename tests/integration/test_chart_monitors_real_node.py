@@ -1,0 +1,355 @@
+"""The object monitor and the cloud maintenance monitor as real pods (issue 17): `helm install
+oci://<loopback registry>/faultline` with `objectMonitor.enabled` and `maintenance.enabled` (the agent off:
+neither needs it) into the local cluster with a real kubelet node, both Deployments placed on that node,
+the session's FerretDB as the store.
+
+(a) both pods run the project's image (by digest) on the real node, become Ready and are never restarted;
+    each runs as the ServiceAccount the chart made, and what its identity was refused would show: no
+    Forbidden in either log, every watch of the object monitor listed with no error (its metrics), and its
+    /healthz (the probes' endpoint) answers from the pod's address;
+(b) the object monitor, watching the real API server from inside its pod, raises KUBE-GPUS-NOT-ADVERTISED
+    on the real node when the node says it has 8 GPUs (nvidia.com/gpu.count) and advertises 7 (the
+    node's status, as a device plugin would set it; the rule's `for` shortened by objectMonitor.overrides),
+    with an Event on the Node, and resolves it when 8 are advertised again;
+(c) the maintenance monitor reads OCI's Core API, the local fake of it (tests/fakes/cloud.py) reached from
+    the pod at the bridge address the cluster exposes it on, signing with the API key of the Secret named
+    by maintenance.ociConfigSecret: a maintenance reboot due in 30 minutes on an OCI instance (a simulated
+    node of the test's with that providerID, picked by maintenance.watchSelector) becomes
+    CSP-MAINTENANCE-REBOOT on the node, with an Event; once the due time is cleared and the node is back
+    with a new boot id the fault resolves as over;
+(d) `helm uninstall` leaves no object of the release (workloads, ConfigMaps, ServiceAccounts, roles and
+    bindings, Helm's own record) and, with the test's label and GPUs taken back, the real node is as it
+    was before the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import subprocess
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives.asymmetric import rsa
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from devtools import procs, tools
+from devtools.cluster import LocalCluster
+from faultline import kube, store
+from faultline.errors import TransientError
+from faultline.kube import lite
+from faultline.models import PROVIDER_REPAIR, FaultState
+from tests.fakes import cloud as fakes
+from tests.integration.test_chart_real_node import (
+    CHART_VERSION,
+    NODE,
+    advertise_gpus,
+    chart_values,
+    component_pod,
+    diagnosis,
+    helm,
+    ready,
+    release_pods,
+    release_real_node,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(900),  # the first real-node test starts the cluster: tools built, image pushed
+    pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (CI runs as root)"),
+]
+RELEASE = "flm"
+MONITORS = ("object-monitor", "maintenance")
+COUNT_LABEL = "nvidia.com/gpu.count"  # what the built-in gpus-not-advertised rule compares with
+GPUS, REBOOT = "KUBE-GPUS-NOT-ADVERTISED", "CSP-MAINTENANCE-REBOOT"
+WATCH_LABEL = "faultline.io/maintenance-test"
+METRICS_PORT = 9400  # the chart's metrics.port
+# what `helm uninstall` must take away: the kinds the chart makes, by the release's label
+RELEASE_KINDS = (
+    "api/v1/namespaces/{ns}/pods", "api/v1/namespaces/{ns}/configmaps", "api/v1/namespaces/{ns}/secrets",
+    "api/v1/namespaces/{ns}/serviceaccounts", "api/v1/namespaces/{ns}/services",
+    "apis/apps/v1/namespaces/{ns}/deployments", "apis/apps/v1/namespaces/{ns}/replicasets",
+    "apis/batch/v1/namespaces/{ns}/jobs",
+    "apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "apis/rbac.authorization.k8s.io/v1/namespaces/default/roles",
+    "apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+    "apis/rbac.authorization.k8s.io/v1/clusterroles", "apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+)  # fmt: skip
+
+
+def _values(
+    cluster: LocalCluster, uri: str, database: str, state: Path, *, oci: str, oci_secret: str, watch: str
+) -> dict[str, Any]:
+    """The store and image as the real-node chart test gives them, the agent off, and both monitors on the
+    real node: the object monitor with the built-in rules (gpus-not-advertised after 1 s), the maintenance
+    monitor looking at OCI's nodes of `watch` every second."""
+    values = chart_values(cluster, uri, database, state)
+    values["agent"]["enabled"] = False
+    place = {"nodeSelector": {"kubernetes.io/hostname": NODE}}
+    values["objectMonitor"] = {"enabled": True, "overrides": {"gpus-not-advertised": {"for": "1s"}}, **place}
+    values["maintenance"] = {"enabled": True, "clouds": ["oci"], "interval": "1s", "watchSelector": watch,
+                             "endpoints": {"oci": oci}, "ociConfigSecret": oci_secret, **place}  # fmt: skip
+    return values
+
+
+def _faults(db: Any, node: str, code: str) -> list[store.FaultRecord]:
+    return [store.FaultRecord.from_doc(d) for d in db["faults"].find({"node": node, "code": code})]
+
+
+def _state(db: Any, node: str, code: str) -> str | None:
+    found = _faults(db, node, code)
+    return found[0].state if found else None
+
+
+def _history(db: Any, node: str, code: str) -> list[bool]:
+    """The health events of `code` on `node`, oldest first: False raised, True resolved."""
+    return [
+        e["healthy"] for e in db["health_events"].find({"node": node, "code": code}).sort("generated_at", 1)
+    ]
+
+
+def _reasons(api: Any, node: str, prefix: str) -> list[str]:
+    events = (
+        kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    )
+    return sorted(str(e.reason) for e in events if (e.reason or "").startswith(prefix))
+
+
+def _http(pod: dict[str, Any], path: str) -> tuple[int, str]:
+    """GET `path` of the pod's metrics server at its own address (where the kubelet's probes go)."""
+    url = f"http://{pod['status']['podIP']}:{METRICS_PORT}{path}"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return answer.status, answer.read().decode()
+
+
+def _samples(text: str, name: str) -> dict[str, float]:
+    """One metric's samples from a Prometheus text page, by their labels (`name=value,...`, sorted)."""
+    return {",".join(f"{k}={v}" for k, v in sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples if s.name == name}  # fmt: skip
+
+
+def _node_as_seen(api: Any, name: str) -> dict[str, Any]:
+    """What the test may change on a node: its labels, taints, cordon, GPUs."""
+    node = kube.nodes.read(api, name)
+    status = node.get("status") or {}
+    return {
+        "labels": node["metadata"].get("labels") or {},
+        "taints": node["spec"].get("taints") or [],
+        "unschedulable": bool(node["spec"].get("unschedulable")),
+        "capacity": (status.get("capacity") or {}).get("nvidia.com/gpu"),
+        "allocatable": (status.get("allocatable") or {}).get("nvidia.com/gpu"),
+    }
+
+
+def _release_objects(client: lite.Client, ns: str) -> list[str]:
+    left = []
+    for kind in RELEASE_KINDS:
+        path = "/" + kind.format(ns=ns)
+        for selector in (f"app.kubernetes.io/instance={RELEASE}", f"owner=helm,name={RELEASE}"):
+            found = client.request("GET", f"{path}?labelSelector={selector}")
+            left += [f"{kind.rsplit('/', 1)[1]}/{o['metadata']['name']}" for o in found["items"]]
+    return left
+
+
+@pytest.mark.usefixtures("sim_nodes_cordoned")
+def test_the_object_and_maintenance_monitors_run_as_real_pods_and_raise_from_real_objects(
+    real_cluster: LocalCluster, real_store: str, store_db: tuple[str, Any], helm_env: dict[str, str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    real = real_cluster.real
+    fakelet = real_cluster.fakelet
+    assert real is not None and fakelet is not None
+    started = time.monotonic()
+    api = real_cluster.api()
+    core = kube.core(api)
+    client = lite.Client.connect(real_cluster.kubeconfig)
+    database, db = store_db
+    suffix = uuid.uuid4().hex[:6]
+    ns, oci_secret = f"flm-{suffix}", "oci-api-key"
+    ocid = f"ocid1.instance.oc1.iad.realnode{suffix}"
+    oci_node = f"oci-{suffix}"
+    uri = f"mongodb://{real_store}/?retryWrites=false&directConnection=true"
+    chart = f"oci://{real.registry.address}/faultline"
+    values = tmp_path / "values.yaml"
+    kubeconfig = str(real_cluster.kubeconfig)
+    before = _node_as_seen(api, NODE)
+    seconds: dict[str, float] = {}
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    with fakes.FakeCloud(oci_public_key=key.public_key()) as fake:
+        try:
+            # the test's OCI instance: a simulated node with its providerID, a reboot due in 30 minutes
+            due = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=30)).replace(microsecond=0)
+            fake.oci_instances[ocid] = {
+                "lifecycleState": "RUNNING",
+                "timeMaintenanceRebootDue": due.isoformat(),
+            }
+            fakelet.add(oci_node, provider_id=f"oci://{ocid}")
+            kube.nodes.patch(api, oci_node, {"metadata": {"labels": {WATCH_LABEL: suffix}}})
+            port = int(fake.url.rsplit(":", 1)[1])
+            oci_endpoint = f"http://{real_cluster.expose(port)}"  # the fake, as pods reach it
+            (tmp_path / "oci").mkdir()
+            fakes.oci_config(tmp_path / "oci", key)
+            core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
+            core.create_namespaced_secret(ns, {  # type: ignore[arg-type]
+                "metadata": {"name": oci_secret},
+                "stringData": {name: (tmp_path / "oci" / name).read_text() for name in ("config", "key.pem")},
+            })  # fmt: skip
+
+            # -- (a) install: both monitors Ready on the real node, as their chart identities ------------------
+            values.write_text(yaml.safe_dump(_values(
+                real_cluster, uri, database, tmp_path / "node" / "state", oci=oci_endpoint,
+                oci_secret=oci_secret, watch=f"{WATCH_LABEL}={suffix}",
+            )))  # fmt: skip
+            helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
+                 "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
+            installed = time.monotonic()
+            try:
+                procs.wait_for("both monitors' pods Ready on the real node",
+                               lambda: all(ready(component_pod(api, ns, c, RELEASE) or {}) for c in MONITORS),
+                               180, interval=1)  # fmt: skip
+            except TransientError as exc:
+                raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+            seconds["install to Ready"] = time.monotonic() - installed
+            assert sorted(p["metadata"]["labels"]["app.kubernetes.io/component"]
+                          for p in release_pods(api, ns, RELEASE)) == sorted(MONITORS)  # fmt: skip
+            pods = {}
+            for component in MONITORS:
+                pod = component_pod(api, ns, component, RELEASE)
+                assert pod is not None and pod["spec"]["nodeName"] == NODE, component
+                (status,) = pod["status"]["containerStatuses"]
+                assert status["imageID"].endswith(real.image.split("@")[1]), status
+                assert status["containerID"].startswith("containerd://")
+                account = f"{RELEASE}-{component}"
+                assert pod["spec"]["serviceAccountName"] == account
+                binding = kube.rbac(api).read_cluster_role_binding(account)
+                assert [(s.kind, s.name, s.namespace) for s in binding.subjects or []] == [
+                    ("ServiceAccount", account, ns)
+                ]
+                assert _http(pod, "/healthz") == (200, "ok\n"), component
+                pods[component] = pod
+
+            # every watch of the rules listed, none refused (a Forbidden list counts as an error)
+            def watches() -> tuple[dict[str, float], dict[str, float]]:
+                page = _http(pods["object-monitor"], "/metrics")[1]
+                return (_samples(page, "faultline_object_monitor_watch_lists"),
+                        _samples(page, "faultline_object_monitor_watch_errors"))  # fmt: skip
+
+            procs.wait_for("every watch listed",
+                           lambda: len(watches()[0]) == 3 and all(v >= 1 for v in watches()[0].values()), 60,
+                           interval=0.5)  # fmt: skip
+            lists, errors = watches()
+            assert set(errors) == set(lists) and not any(errors.values()), (lists, errors)
+
+            # -- (c, raise) the maintenance monitor reads OCI through the fake and raises the reboot -----------
+            try:
+                procs.wait_for(f"{REBOOT} open on {oci_node}",
+                               lambda: _state(db, oci_node, REBOOT) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
+            except TransientError as exc:
+                raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+            seconds["install to maintenance fault"] = time.monotonic() - installed
+            (fault,) = _faults(db, oci_node, REBOOT)
+            assert (fault.fatal, fault.action, fault.component, fault.entity.type) == (
+                True, "RESTART_VM", "NODE", "NODE",
+            )  # fmt: skip
+            assert (fault.metadata["provider"], fault.metadata["repair"]) == ("oci", PROVIDER_REPAIR)
+            assert fault.metadata["not_before"] == due.isoformat()
+            assert fault.metadata["boot_id"] == fakelet.nodes[oci_node].boot_id
+            assert ("oci", "GET", ocid) in fake.calls  # signed with the Secret's key: the fake verified it
+            announced = ["FaultlineMaintenanceAnnounced"]
+            procs.wait_for("the Event of the announcement on the node",
+                           lambda: _reasons(api, oci_node, "FaultlineMaintenance") == announced, 30, interval=0.5)  # fmt: skip
+            page = _http(pods["maintenance"], "/metrics")[1]
+            assert _samples(page, "faultline_maintenance_announced") == {"kind=REBOOT,provider=oci": 1.0}, (
+                page
+            )
+            assert _samples(page, "faultline_maintenance_read_errors_total") == {}, page
+
+            # -- (b) the object monitor: 8 GPUs said, 7 advertised, on the real node ---------------------------
+            advertise_gpus(api, 8)
+            kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: "8"}}})
+            changed = time.monotonic()
+            advertise_gpus(api, 7)  # one fell off the bus: the device plugin advertises 7
+            try:
+                procs.wait_for(f"{GPUS} open on the real node",
+                               lambda: _state(db, NODE, GPUS) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
+            except TransientError as exc:
+                raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+            seconds["7 advertised to fault open"] = time.monotonic() - changed
+            (fault,) = _faults(db, NODE, GPUS)
+            assert fault.message == f"allocatable nvidia.com/gpu is 7, the node has 8 ({COUNT_LABEL})"
+            assert fault.metadata == {
+                "source": "kube",
+                "rule": "gpus-not-advertised",
+                "object": f"Node {NODE}",
+            }
+            assert (fault.fatal, fault.action) == (True, "RESTART_VM")
+            changed = time.monotonic()
+            advertise_gpus(api, 8)  # back
+            procs.wait_for(f"{GPUS} resolved on the real node",
+                           lambda: _state(db, NODE, GPUS) == FaultState.RESOLVED, 60, interval=0.5)  # fmt: skip
+            seconds["8 advertised to resolved"] = time.monotonic() - changed
+            assert _history(db, NODE, GPUS) == [False, True]  # opened once, resolved once
+            both = [GPUS, f"{GPUS}Resolved"]
+            procs.wait_for("the Events of the opening and the resolution on the node",
+                           lambda: _reasons(api, NODE, GPUS) == both, 30, interval=0.5)  # fmt: skip
+            # the monitor's faults are this one only (nothing else of the cluster's objects matched)
+            kube_faults = {(d["node"], d["code"]) for d in db["faults"].find({"metadata.source": "kube"})}
+            assert kube_faults == {(NODE, GPUS)}, kube_faults
+
+            # -- (c, resolve) OCI clears the due time as the instance reboots: back with a new boot id --------
+            fake.oci_instances[ocid]["timeMaintenanceRebootDue"] = None
+            changed = time.monotonic()
+            fakelet.reboot(oci_node, down_seconds=1.0)
+            procs.wait_for(f"{REBOOT} resolved on {oci_node}",
+                           lambda: _state(db, oci_node, REBOOT) == FaultState.RESOLVED, 60, interval=0.5)  # fmt: skip
+            seconds["rebooted to maintenance resolved"] = time.monotonic() - changed
+            assert _history(db, oci_node, REBOOT) == [False, True]
+            over = [*announced, "FaultlineMaintenanceOver"]
+            procs.wait_for("the Event of the maintenance over on the node",
+                           lambda: _reasons(api, oci_node, "FaultlineMaintenance") == over, 30, interval=0.5)  # fmt: skip
+            assert {a for a, _ in fake.actions("oci")} == {"GET"}  # nothing but reads
+
+            for component in MONITORS:  # never restarted, nothing refused
+                pod = component_pod(api, ns, component, RELEASE)
+                assert pod is not None and ready(pod), component
+                restarts = [s["restartCount"] for s in pod["status"]["containerStatuses"]]
+                assert restarts == [0], (component, pod["status"])
+                log = core.read_namespaced_pod_log(pod["metadata"]["name"], ns)
+                assert "forbidden" not in log.lower(), log
+            maintenance_log = core.read_namespaced_pod_log(pods["maintenance"]["metadata"]["name"], ns)
+            assert "could not be read" not in maintenance_log, maintenance_log
+
+            # -- (d) uninstall: nothing of the release left; the node as it was ------------------------------
+            kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
+            advertise_gpus(api, None)
+            helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
+            procs.wait_for("nothing of the release left",
+                           lambda: not _release_objects(client, ns), 90, interval=0.5)  # fmt: skip
+            assert _node_as_seen(api, NODE) == before
+            seconds["test"] = time.monotonic() - started
+            print("\nmonitors on a real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
+        finally:
+            subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
+                            "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,
+                           capture_output=True, check=False, timeout=180)  # fmt: skip
+            with contextlib.suppress(ApiException):  # not created
+                core.delete_namespace(ns, propagation_policy="Background")
+            fakelet.remove(oci_node)
+            kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
+            release_real_node(api)
+            client.close()
+
+            def namespace_gone() -> bool:
+                return ns not in {
+                    n.metadata.name for n in core.list_namespace().items if n.metadata is not None
+                }
+
+            procs.wait_for("the test's namespace gone", namespace_gone, 120, interval=1)
