@@ -238,9 +238,10 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
         seconds["created to quarantined"] = time.monotonic() - admitted
         (event,) = _preflight_events(db)
         # recorded by the node's agent from its ingest socket, the line naming the monitor that reported it
-        assert (event["code"], event["healthy"], event["metadata"]) == (
-            "PREFLIGHT-REMAP-PENDING", False, {"source": "grpc"},
+        assert (event["code"], event["healthy"], event["metadata"]["source"]) == (
+            "PREFLIGHT-REMAP-PENDING", False, "grpc",
         ), event  # fmt: skip
+        assert event["metadata"]["gpu_uuid"].startswith("GPU-"), event  # the agent names the GPU's UUID
         assert event["message"].startswith(f"faultline-ingest agent={AGENT} check=preflight "), event
         fault = db["faults"].find_one({"node": NODE, "code": "PREFLIGHT-REMAP-PENDING"})
         assert fault is not None
