@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from faultline import store
 from faultline.errors import TransientError
 from sources.gpu import GpuDevice
 from sources.kubelet import podresources_pb2, podresources_pb2_grpc
+from sources.poller import Poller
 
 log = logging.getLogger(__name__)
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -135,7 +135,7 @@ def store_link(uri: str, database: str, node: str, *, timeout: float = 5.0) -> S
     return StoreLink(episode, record, close)
 
 
-class GpuPodsWatch:
+class GpuPodsWatch(Poller):
     """Reads the kubelet every `interval` seconds and records the node's GPU -> pods mapping when it
     changed or the node's quarantine episode did (see the module docstring)."""
 
@@ -143,16 +143,12 @@ class GpuPodsWatch:
         self, node: str, gpus: Iterable[GpuDevice], read: Callable[[], list[Device]], link: StoreLink, *,
         interval: float = 10.0, clock: Callable[[], dt.datetime] = store.utcnow,
     ) -> None:  # fmt: skip
-        self.node = node
+        super().__init__(node, "gpu pods", interval, link.close)
         self.gpus = list(gpus)
         self.read = read
         self.link = link
-        self.interval = interval
         self.clock = clock
         self.written: tuple[object, ...] | None = None  # what the last write recorded
-        self.failing: str | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="gpu-pods", daemon=True)
 
     def step(self) -> bool:
         """One read; whether it was recorded. The episode is read first, so the kubelet's answer is from
@@ -169,26 +165,6 @@ class GpuPodsWatch:
                                              "episode": episode, "unmapped": len(unmapped)})  # fmt: skip
         return True
 
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # noqa: BLE001 - the kubelet or the store away: try again later
-                why = f"{type(exc).__name__}: {exc}"[:300]
-                if why != self.failing:
-                    log.warning("gpu pods not read: %s", why, extra={"node": self.node})
-                self.failing = why
-            else:
-                self.failing = None
-            self.stop.wait(self.interval)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread (waiting up to `timeout` seconds for a read in progress), then the store link."""
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout)
-        if not self.thread.is_alive():
-            self.link.close()
+    def look(self) -> bool:
+        self.step()
+        return True

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +32,7 @@ from typing import Any
 
 from faultline import store
 from faultline.errors import TransientError
+from sources.poller import Poller
 
 log = logging.getLogger(__name__)
 API_VERSION = "2020-07-01"
@@ -141,7 +141,7 @@ def store_link(uri: str, database: str, node: str, *, timeout: float = 5.0) -> S
     return StoreLink(record, requested, started, close)
 
 
-class Relay:
+class Relay(Poller):
     """Reads the node's Scheduled Events every `interval` seconds, records them when they changed or
     `refresh` seconds after the last write, and posts the starts the monitor asked for (see the module
     docstring). `provider_id` reads the node's spec.providerID: anything but Azure's ends the relay."""
@@ -150,11 +150,10 @@ class Relay:
         self, node: str, imds: Imds, link: StoreLink, provider_id: Callable[[], str], *,
         interval: float = 10.0, refresh: float = 60.0, clock: Callable[[], dt.datetime] = store.utcnow,
     ) -> None:  # fmt: skip
-        self.node = node
+        super().__init__(node, "scheduled events", interval, link.close)
         self.imds = imds
         self.link = link
         self.provider_id = provider_id
-        self.interval = interval
         self.refresh = refresh
         self.clock = clock
         self.azure: bool | None = None  # unknown until the Node has been read
@@ -162,9 +161,6 @@ class Relay:
         self.written: tuple[object, ...] | None = None
         self.written_at: dt.datetime | None = None
         self.posted: set[str] = set()
-        self.failing: str | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="scheduled-events", daemon=True)
 
     def step(self) -> bool:
         """One look; whether the relay goes on (False: not an Azure node)."""
@@ -202,26 +198,5 @@ class Relay:
         self.link.started(todo, self.clock())
         log.info("scheduled events started early", extra={"node": self.node, "events": ",".join(todo)})
 
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                if not self.step():
-                    return
-            except Exception as exc:  # noqa: BLE001 - the metadata service or the store away: next time
-                why = f"{type(exc).__name__}: {exc}"[:300]
-                if why != self.failing:
-                    log.warning("scheduled events not read: %s", why, extra={"node": self.node})
-                self.failing = why
-            else:
-                self.failing = None
-            self.stop.wait(self.interval)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def close(self, timeout: float = 5.0) -> None:
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout)
-        if not self.thread.is_alive():
-            self.link.close()
+    def look(self) -> bool:
+        return self.step()
