@@ -14,8 +14,10 @@ with the window's new figures (the store keeps the newest revision).
 Fields (`field`): `node`, `code`, `component`, `entity` (`type:id`), `entity_id`; `gpu` is the GPU
 across reboots and nodes (its UUID from the event's metadata, else its serial, else the node and PCI
 address); `gpu_uuid`, `gpu_serial`, `nvlink_domain` (the event's metadata, else the node label
-`nvidia.com/gpu.clique`), `job` (metadata); `label:<name>` a node label, `metadata:<key>` an event's
-metadata. A record without a value for one of a pattern's key fields is not counted by it.
+`nvidia.com/gpu.clique`), `job` (metadata), `episode` (fault changes: the fault and when it was first
+seen, so the updates of one fault count once and a reopened fault anew); `label:<name>` a node label,
+`metadata:<key>` an event's metadata. A record without a value for one of a pattern's key fields is
+not counted by it.
 
 State is bounded: a window keeps at most MAX_ENTRIES records (the newest), drops those older than
 `within` before the watermark, ignores a record older than that (late) or one it holds already (a
@@ -68,6 +70,7 @@ class Record:
     state: str = ""
     metadata: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    opened: float = 0.0  # faults: when the fault was first seen (its episode: a reopened fault has a new one)
 
 
 def field_value(record: Record, source: str) -> str | None:
@@ -91,6 +94,8 @@ def field_value(record: Record, source: str) -> str | None:
         return meta.get(source) or None
     if source == "entity":
         return f"{record.entity_type}:{record.entity_id}" if record.entity_type else None
+    if source == "episode":  # one fault from its opening to its resolution, however often it is updated
+        return f"{record.id.rpartition('@')[0]}@{record.opened:.3f}" if record.kind == "faults" else None
     value = {"node": record.node, "code": record.code, "component": record.component,
              "entity_id": record.entity_id}.get(source)  # fmt: skip
     return value or None
@@ -364,7 +369,7 @@ def example_records(records: Iterable[ClusterRecord], start: float = EXAMPLE_STA
             position=i << 16, kind="events", id=f"example-{i}",
             t=start + r.at, node=r.node, code=r.code, component=r.component.value, entity_type=entity_type,
             entity_id=entity_id, healthy=r.healthy, fatal=r.fatal, state=r.state, metadata=dict(r.metadata),
-            labels=dict(r.labels),
+            labels=dict(r.labels), opened=start + (r.at if r.opened is None else r.opened),
         ))  # fmt: skip
     return out
 

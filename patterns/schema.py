@@ -232,7 +232,7 @@ class Pattern(_Strict):
 # `label:<node label>` and `metadata:<event metadata key>` name any other, under an alias (`zone=label:...`).
 CLUSTER_FIELDS = (
     "node", "code", "component", "entity", "entity_id", "gpu", "gpu_uuid", "gpu_serial", "nvlink_domain",
-    "job",
+    "job", "episode",
 )  # fmt: skip
 _KEY_ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -320,6 +320,7 @@ class ClusterRecord(_Strict):
     healthy: bool = False
     fatal: bool = False
     state: Literal["open", "resolved"] = "open"
+    opened: Offset | None = Field(default=None, description="fault changes: when first seen (default `at`)")
     metadata: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict, description="its node's labels")
 

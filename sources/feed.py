@@ -54,6 +54,7 @@ def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]]) 
             component=str(d.get("component", "")), entity_type=str(entity.get("type", "")),
             entity_id=str(entity.get("id", "")), fatal=bool(d.get("fatal")), state=str(d.get("state", "")),
             metadata=d.get("metadata") or {}, labels=labels(str(d["node"])),
+            opened=_epoch(d["first_seen"]) if d.get("first_seen") else 0.0,
         ))  # fmt: skip
     return out
 

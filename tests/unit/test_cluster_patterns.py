@@ -287,3 +287,32 @@ def test_windows_count_against_the_feeds_newest_time_so_partitions_and_expiry_ch
             w.add(routed)
             w.expire(wm)  # as often as can be
     assert [len(win.entries) for (_, key), win in sorted(w.windows.items())] == [2, 1]  # G1, G2
+
+
+def fault_change(i: int, node: str, fault: str, opened: float, t: float, **kw: Any) -> Record:
+    return Record(position=i << 16, kind="faults", id=f"{fault}@{i}", t=T + t, node=node, code="XID-79",
+                  fatal=True, state="open", opened=T + opened, **kw)  # fmt: skip
+
+
+def test_an_episode_is_one_fault_from_its_opening_however_often_it_is_updated() -> None:
+    opened = fault_change(1, "n1", "f1", 0, 0)
+    updated = fault_change(2, "n1", "f1", 0, 60)  # the same fault, its count grown
+    reopened = fault_change(3, "n1", "f1", 3600, 3600)  # resolved, then open again: a new episode
+    values = [cluster.field_value(r, "episode") for r in (opened, updated, reopened)]
+    assert values[0] == values[1] != values[2]
+    assert values[0] == f"f1@{T:.3f}"
+    assert cluster.field_value(rec(4, "n1"), "episode") is None  # an event has none
+
+
+def test_the_built_in_cluster_pack_repeats_a_node_once_per_opening_not_per_update() -> None:
+    packs = cluster.load()  # the built-in pack, its examples checked
+    assert {"gpu-repeated-failure", "node-repeated-failure", "workload-app-xid", "nvlink-domain-fault",
+            "switch-link-flaps", "zone-incident"} <= set(packs.patterns)  # fmt: skip
+    day = 86400.0
+    updates = [fault_change(i, "n1", "f1", 0, i * 60) for i in range(1, 10)]  # one fault, nine revisions
+    assert [d for d in cluster.replay(packs, updates) if d.pattern == "node-repeated-failure"] == []
+    openings = [fault_change(i, "n1", f"f{i % 2}", i * day, i * day) for i in range(5)]
+    out = [d for d in cluster.replay(packs, openings) if d.pattern == "node-repeated-failure"]
+    assert [(d.node, d.code, d.entity_id, d.count, d.action) for d in out] == [
+        ("n1", "NODE-REPEATED-FAILURE", "n1", 5, Action.REPLACE_VM)
+    ]
