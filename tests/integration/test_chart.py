@@ -39,11 +39,41 @@ EXTERNAL = "store.external.uri=mongodb://mongo:27017"
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 STORE_KINDS = {("StatefulSet", "fl-postgres"), ("Service", "fl-postgres"), ("Deployment", "fl-ferretdb"),
                ("Service", "fl-ferretdb")}  # fmt: skip
+# a cluster pack of the user's, as analyzer.packs gives it: the same GPU (by UUID) failing again on any node
+ANALYZER_PACK = """
+pack: chart-cluster
+patterns:
+  - id: chart-gpu-repeat
+    scope: cluster
+    description: the same GPU (by UUID) fails again within a day, whichever node it is in
+    match: {codes: [XID-79, XID-95]}
+    window: {key: [gpu], within: 24h, count: 2}
+    fault:
+      code: CHART-GPU-REPEAT
+      component: GPU
+      entity: {type: GPU-UUID, id: "{gpu}"}
+      fatal: true
+      action: CONTACT_SUPPORT
+    examples:
+      match:
+        - records:
+            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
+            - {at: 1h, node: n2, code: XID-95, metadata: {gpu_uuid: GPU-1}}
+          expect: {nodes: [n2], entity_id: GPU-1, count: 2}
+      no_match:
+        - records:
+            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
+            - {at: 1h, node: n2, code: XID-79, metadata: {gpu_uuid: GPU-2}}
+"""
 
 
-def render(*sets: str, namespace: str = NS, hooks: bool = False) -> list[dict[str, Any]]:
-    """The release's objects (or, with `hooks`, only its hooks' objects)."""
+def render(
+    *sets: str, namespace: str = NS, hooks: bool = False, values: Path | None = None
+) -> list[dict[str, Any]]:
+    """The release's objects (or, with `hooks`, only its hooks' objects), with a values file if given."""
     argv = [str(tools.binary("helm")), "template", "fl", str(CHART), "--namespace", namespace]
+    if values is not None:
+        argv += ["-f", str(values)]
     for s in sets:
         argv += ["--set", s]
     out = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -302,7 +332,8 @@ def test_network_policy_and_pod_monitor_when_enabled() -> None:
     assert set(policies) == {f"fl-{c}" for c in ("agent", *WORKERS, "ferretdb", "postgres")}
     ferret_from = policies["fl-ferretdb"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
     assert {"key": "app.kubernetes.io/component", "operator": "In",
-            "values": ["agent", "quarantine", "drain", "remediation", "janitor", "maintenance"]} in ferret_from  # fmt: skip
+            "values": ["agent", "quarantine", "drain", "remediation", "janitor", "maintenance", "object-monitor",
+                       "analyzer"]} in ferret_from  # fmt: skip
     assert policies["fl-postgres"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/instance": "fl", "app.kubernetes.io/component": "ferretdb"}  # fmt: skip
     agent_egress = [r for r in policies["fl-agent"]["egress"] if "to" in r]
@@ -333,6 +364,93 @@ def test_each_worker_is_switched_on_by_its_value() -> None:
     assert files["remediation"]["can_replace"] is True
     janitor_file = {"cloud": "gcp", "reboot_via": "cloud", "namespace": NS, "service_account": "fl-repair"}
     assert janitor_file.items() <= files["janitor"].items()
+
+
+def _analyzer_values(tmp_path: Path, name: str = "analyzer", **analyzer: Any) -> Path:
+    """A values file switching the analyzer on (pack texts span lines: they do not go through --set)."""
+    path = tmp_path / f"{name}-values.yaml"
+    path.write_text(yaml.safe_dump({"analyzer": {"enabled": True, **analyzer}}))
+    return path
+
+
+def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_a_nodes_list(tmp_path: Path) -> None:
+    """analyzer.enabled: a Deployment of `faultline analyzer` (replicas as given: one holds the lease) as
+    its own ServiceAccount, allowed to list Nodes (their labels) and nothing else, not even Events; its
+    packs of analyzer.packs in a ConfigMap of their own and analyzer.packsConfigMap's, each mounted as a
+    directory its settings name; and the agents write the feed only while it is on."""
+    from cli import settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+    from patterns import cluster  # noqa: PLC0415
+
+    assert "analyzer_feed" not in settings_files(render())["agent"]  # off: the agents skip the feed
+    assert not {n for _, n in kinds(render()) if "analyzer" in n}
+    values = _analyzer_values(
+        tmp_path, replicas=2, packs={"gpu.yaml": ANALYZER_PACK}, packsConfigMap="site-packs"
+    )
+    docs = render(
+        "networkPolicy.enabled=true", "podMonitor.enabled=true", f"image.digest={DIGEST}", values=values
+    )
+    assert settings_files(docs)["agent"]["analyzer_feed"] is True
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "fl-analyzer")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["analyzer", "--config=/etc/faultline/config/config.yaml"]
+    assert container["image"] == f"ghcr.io/faultline/faultline@{DIGEST}"
+    assert pod["serviceAccountName"] == "fl-analyzer" and pod["securityContext"]["runAsUser"] == 65532
+    _restricted(container)
+    assert container["livenessProbe"]["httpGet"] == container["readinessProbe"]["httpGet"] == {
+        "path": "/healthz", "port": "metrics"}  # fmt: skip
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert container["resources"]["limits"] == {"memory": "512Mi"}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/etc/faultline/packs/values"]]["configMap"] == {"name": "fl-analyzer-packs"}
+    assert volumes[mounts["/etc/faultline/packs/configmap"]]["configMap"] == {"name": "site-packs"}
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert set(annotations) == {"checksum/config", "checksum/packs"}  # a changed pack rolls the pods
+
+    analyzer_file = settings_files(docs)["analyzer"]
+    assert analyzer_file["packs"] == ["/etc/faultline/packs/values", "/etc/faultline/packs/configmap"]
+    assert (analyzer_file["builtin"], analyzer_file["node_labels"]) == (True, True)
+    path = tmp_path / "analyzer.yaml"
+    path.write_text(yaml.safe_dump(analyzer_file))
+    resolved = settings.resolve(
+        config.AnalyzerConfig, config_file=path, environ={"MONGODB_URI": "mongodb://m"}
+    )
+    assert resolved.config.metrics_port == 9400  # type: ignore[attr-defined]
+    # the pack file as the pod sees it in its directory, loaded as the analyzer loads it
+    (packs,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "fl-analyzer-packs"]
+    (tmp_path / "packs").mkdir()
+    for name, text in packs["data"].items():
+        (tmp_path / "packs" / name).write_text(text)
+    loaded = cluster.load([tmp_path / "packs"], builtin=False)
+    assert list(loaded.patterns) == ["chart-gpu-repeat"]
+
+    rules = {(d["kind"], d["metadata"]["name"]): d.get("rules") for d in docs}
+    assert rules["ClusterRole", "fl-analyzer"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+    ]
+    assert ("Role", "fl-analyzer-events") not in rules  # it posts no Event
+    bound = {(d["kind"], d["roleRef"]["name"]) for d in docs if d["kind"].endswith("Binding")
+             and d["subjects"][0]["name"] == "fl-analyzer"}  # fmt: skip
+    assert bound == {("ClusterRoleBinding", "fl-analyzer")}
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "fl-analyzer")
+    assert {p["port"] for r in policy["spec"]["egress"] for p in r["ports"]} == {53, 443, 6443, 27017}
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    assert "analyzer" in monitor["spec"]["selector"]["matchExpressions"][1]["values"]
+
+    # the labels off: no Kubernetes API access at all (also when switched off through analyzer.config)
+    for values in (_analyzer_values(tmp_path, "value", nodeLabels=False),
+                   _analyzer_values(tmp_path, "config", config={"node_labels": False})):  # fmt: skip
+        docs = render(values=values)
+        rules = {(d["kind"], d["metadata"]["name"]): d.get("rules") for d in docs}
+        assert rules["ClusterRole", "fl-analyzer"] == []
+        assert settings_files(docs)["analyzer"]["node_labels"] is False
+        analyzer = workloads(docs)["fl-analyzer"]
+        assert [v["name"] for v in analyzer["volumes"]] == ["config", "tmp"]  # no packs of the user's
+        assert "packs" not in {m["name"] for m in analyzer["containers"][0]["volumeMounts"]}
+        assert settings_files(docs)["analyzer"]["packs"] == []
 
 
 @pytest.mark.parametrize(
@@ -377,10 +495,9 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
 
     from_env = {"mongodb_uri", "kubeconfig", "node"}
     chart = {"agent": "agent", "quarantine": "quarantine", "drain": "drain", "remediation": "remediation",
-             "janitor": "janitor", "maintenance": "maintenance"}  # fmt: skip
-    values: dict[str, Any] = {"quarantine": {"enabled": True}, "drain": {"enabled": True},
-                              "remediation": {"enabled": True}, "janitor": {"enabled": True},
-                              "maintenance": {"enabled": True}}  # fmt: skip
+             "janitor": "janitor", "maintenance": "maintenance", "object-monitor": "objectMonitor",
+             "analyzer": "analyzer"}  # fmt: skip
+    values: dict[str, Any] = {key: {"enabled": True} for key in chart.values() if key != "agent"}
     given: dict[str, dict[str, Any]] = {}
     for component, key in chart.items():
         model = config.COMPONENTS[component]
@@ -430,6 +547,19 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
         (["agent.replicas=2"], "at '/agent': additional properties 'replicas' not allowed"),
         (["mongodb.uri=mongodb://x"], "additional properties 'mongodb' not allowed"),
         (["store.external.uri=mongodb://x", "store.external.existingSecret=s"], "set uri or existingSecret"),
+        (["analyzer.enabled=true", "analyzer.replicas=-1"], "at '/analyzer/replicas'"),
+        (
+            ["analyzer.packs.notes\\.txt=pack: x"],
+            "at '/analyzer/packs': additional properties 'notes.txt' not allowed",
+        ),
+        (["analyzer.packs.a\\.yaml="], "at '/analyzer/packs/a.yaml'"),
+        (
+            ["analyzer.enabled=true", "analyzer.packs.a\\.yaml=patterns: ["],
+            "analyzer.packs.a.yaml: not a pack",
+        ),
+        (["analyzer.packsConfigMap=My_Packs"], "at '/analyzer/packsConfigMap'"),
+        (["analyzer.nodeLabels=maybe"], "at '/analyzer/nodeLabels'"),
+        (["analyzer.lease=5s"], "at '/analyzer': additional properties 'lease' not allowed"),
     ],
 )
 def test_bad_values_are_refused_by_name(sets: list[str], error: str) -> None:
@@ -490,6 +620,73 @@ def test_helm_install_and_upgrades_keep_the_stores_password(cluster: LocalCluste
     finally:
         subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
                         "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
+        with contextlib.suppress(Exception):
+            core.delete_namespace(ns, propagation_policy="Background")
+
+
+def test_helm_install_of_the_analyzer_and_its_packs(cluster: LocalCluster, api: Any, tmp_path: Path) -> None:
+    """analyzer.enabled installed into the local API server (which validates every object and authorizes
+    with RBAC): the Deployment, its packs' ConfigMap, the agents' feed switched on; its ServiceAccount may
+    list Nodes and do nothing else asked; an upgrade with the analyzer off takes all of it away again and
+    switches the agents' feed off."""
+    ns, release = f"chart-{uuid.uuid4().hex[:6]}", f"a{uuid.uuid4().hex[:5]}"
+    core, apps = kube.core(api), kube.client.apps(api)
+    values = _analyzer_values(tmp_path, replicas=2, packs={"gpu.yaml": ANALYZER_PACK})
+    install = ["--namespace", ns, "--set", "networkPolicy.enabled=true", "--set", f"image.digest={DIGEST}"]
+
+    def agent_settings() -> dict[str, Any]:
+        found = core.read_namespaced_config_map(f"{release}-agent-config", ns)
+        return yaml.safe_load(found.data["config.yaml"])  # type: ignore[no-any-return]
+
+    try:
+        _helm(
+            cluster.kubeconfig,
+            "install",
+            release,
+            str(CHART),
+            "--create-namespace",
+            *install,
+            "-f",
+            str(values),
+        )
+        name = f"{release}-analyzer"
+        made = _manifest(cluster.kubeconfig, release, ns)
+        assert {("Deployment", name), ("ServiceAccount", name), ("ClusterRole", name),
+                ("ClusterRoleBinding", name), ("ConfigMap", f"{name}-config"), ("ConfigMap", f"{name}-packs"),
+                ("NetworkPolicy", name)} <= made  # fmt: skip
+        assert not {n for _, n in made if n.startswith(f"{name}-events")}
+        deployment = apps.read_namespaced_deployment(name, ns)
+        assert deployment.spec.replicas == 2
+        assert deployment.spec.template.spec.service_account_name == name
+        assert deployment.spec.template.spec.containers[0].image == f"ghcr.io/faultline/faultline@{DIGEST}"
+        packs = core.read_namespaced_config_map(f"{name}-packs", ns)
+        assert packs.data == {"gpu.yaml": ANALYZER_PACK}
+        analyzer_file = yaml.safe_load(
+            core.read_namespaced_config_map(f"{name}-config", ns).data["config.yaml"]
+        )
+        assert analyzer_file["packs"] == ["/etc/faultline/packs/values"]
+        assert agent_settings()["analyzer_feed"] is True
+
+        user, groups = kube.access.service_account(ns, name)
+
+        def may(verb: str, resource: str, group: str = "", namespace: str = "") -> bool:
+            return kube.access.allowed(api, user, groups, verb=verb, resource=resource, group=group,
+                                       namespace=namespace)  # fmt: skip
+
+        procs.wait_for("the analyzer's RBAC in effect", lambda: may("list", "nodes"), 30)
+        refused = [("get", "nodes", "", ""), ("watch", "nodes", "", ""), ("patch", "nodes", "", ""),
+                   ("create", "events", "events.k8s.io", "default"), ("list", "pods", "", ""),
+                   ("get", "configmaps", "", ns), ("create", "leases", "coordination.k8s.io", ns)]  # fmt: skip
+        assert [q for q in refused if may(*q)] == []
+
+        _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install)  # the analyzer off again
+        made = _manifest(cluster.kubeconfig, release, ns)
+        assert not {n for _, n in made if n.startswith(name)}
+        assert "analyzer_feed" not in agent_settings()
+        procs.wait_for("the analyzer's RBAC gone", lambda: not may("list", "nodes"), 30)
+    finally:
+        subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
+                        "--namespace", ns, "--no-hooks"], capture_output=True, check=False, timeout=60)  # fmt: skip
         with contextlib.suppress(Exception):
             core.delete_namespace(ns, propagation_policy="Background")
 

@@ -128,8 +128,8 @@ data:
 {{- define "faultline.configDir" -}}/etc/faultline/config{{- end -}}
 
 {{/* a worker's ConfigMap and Deployment: (dict "root" $ "worker" "quarantine" "values" .Values.quarantine
-"settings" dict "files" dict "mounts" list "volumes" list "command" list), `command` the arguments before
---config (default: worker <worker>) */}}
+"settings" dict "files" dict "mounts" list "volumes" list "command" list "podAnnotations" dict), `command`
+the arguments before --config (default: worker <worker>) */}}
 {{- define "faultline.worker" -}}
 {{- $root := .root -}}
 {{- $name := printf "%s-%s" (include "faultline.name" $root) .worker -}}
@@ -153,6 +153,9 @@ spec:
     metadata:
       annotations:
         checksum/config: {{ include "faultline.configmap" . | sha256sum }}
+        {{- with .podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       labels:
         {{- include "faultline.labels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ .worker }}
@@ -214,8 +217,8 @@ spec:
         {{- end }}
 {{- end -}}
 
-{{/* ServiceAccount + ClusterRole + ClusterRoleBinding, and a Role to post Events in `default`: (dict "root" $
-"worker" "x" "rules" list "annotations" dict). What each may do is charts/faultline/rbac-matrix.yaml (docs/rbac.md) */}}
+{{/* ServiceAccount + ClusterRole + ClusterRoleBinding, and a Role to post Events in `default` (not with
+"events" false): (dict "root" $ "worker" "x" "rules" list "annotations" dict). What each may do is charts/faultline/rbac-matrix.yaml (docs/rbac.md) */}}
 {{- define "faultline.identity" -}}
 {{- $root := .root -}}
 {{- $name := printf "%s-%s" (include "faultline.name" $root) .worker -}}
@@ -244,6 +247,7 @@ metadata:
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {{ $name }}}
 subjects:
   - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ $root.Release.Namespace }}}
+{{- if or (not (hasKey . "events")) .events }}
 ---
 # Events about Nodes live in `default` (where `kubectl describe node` finds them): Events there only
 apiVersion: rbac.authorization.k8s.io/v1
@@ -264,4 +268,5 @@ metadata:
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: {{ $name }}-events}
 subjects:
   - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ $root.Release.Namespace }}}
+{{- end }}
 {{- end -}}
