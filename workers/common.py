@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -106,13 +107,26 @@ def post_event(
         log.warning("could not post Event", extra={**fields, "error": str(exc)})
 
 
-Outcome = str | tuple[str, dict[str, Any]]  # the stage's final state, and fields set with it (a hand-over)
+@dataclass(frozen=True)
+class Wait:
+    """A handler's "not yet" (a node still rebooting, a Job still running): the item goes back pending,
+    to be claimed again by any replica after `seconds`, without counting as an attempt; `also`: fields
+    set with it (what the look found). A wait holds no thread and no lease, so a worker's threads bound
+    the work it does at once, not the waits it has open."""
+
+    seconds: float
+    also: dict[str, Any] = field(default_factory=dict)
+
+
+# the stage's final state, and fields set with it (a hand-over); or a wait
+Outcome = str | tuple[str, dict[str, Any]] | Wait
 
 
 class ClaimLoop:
     """`threads` workers each claim the next pending fault of `stage`, call `handle(claim)` (which returns
     the stage's final state, optionally with fields to set in the same write) while a renewer keeps the
-    lease, and complete it. Idle claimers back off from 50 ms to 1 s. A lost lease drops the result:
+    lease, and complete it; a `Wait` gives it back to be looked at again later. Idle claimers back off
+    from 50 ms to 1 s. A lost lease drops the result:
     whoever took over redoes it (actions are idempotent). A handler's error parks the item (permanent,
     or its `max_attempts`-th claim failed) or gives it back with a `retry_after` (see the module
     docstring); `api`: where the Warning Event of a parked item is posted (None: no Event)."""
@@ -244,9 +258,10 @@ class ClaimLoop:
         error: str | None = None
         retry_after: dt.datetime | None = None
         fields = self._fields(claim)
+        outcome: Outcome | None = None
         try:
             outcome = self.handle(claim)
-            state, also = (outcome, None) if isinstance(outcome, str) else outcome
+            state, also, retry_after = self._settled(claim, outcome)
         except Exception as exc:  # noqa: BLE001 - recorded on the item: parked, or back to pending
             self.metrics.actions.labels(result="error").inc()
             state, error, retry_after = self._failed(claim, exc)
@@ -270,9 +285,23 @@ class ClaimLoop:
             return
         if state == store.PARKED and error is not None:
             self._parked(claim, error)
+        if isinstance(outcome, Wait):  # a look that found nothing new yet: routine, logged only for debugging
+            log.debug("claim waits", extra={**fields, "outcome": "wait", "retry_after": retry_after})
+            return
         level = logging.WARNING if error is not None else logging.INFO
         log.log(level, "claim %s", state, extra={**fields, "outcome": state, "error": error,
                                                  "retry_after": retry_after})  # fmt: skip
+
+    def _settled(
+        self, claim: store.Claim, outcome: Outcome
+    ) -> tuple[str, dict[str, Any] | None, dt.datetime | None]:
+        """What a handler's outcome makes of its item: (state, fields set with it, not claimed before)."""
+        if isinstance(outcome, Wait):  # back to pending, this claim not counted as an attempt
+            also = {**outcome.also, f"{self.stage}.attempts": claim.status.attempts - 1}
+            return store.PENDING, also, self.store.clock() + dt.timedelta(seconds=outcome.seconds)
+        if isinstance(outcome, str):
+            return outcome, None, None
+        return outcome[0], outcome[1], None
 
     def _fields(self, claim: store.Claim) -> dict[str, Any]:
         """The log fields of a claim."""

@@ -34,9 +34,17 @@ The round's outcome (Succeeded, Failed, TimedOut, NotCleared) goes to the repair
 request's status; anything but Succeeded sets the remediation stage pending again, so the next round
 escalates. Nothing stays in progress forever: every wait has a timeout.
 
+No wait holds a thread. Each claim of a repair is one look: start the round, act (the Job, the provider
+call), see whether the step is done, then whether the faults cleared; what is not there yet gives the
+repair back (`common.Wait`) to be looked at again after `poll` (a tenth of the time waited so far, up to
+15 s, while a node reboots). So `threads` bounds the looks at once, not the repairs in progress: an
+outage that releases many repairs at once waits for all their reboots together (the chaos suite's
+10-minute store outage released 26, which 8 threads holding their repairs took in four rounds). How
+many nodes are repaired at once is remediation's decision (its breaker and caps).
+
 A janitor killed mid-repair loses nothing: the round records when it started, the node's boot id before
-the repair and whether the provider call was made, so whoever takes the claim over waits for the same
-reboot instead of asking for another one.
+the repair, whether the Job was created and the provider call made, and validation's deadline, so
+whoever looks next waits for the same reboot instead of asking for another one.
 
 RemediationRequests that people create are adopted by the maintenance pass (`workers.user_requests`:
 refused with a clear status when they cannot be carried out) and carried out here like any round,
@@ -63,6 +71,8 @@ from workers import cloud, common, remedies, user_requests
 log = logging.getLogger(__name__)
 WORKER = "janitor"
 GONE = "<node gone>"  # boot_before of a node that no longer exists
+WAIT_MAX_S = 15.0  # the longest between two looks at a node or Job the repair waits for
+LOOK_GAP_S = 30.0  # validation looks further apart than this: the agent gets its full time again
 STAGE = "janitor"
 SIM_ACTION = "faultline.io/sim-action"  # read by the simulated kubelet (devtools.fakelet)
 REPAIR_LABEL = "faultline.io/repair"  # on repair Jobs and their pods: what the pod carries out
@@ -119,58 +129,92 @@ class Janitor:
 
     # -- one repair ----------------------------------------------------------------------------------------
     def _handle(self, claim: store.Claim) -> common.Outcome:
+        """One look at the repair's last round: start it, act (the Job, the provider call, each once),
+        see whether the step is done, then whether its faults cleared. Whatever is not there yet is a
+        wait: the round goes back pending and is looked at again later, by this replica or another,
+        from what the round records, so a wait holds no thread (see `common.Wait`)."""
         repair = store.Repair.from_doc(claim.doc)
         rounds = repair.rounds
         if not rounds or rounds[-1].outcome:
             return store.DONE  # nothing waiting
         index, current = len(rounds) - 1, rounds[-1]
         node, step, name = repair.node, current.step, current.request
-        started = current.started_at
         user = repair.user
-        if user is not None and started is None and not user_requests.still_wanted(self.api, user):
+        if user is not None and current.started_at is None and not user_requests.still_wanted(self.api, user):
             return self._cancel(repair, index, current)
+        external = current.external
+        status = self._noop_status if external else self._status  # an external CR's status is its own
+        if user is not None:  # a person's request: written only while it is still that request
+            status = functools.partial(self._status, uid=user.uid)
+            if self.settings.user_cordon and current.validate_until is None:
+                user_requests.cordon(self.api, node, name)
+        started = current.started_at
         if started is None:  # the first holder of this round: what a takeover must wait for
             started = self.store.clock()
             boot = self._boot_id_or_gone(node)
             current = current.model_copy(update={"started_at": started, "boot_before": boot})
             self.store.start_round(repair.id, index, started, boot)
-        external = current.external
-        status = self._noop_status if external else self._status  # an external CR's status is its own
-        if user is not None:  # a person's request: written only while it is still that request
-            status = functools.partial(self._status, uid=user.uid)
-            if self.settings.user_cordon:
-                user_requests.cordon(self.api, node, name)
-        status(name, "Running", started=started)
-        if external:  # an external remediator acts; the janitor only validates (below)
-            outcome, message = "Succeeded", "left to the external remediator"
-        else:
-            outcome, message = self._carry_out(node, step, current.job or name, current, started,
-                                               (repair.id, index))  # fmt: skip
-        if outcome == "Succeeded" and step == remedies.REPLACE and not external:
-            self.store.resolve_faults(current.fault_keys, f"janitor: {message}")  # the old hardware's
-        if outcome == "Succeeded" and step in (remedies.GPU_RESET, remedies.REBOOT) and not external:
-            # the step verifiably happened: the node agent re-reads the round's GPUs from now on
-            self.store.record_step_verified(repair.id, index, self.store.clock(), message)
-        if outcome == "Succeeded":
-            status(name, "Validating")
-            if external:  # the external remediator may have finished before this janitor looked
-                since = current.requested_at or started
-                timeout: dt.timedelta | None = dt.timedelta(seconds=float(current.timeout or 0.0))
+        if self.owner not in current.lookers:  # this replica's first look (the round's first, or a takeover)
+            lookers = [*current.lookers, self.owner]
+            self.store.record_lookers(repair.id, index, lookers)
+            current = current.model_copy(update={"lookers": lookers})
+            phase = "Running" if current.validate_until is None else "Validating"
+            status(name, phase, started=started, attempts=len(lookers))
+        if current.validate_until is None:  # the step's part
+            if external:  # an external remediator acts; the janitor only validates (below)
+                outcome, message = "Succeeded", "left to the external remediator"
             else:
-                since, timeout = started, None
-            outcome, message = self._validate(current.fault_keys, since, timeout)
-        if outcome != "Succeeded" and self.stop.is_set():
-            # stopping mid-repair (its waits end early): no verdict and no escalation; whoever claims
-            # the round next continues it from the start, boot id and cloud call recorded above
-            log.info("stopping: round left for a takeover", extra={"step": step, "repair": claim.id})
-            return store.PENDING
+                done = self._carry_out(node, step, current.job or name, current, started, (repair.id, index))
+                if done is None:
+                    return self._later(started)
+                outcome, message = done
+            if outcome != "Succeeded":
+                return self._finish(repair, index, current, outcome, message, status)
+            current = self._validating(repair, index, current, message, status)
+        outcome_or_wait = self._validate(repair, index, current)
+        if isinstance(outcome_or_wait, common.Wait):
+            return outcome_or_wait
+        return self._finish(repair, index, current, *outcome_or_wait, status)
+
+    def _validating(
+        self, repair: store.Repair, index: int, current: store.RepairRound, message: str,
+        status: Callable[..., None],
+    ) -> store.RepairRound:  # fmt: skip
+        """The step is done: what that settles (the old hardware's faults of a replacement, the agent's
+        re-read after a reset or reboot), and validation's deadline, recorded on the round."""
+        step, now = current.step, self.store.clock()
+        if step == remedies.REPLACE and not current.external:
+            self.store.resolve_faults(current.fault_keys, f"janitor: {message}")  # the old hardware's
+        if step in (remedies.GPU_RESET, remedies.REBOOT) and not current.external:
+            # the step verifiably happened: the node agent re-reads the round's GPUs from now on
+            self.store.record_step_verified(repair.id, index, now, message)
+        if current.external:  # the external remediator may have finished before this janitor looked
+            assert current.started_at is not None
+            until = (current.requested_at or current.started_at) + dt.timedelta(
+                seconds=float(current.timeout or 0)
+            )
+        else:
+            until = now + self.settings.validate_timeout
+        self.store.start_validation(repair.id, index, now, until)
+        status(current.request, "Validating")
+        return current.model_copy(update={"validate_until": until, "checked_at": now})
+
+    def _finish(
+        self, repair: store.Repair, index: int, current: store.RepairRound, outcome: str, message: str,
+        status: Callable[..., None],
+    ) -> common.Outcome:  # fmt: skip
+        """The round's verdict: recorded on the round and the request, an Event; anything but Succeeded
+        hands the repair back to remediation, which escalates."""
+        node, step, name = repair.node, current.step, current.request
+        started = current.started_at
+        assert started is not None  # a round gets a verdict only once started
         finished = self.store.clock()
         self.store.record_round_outcome(
             repair.id, index, outcome=outcome, at=finished, message=message, started_at=started
         )
         status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
                finished=finished, message=message)  # fmt: skip
-        if user is not None:
+        if repair.user is not None:
             user_requests.uncordon(self.api, node, name)
         common.post_event(
             self.api, node, reason=f"FaultlineRepair{outcome}", note=f"{step} ({name}): {message}",
@@ -181,13 +225,21 @@ class Janitor:
             return store.DONE, store.to_remediation()
         return store.DONE
 
+    def _later(self, since: dt.datetime) -> common.Wait:
+        """Look again later: every `poll` at first, then a tenth of the time waited so far, at most
+        WAIT_MAX_S (a reboot takes minutes; a look every 15 s finds it soon enough)."""
+        poll = self.settings.poll.total_seconds()
+        waited = (self.store.clock() - since).total_seconds()
+        return common.Wait(min(max(poll, waited / 10), max(poll, WAIT_MAX_S)))
+
     def _carry_out(
         self, node: str, step: str, job: str, current: store.RepairRound, started: dt.datetime,
         where: tuple[str, int],
-    ) -> tuple[str, str]:  # fmt: skip
-        """The round's step and its outcome: a failure is one (recorded, then escalated), but the API
-        server or the store being away is not: it raises TransientError, and the claim is retried with
-        the same round (its start, boot id and cloud call recorded), never a second repair."""
+    ) -> tuple[str, str] | None:  # fmt: skip
+        """The round's step and its outcome, or None: not done yet (look again later). A failure is an
+        outcome (recorded, then escalated), but the API server or the store being away is not: it raises
+        TransientError, and the claim is retried with the same round (its start, boot id, Job and cloud
+        call recorded), never a second repair."""
         try:
             with store.unreachable_is_transient("carrying out a repair"):
                 return self._run(node, step, job, current, started, where)
@@ -217,34 +269,37 @@ class Janitor:
     def _run(
         self, node: str, step: str, name: str, current: store.RepairRound, started: dt.datetime,
         where: tuple[str, int],
-    ) -> tuple[str, str]:  # fmt: skip
+    ) -> tuple[str, str] | None:  # fmt: skip
         before = current.boot_before or ""
         if step == remedies.REBOOT:
-            inst = self._instance(node) if self.settings.reboot_via == "cloud" else None
-            if inst is None:
-                self._job(name, node, self.settings.reboot_command, action="reboot")
-                if self.settings.record_only:  # nothing reboots: the Job's exit is the outcome
-                    return self._wait_job(name, started)
-            else:
+            acted = current.acted_at is not None or current.cloud_call is not None  # by an earlier look
+            inst = self._instance(node) if self.settings.reboot_via == "cloud" and not acted else None
+            if inst is not None:
                 target = inst
                 self._cloud(current, where, lambda p: p.reboot(target))
-            return self._wait_back(node, before, started)
+            elif current.cloud_call is None:
+                self._job(name, node, self.settings.reboot_command, current, where, action="reboot")
+                if self.settings.record_only:  # nothing reboots: the Job's exit is the outcome
+                    return self._check_job(name, started)
+            return self._check_back(node, before, started)
         if step == remedies.GPU_RESET:
             gpus = [str(g) for g in current.gpus]
-            self._job(name, node, (*self.settings.reset_command, *gpus), action="gpu-reset")
-            return self._wait_job(name, started)
+            self._job(name, node, (*self.settings.reset_command, *gpus), current, where, action="gpu-reset")
+            return self._check_job(name, started)
         if step == remedies.REPLACE:
             if self.settings.provider is None:
                 return "Failed", "no cloud provider is configured to replace the node"
             if before == GONE:
                 return "Succeeded", "the Node was already gone"
-            try:
-                inst = cloud.instance(self._provider_id(node))
-            except ValueError as exc:
-                return "Failed", f"cannot replace: {exc}"
-            said = self._cloud(current, where, lambda p: p.replace(inst))
-            outcome, message = self._wait_back(node, before, started, gone_ok=True)
-            return outcome, f"{said}; {message}"
+            said = current.cloud_call
+            if said is None:
+                try:
+                    inst = cloud.instance(self._provider_id(node))
+                except ValueError as exc:
+                    return "Failed", f"cannot replace: {exc}"
+                said = self._cloud(current, where, lambda p: p.replace(inst))
+            back = self._check_back(node, before, started, gone_ok=True)
+            return None if back is None else (back[0], f"{said}; {back[1]}")
         return "Failed", f"the janitor does not carry out {step}"
 
     def _instance(self, node: str) -> cloud.Instance | None:
@@ -281,7 +336,14 @@ class Janitor:
         log.info("cloud call done: %s", said, extra={"step": current.step, "repair": doc_id})
         return said
 
-    def _job(self, name: str, node: str, command: tuple[str, ...], *, action: str) -> None:
+    def _job(
+        self, name: str, node: str, command: tuple[str, ...], current: store.RepairRound,
+        where: tuple[str, int], *, action: str,
+    ) -> None:  # fmt: skip
+        """The round's Job, created once: a later look finds `acted_at` recorded and only waits for it (a
+        Job deleted meanwhile is not created again: its node may have rebooted already)."""
+        if current.acted_at is not None:
+            return
         s = self.settings
         privileged = not s.record_only
         if s.record_only:
@@ -307,6 +369,7 @@ class Janitor:
         }  # fmt: skip
         with contextlib.suppress(ConflictError):  # created already by this claim's earlier holder
             kube.jobs.create(self.api, s.namespace, body)
+        self.store.record_action(*where, self.store.clock())
 
     def _boot_id(self, node: str) -> str:
         obj = kube.nodes.read(self.api, node)
@@ -324,79 +387,75 @@ class Janitor:
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
         return str(status.get("nodeInfo", {}).get("bootID", "")), ready
 
-    def _wait_back(
+    def _check_back(
         self, node: str, before: str, started: dt.datetime, *, gone_ok: bool = False
-    ) -> tuple[str, str]:
-        deadline = started + self.settings.reboot_timeout
-        while self.store.clock() < deadline and not self.stop.is_set():
-            try:
-                boot, ready = self._ready(node)
-            except NotFoundError:
-                if gone_ok:
-                    return "Succeeded", "the Node was removed (a new instance replaces it)"
-                raise
-            except TransientError:  # the API server away (restarting): not back yet, as far as we know
-                self.stop.wait(self.settings.poll.total_seconds())
-                continue
-            if boot and boot != before and ready:
-                return "Succeeded", f"back with boot id {boot}"
-            self.stop.wait(self.settings.poll.total_seconds())
+    ) -> tuple[str, str] | None:
+        """One look at the node after a reboot or replacement: back (a new boot id and Ready; removed,
+        where `gone_ok`), timed out, or None (not yet)."""
+        try:
+            boot, ready = self._ready(node)
+        except NotFoundError:
+            if gone_ok:
+                return "Succeeded", "the Node was removed (a new instance replaces it)"
+            raise
+        except TransientError:  # the API server away (restarting): not back yet, as far as we know
+            boot, ready = "", False
+        if boot and boot != before and ready:
+            return "Succeeded", f"back with boot id {boot}"
+        if self.store.clock() < started + self.settings.reboot_timeout:
+            return None
         what = "no new boot id and Ready" + (" and the Node not removed" if gone_ok else "")
         return "TimedOut", f"{what} within {self.settings.reboot_timeout}"
 
-    def _wait_job(self, name: str, started: dt.datetime) -> tuple[str, str]:
-        deadline = started + self.settings.job_timeout
-        while self.store.clock() < deadline and not self.stop.is_set():
-            try:
-                job = kube.jobs.read(self.api, self.settings.namespace, name)
-            except TransientError:  # the API server away: not finished, as far as we know
-                self.stop.wait(self.settings.poll.total_seconds())
-                continue
-            status = job.get("status", {})
-            if status.get("succeeded"):  # backoffLimit 0, restartPolicy Never: the command exited 0
-                return "Succeeded", "the Job succeeded (its command exited 0)"
-            if status.get("failed"):
-                return "Failed", "the Job failed (GPU processes still running, or the reset failed)"
-            self.stop.wait(self.settings.poll.total_seconds())
+    def _check_job(self, name: str, started: dt.datetime) -> tuple[str, str] | None:
+        """One look at the round's Job: its outcome, timed out, or None (still running)."""
+        try:
+            job = kube.jobs.read(self.api, self.settings.namespace, name)
+        except TransientError:  # the API server away: not finished, as far as we know
+            job = {}
+        status = job.get("status", {})
+        if status.get("succeeded"):  # backoffLimit 0, restartPolicy Never: the command exited 0
+            return "Succeeded", "the Job succeeded (its command exited 0)"
+        if status.get("failed"):
+            return "Failed", "the Job failed (GPU processes still running, or the reset failed)"
+        if self.store.clock() < started + self.settings.job_timeout:
+            return None
         return "TimedOut", f"the Job did not finish within {self.settings.job_timeout}"
 
     def _validate(
-        self, keys: list[str], started: dt.datetime, timeout: dt.timedelta | None = None
-    ) -> tuple[str, str]:
-        """Every fault of the round resolved by a fresh healthy report from the node agent (external
-        rounds: within their own timeout from the start, since the repair happens meanwhile). The time
-        the store cannot be read does not count."""
-        if timeout is not None:
-            deadline = started + timeout
-        else:
-            deadline = self.store.clock() + self.settings.validate_timeout
-        blind = False
-        while not self.stop.is_set():
-            try:
-                with store.unreachable_is_transient("reading the round's faults"):
-                    open_ = self.store.unresolved(keys, started)
-            except TransientError:  # the store away: no verdict, and the agent cannot report through it
-                blind = True
-                self.stop.wait(self.settings.poll.total_seconds())
-                continue
-            # back from an outage: the agent gets its full time again (or a long outage ends in NotCleared
-            # and an escalation, a second repair of a node the first one may have fixed)
-            if blind and timeout is None:
-                deadline = max(deadline, self.store.clock() + self.settings.validate_timeout)
-                blind = False
-            if not open_:
-                return "Succeeded", "the node agent reports the GPUs healthy again"
-            if self.store.clock() >= deadline:
-                return "NotCleared", f"still open after the repair: {', '.join(open_)}"
-            self.stop.wait(self.settings.poll.total_seconds())
-        return "NotCleared", "the janitor stopped while validating"
+        self, repair: store.Repair, index: int, current: store.RepairRound
+    ) -> tuple[str, str] | common.Wait:
+        """One look at the round's faults: all resolved by a fresh healthy report from the node agent
+        (since the round started; an external round's since it was requested), or still open past the
+        deadline, or a wait. A gap in the looks longer than LOOK_GAP_S (the store away, every janitor
+        away) gives the agent its full time again: otherwise a long outage would end in NotCleared and
+        an escalation, a second repair of a node the first one may have fixed. (An external round keeps
+        its own deadline.)"""
+        assert current.started_at is not None
+        assert current.validate_until is not None
+        since = (current.requested_at or current.started_at) if current.external else current.started_at
+        now, until = self.store.clock(), current.validate_until
+        last = current.checked_at or now
+        if not current.external and (now - last).total_seconds() > max(
+            LOOK_GAP_S, 5 * self.settings.poll.total_seconds()
+        ):
+            until = max(until, now + self.settings.validate_timeout)
+        with store.unreachable_is_transient("reading the round's faults"):
+            open_ = self.store.unresolved(current.fault_keys, since)
+        if not open_:
+            return "Succeeded", "the node agent reports the GPUs healthy again"
+        if now >= until:
+            return "NotCleared", f"still open after the repair: {', '.join(open_)}"
+        here = f"rounds.{index}"
+        return common.Wait(self.settings.poll.total_seconds(),
+                           {f"{here}.checked_at": now, f"{here}.validate_until": until})  # fmt: skip
 
     def _noop_status(self, name: str, phase: str, **_: Any) -> None:
         pass
 
     def _status(self, name: str, phase: str, *, started: dt.datetime | None = None,
                 finished: dt.datetime | None = None, message: str | None = None,
-                uid: str | None = None) -> None:  # fmt: skip
+                uid: str | None = None, attempts: int | None = None) -> None:  # fmt: skip
         """Write the request's status (`uid`: only while the request of that name is that object; a
         request deleted meanwhile gets nothing, and that is no error)."""
         status: dict[str, Any] = {"phase": phase}
@@ -409,8 +468,8 @@ class Janitor:
         try:
             current = kube.resources.get_request(self.api, name)
             same = uid is None or (current.get("metadata") or {}).get("uid") == uid  # not another object
-            attempts = int((current.get("status") or {}).get("attempts", 0)) + (phase == "Running")
-            status["attempts"] = attempts
+            if attempts is not None:  # the replicas that took the round on
+                status["attempts"] = attempts
             if same:
                 kube.resources.patch_request_status(self.api, name, status)
         except NotFoundError:

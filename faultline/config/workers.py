@@ -231,7 +231,12 @@ class JanitorTuning(Part):
         default=dt.timedelta(seconds=2), gt=_ZERO, description="between looks at a node or Job (duration)"
     )
     lease: Duration = _lease()
-    threads: int = Field(default=4, ge=1, le=64, description="repairs carried out at once (threads)")
+    threads: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="repairs looked at at once (threads); a repair that waits holds none",
+    )
     job_annotations: dict[str, str] = Field(default_factory=dict, description="annotations on repair Jobs")
     reboot_via: Literal["job", "cloud"] = Field(
         default="job", description="reboot by a Job on the node, or by the provider's API (for hung nodes)"

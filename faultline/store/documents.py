@@ -238,6 +238,13 @@ class RepairRound(Document):
     # is back with a new boot id): what the node agent re-reads its GPUs' health on (`RepairNotice`)
     verified_at: UTCDateTime | None = None
     evidence: str | None = None
+    # the janitor's waits hold no thread: what a later look needs (each holder looks once and gives the
+    # round back): when the Job was created (never created twice), when validation must end, and when
+    # the last look was (a gap in the looks, the store or every janitor away, gives the agent its time)
+    acted_at: UTCDateTime | None = None
+    validate_until: UTCDateTime | None = None
+    checked_at: UTCDateTime | None = None
+    lookers: list[str] = Field(default_factory=list)  # the janitor replicas that took the round on
     outcome: str | None = None  # Succeeded | Failed | TimedOut | NotCleared | ContactSupport | Cancelled
     at: UTCDateTime | None = None
     message: str | None = None

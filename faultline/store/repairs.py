@@ -138,13 +138,31 @@ class Repairs(Base):
             {"_id": repair_id}, {"$set": {f"{here}.verified_at": utc(at), f"{here}.evidence": evidence[:500]}}
         )
 
+    def record_action(self, repair_id: str, index: int, at: dt.datetime) -> None:
+        """Round `index`'s Job was created: a later look (any janitor's) waits for it, never creates it
+        again."""
+        self.repairs.update_one({"_id": repair_id}, {"$set": {f"rounds.{index}.acted_at": utc(at)}})
+
+    def record_lookers(self, repair_id: str, index: int, lookers: list[str]) -> None:
+        """The janitor replicas that have taken round `index` on (a request's `status.attempts`)."""
+        self.repairs.update_one({"_id": repair_id}, {"$set": {f"rounds.{index}.lookers": lookers}})
+
+    def start_validation(self, repair_id: str, index: int, at: dt.datetime, until: dt.datetime) -> None:
+        """Round `index`'s step is done: it validates until `until` (looked at first at `at`)."""
+        here = f"rounds.{index}"
+        self.repairs.update_one(
+            {"_id": repair_id},
+            {"$set": {f"{here}.validate_until": utc(until), f"{here}.checked_at": utc(at)}},
+        )
+
     def repairs_to_confirm(self, node: str) -> list[documents.RepairNotice]:
         """The node's repairs the janitor verified and is validating now: the last round of each repair
-        whose janitor stage is claimed, with `verified_at` set and no outcome yet."""
+        whose janitor stage is open (claimed, or pending between the janitor's looks), with
+        `verified_at` set and no outcome yet."""
         out = []
-        for doc in self.repairs.find({"node": node, f"{JANITOR}.state": CLAIMED}, {"rounds": 1}):
+        for doc in self.repairs.find({"node": node}, {"rounds": 1, JANITOR: 1}):
             rounds = doc.get("rounds") or []
-            if not rounds:
+            if not rounds or (doc.get(JANITOR) or {}).get("state") not in (PENDING, CLAIMED):
                 continue
             last = documents.RepairRound.from_doc(rounds[-1])
             if last.verified_at is None or last.outcome:
@@ -178,8 +196,8 @@ def _round_doc(r: documents.RepairRound) -> dict[str, Any]:
         doc.pop("external")
         doc.pop("timeout")
     # the janitor's verification, written when it verified the step; a user request's own Job name
-    for key in ("verified_at", "evidence", "job"):
-        if doc.get(key) is None:
+    for key in ("verified_at", "evidence", "job", "acted_at", "validate_until", "checked_at", "lookers"):
+        if not doc.get(key):
             doc.pop(key, None)
     for key, value in doc.items():
         if isinstance(value, dt.datetime):

@@ -45,3 +45,38 @@ def test_a_transient_failure_is_tried_past_the_stage_cap_and_then_succeeds(
 def test_the_attempt_cap_by_kind_of_failure(exc: Exception, cap: int) -> None:
     assert common.attempt_cap(exc, 5) == cap
     assert common.attempt_cap(exc, 50) == 50  # a stage's larger cap stands
+
+
+def test_waits_hold_no_thread_and_spend_no_attempt(
+    st: store.Store, run_loop: Callable[..., common.ClaimLoop], cluster: LocalCluster
+) -> None:
+    """One claimer thread keeps four items waiting at once (each given back after every look, with the
+    fields its look found) and finishes each when its condition holds: the janitor's reboot waits, in
+    little. Looks are not attempts: a stage cap of 2 never parks an item that waited ten times."""
+    nodes = cluster.node_names[:4]
+    faults = [fault(n, "XID-48") for n in nodes]
+    looks: dict[str, list[int]] = {f.id: [] for f in faults}
+    turns: list[str] = []  # the items in the order they were looked at
+
+    def handle(claim: store.Claim) -> common.Outcome:
+        seen = looks[str(claim.doc["key"])]
+        seen.append(claim.status.attempts)
+        turns.append(str(claim.doc["key"]))
+        if len(seen) < 10:  # not there yet: look again in 50 ms, recording how far it got
+            return common.Wait(0.05, {"looked": len(seen)})
+        return store.DONE
+
+    for f in faults:
+        st.write_fault(f, revision=1)
+    run_loop(handle, "wait_test", max_attempts=2)
+    procs.wait_for(
+        "every item done", lambda: all(item(st, f.id).quarantine.state == store.DONE for f in faults), 60
+    )
+    for f in faults:
+        assert looks[f.id] == [1] * 10  # every look the first attempt: waits spent none
+        doc = st.queue.find_one({"_id": f"{store.QUARANTINE}/{f.id}"}) or {}
+        assert doc["looked"] == 9  # the last wait's fields, set as it was given back
+    # looked at in turns while all four waited, not one after the other: before any item was done,
+    # every other one had been looked at more than once
+    first_done = next(i for i in range(len(turns)) if turns[: i + 1].count(turns[i]) == 10)
+    assert all(turns[:first_done].count(f.id) >= 2 for f in faults), turns

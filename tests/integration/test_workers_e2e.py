@@ -112,7 +112,9 @@ def test_xid_to_repair_to_uncordon(
         repair = mongo_db["repairs"].find_one({"node": node})
         assert [r["outcome"] for r in repair["rounds"]] == ["Succeeded"]
         status = kube.resources.get_request(api, request["metadata"]["name"])["status"]
-        assert status["phase"] == "Succeeded" and status["attempts"] == 1
+        # the janitor replicas that looked at the round (a waiting repair is any replica's next look)
+        lookers = repair["rounds"][0]["lookers"]
+        assert status["phase"] == "Succeeded" and status["attempts"] == len(lookers) >= 1
         assert not any(t.key.startswith("faultline.io/") for t in core.read_node(node).spec.taints or [])
         # two replicas of each worker, each action once
         assert sum(d.metrics.actions.labels(result="evicted")._value.get() for d in drainers) == 2
