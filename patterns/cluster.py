@@ -201,18 +201,27 @@ class Derived:
     records: tuple[str, ...]
     key: str
     revision: int
+    suppresses: tuple[str, ...] = ()  # code globs the quarantine worker leaves alone on its node
+    suppress_for: float = 0.0  # seconds before and after the window that holds
 
     def fault(self) -> Fault:
         """As stored in `faults`, like any fault: keyed by node, entity and code; `pattern` the cluster
-        pattern's id; `metadata.records` the ids of the records behind it (the newest MAX_IDS)."""
+        pattern's id; `metadata.records` the ids of the records behind it (the newest MAX_IDS); with
+        `suppresses`, `metadata.suppresses` (comma-separated globs) and `metadata.suppress_for` (seconds),
+        which `workers.suppression` reads."""
+        metadata = {
+            "scope": "cluster",
+            "window": self.key.replace("\x1f", "/"),
+            "records": ",".join(self.records),
+        }
+        if self.suppresses:
+            metadata |= {"suppresses": ",".join(self.suppresses), "suppress_for": f"{self.suppress_for:g}"}
         return Fault(
             id=fault_id(self.node, self.entity_type, self.entity_id, self.code), node=self.node,
             entity=Entity(type=self.entity_type, id=self.entity_id), code=self.code, component=self.component,
             count=self.count, first_seen=utc_from_epoch(self.first_seen),
             last_seen=utc_from_epoch(self.last_seen), fatal=self.fatal, action=self.action,
-            state=FaultState.OPEN, description=self.description, pattern=self.pattern,
-            metadata={"scope": "cluster", "window": self.key.replace("\x1f", "/"),
-                      "records": ",".join(self.records)},
+            state=FaultState.OPEN, description=self.description, pattern=self.pattern, metadata=metadata,
         )  # fmt: skip
 
 
@@ -300,7 +309,8 @@ class Windows:
                 pattern=p.id, node=node, code=code, component=f.component, entity_type=p.entity_type,
                 entity_id=entity_id, fatal=f.fatal, action=f.action, description=f.description, count=measure,
                 first_seen=w.entries[0][0], last_seen=w.entries[-1][0], records=ids, key=item.key,
-                revision=item.position,
+                revision=item.position, suppresses=tuple(f.suppresses.codes) if f.suppresses else (),
+                suppress_for=f.suppresses.for_ if f.suppresses else 0.0,
             ))  # fmt: skip
         return out
 

@@ -293,6 +293,14 @@ class ClusterWindow(_Strict):
         return value
 
 
+class ClusterSuppress(_Strict):
+    """Faults of these codes on the derived fault's nodes that the quarantine worker leaves alone while
+    their last sighting is within `for` of the derived fault's window (`workers.suppression`)."""
+
+    codes: list[str] = Field(min_length=1, description="code globs, e.g. the application XIDs")
+    for_: Duration = Field(alias="for", description="how long before and after the window it holds")
+
+
 class ClusterFault(_Strict):
     """The derived fault, written to `faults` like any other (one per node: `nodes`)."""
 
@@ -306,6 +314,9 @@ class ClusterFault(_Strict):
         default="trigger",
         description="the nodes given the fault: trigger, the node of the record that made the pattern "
         "fire; every, each node with a record in the window",
+    )
+    suppresses: ClusterSuppress | None = Field(
+        default=None, description="faults on its nodes that must not quarantine them while it holds"
     )
 
 

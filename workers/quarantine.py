@@ -34,7 +34,7 @@ from pydantic import SkipValidation
 from faultline import conditions, config, kube, store
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from faultline.models import Action, Component, FaultState
-from workers import breaker, common, overrides, rules
+from workers import breaker, common, overrides, rules, suppression
 
 log = logging.getLogger(__name__)
 STAGE = "quarantine"
@@ -199,15 +199,23 @@ class QuarantineWorker:
     def _open_faults(
         self, node: str, docs: list[store.FaultRecord] | None
     ) -> tuple[list[rules.OpenFault], dt.datetime | None]:
-        """The node's open faults that count (not stale), and when its last resolved fault resolved."""
+        """The node's open faults that count (not stale, not suppressed by a derived fault of the node:
+        `workers.suppression`), and when its last resolved fault resolved."""
         faults, last_resolved = [], None
-        for doc in self.store.faults_of({node}, STAGE)[node] if docs is None else docs:
+        docs = self.store.faults_of({node}, STAGE)[node] if docs is None else docs
+        held_back = suppression.suppressed(d for d in docs if d.state != FaultState.RESOLVED)
+        for doc in docs:
             if doc.state == FaultState.RESOLVED:
                 resolved = doc.resolved_at
                 if resolved is not None and (last_resolved is None or resolved > last_resolved):
                     last_resolved = resolved
                 continue
             if doc.work is not None and doc.work.state == STALE:
+                continue
+            if doc.id in held_back:
+                log.debug(
+                    "fault suppressed", extra={"node": node, "fault_key": doc.id, "by": held_back[doc.id]}
+                )
                 continue
             faults.append(_open_fault(doc))
         return faults, last_resolved
