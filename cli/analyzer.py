@@ -72,8 +72,9 @@ def run(cfg: config.AnalyzerConfig) -> None:
     from workers import common  # noqa: PLC0415
 
     packs = cluster.load(cfg.packs, builtin=cfg.builtin)
-    if not packs.patterns:
+    if not packs.patterns and not cfg.anomaly:
         raise ConfigError("no cluster patterns loaded (scope: cluster in the packs)")
+    _scores(cfg)  # river missing: said before the lease is taken
     owner = cfg.owner or common.default_owner("analyzer")
     m = Metrics()
     if cfg.metrics_port:
@@ -135,7 +136,7 @@ def _active(
     sink = AnalyzerSink(lambda: store.connect(uri, db), leader.owner, guard=leader.holding,
                         on_fault=lambda d: m.derived.labels(pattern=d.pattern).inc())  # fmt: skip
     flow = cluster_flow.build(packs, source, sink, checkpoints=checkpoints,
-                              checkpoint_interval=cfg.checkpoint_interval)  # fmt: skip
+                              checkpoint_interval=cfg.checkpoint_interval, scores=_scores(cfg))  # fmt: skip
     pruner = threading.Thread(target=_prune, args=(uri, db, cfg, stop), name="feed-prune", daemon=True)
     pruner.start()
     err.print(f"analyzer: active as {leader.owner}, reading the feed after {start}", markup=False)
@@ -146,6 +147,16 @@ def _active(
         pruner.join()
         if labels is not None:
             labels.close()
+
+
+def _scores(cfg: config.AnalyzerConfig) -> Any:
+    """The anomaly scores' settings (None: off); river is imported here, so its absence is named at once."""
+    if not cfg.anomaly:
+        return None
+    from patterns import anomaly  # noqa: PLC0415
+
+    anomaly.river_stats()
+    return anomaly.Settings(cfg.anomaly_fields, cfg.anomaly_warmup, cfg.anomaly_expire.total_seconds())
 
 
 def _acquire(leader: Leadership, stop: threading.Event) -> bool:

@@ -39,7 +39,8 @@ from bytewax.outputs import DynamicSink
 
 from faultline import store
 from faultline.errors import LeaseLostError, TransientError
-from patterns.cluster import PARTITIONS, ClusterPacks, Routed, Windows, partition
+from patterns import anomaly
+from patterns.cluster import PARTITIONS, ClusterPacks, Routed, Windows, field_value, partition
 from sources.feed import Item
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,15 @@ STEP_OUTPUT = "analyzer_out"
 Routed_ = tuple[
     str, int, Any
 ]  # ("w", partition, Routed as a tuple) | ("t", partition, (position, watermark))
+# ... | ("a", partition, patterns.anomaly.Sample): a GPU's health sample, to its anomaly models
 Out = tuple[str, Any]
 
 
-def router(packs: ClusterPacks) -> Callable[[Item], list[tuple[str, Routed_]]]:
+def router(
+    packs: ClusterPacks, scores: anomaly.Settings | None = None
+) -> Callable[[Item], list[tuple[str, Routed_]]]:
+    fields = scores.enabled() if scores is not None else {}
+
     def route(item: Item) -> list[tuple[str, Routed_]]:
         record, extra = item
         if record is None:  # a tick: every partition learns how far the feed has been handed on
@@ -65,6 +71,13 @@ def router(packs: ClusterPacks) -> Callable[[Item], list[tuple[str, Routed_]]]:
         for r in packs.route(record, extra):
             p = partition(r.pattern, r.key)
             out.append((str(p), ("w", p, dataclasses.astuple(r))))
+        if fields and record.kind == "events":  # a GPU's health sample: to the partition of its models
+            gpu = field_value(record, "gpu")
+            s = anomaly.sample(gpu, record.position, record.t, record.node, record.id, record.metadata,
+                               fields)  # fmt: skip
+            if s is not None:
+                p = partition(anomaly.PATTERN, s[0])
+                out.append((str(p), ("a", p, s)))
         return out
 
     return route
@@ -79,8 +92,11 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
     def __init__(
         self, packs: ClusterPacks, checkpoints: Mapping[int, Mapping[str, Any]], interval: float,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        scores: anomaly.Settings | None = None,
     ) -> None:  # fmt: skip
         self.packs = packs
+        self.scores = scores
+        self.models: anomaly.Models | None = None  # the GPUs' anomaly models (scores on), in the checkpoint
         self.checkpoints = checkpoints
         self.interval = dt.timedelta(seconds=interval)
         self.clock = clock
@@ -95,7 +111,14 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
             self.partition = part
             self.windows = Windows.restore(self.packs, self.checkpoints.get(part))
             self.saved_upto = self.windows.upto
+            if self.scores is not None:
+                saved = (self.checkpoints.get(part) or {}).get("anomaly")
+                self.models = anomaly.Models.restore(self.scores, saved)
         w = self.windows
+        if kind == "a":
+            if payload[1] <= w.upto or self.models is None:
+                return [], op.StatefulLogic.RETAIN  # taken in before the checkpoint this run started from
+            return [("fault", f) for f in self.models.add(payload)], op.StatefulLogic.RETAIN
         if kind == "w":
             routed = Routed(*payload)
             if routed.position <= w.upto:
@@ -123,7 +146,11 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
         self.windows.expire(self.windows.watermark)  # here, not at every tick: a pass over every window
         self.saved_at = self.clock()
         self.saved_upto = self.windows.upto
-        return ("checkpoint", (self.partition, self.windows.state()))
+        state = self.windows.state()
+        if self.models is not None:
+            self.models.expire(self.windows.watermark)
+            state["anomaly"] = self.models.state()
+        return ("checkpoint", (self.partition, state))
 
     def on_eof(self) -> tuple[list[Out], bool]:
         if self.windows is None or self.saved_upto == self.windows.upto:
@@ -137,15 +164,18 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
 def build(
     packs: ClusterPacks, source: FixedPartitionedSource[Item, Any], sink: DynamicSink[Out], *,
     checkpoints: Mapping[int, Mapping[str, Any]], checkpoint_interval: float = 5.0,
+    scores: anomaly.Settings | None = None,
 ) -> Dataflow:  # fmt: skip
     """The analyzer's flow. `source` gives `sources.feed.Item`s (the store's feed: `FeedSource`) from the
-    position `checkpoints` give (`Store.analyzer_position`)."""
+    position `checkpoints` give (`Store.analyzer_position`). `scores`: the GPUs' anomaly scores (None:
+    off), whose models live beside the windows in the partitions (`patterns.anomaly`)."""
     flow = Dataflow(FLOW_ID)
     items = op.input(STEP_INPUT, flow, source)
-    keyed = op.flat_map(STEP_ROUTE, items, router(packs))
+    keyed = op.flat_map(STEP_ROUTE, items, router(packs, scores))
     outs = op.stateful(
-        STEP_WINDOWS, keyed, lambda _resume: PartitionLogic(packs, checkpoints, checkpoint_interval)
-    )
+        STEP_WINDOWS, keyed,
+        lambda _resume: PartitionLogic(packs, checkpoints, checkpoint_interval, scores=scores),
+    )  # fmt: skip
     op.output(STEP_OUTPUT, op.key_rm("unkey", outs), sink)
     return flow
 

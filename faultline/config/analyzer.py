@@ -6,11 +6,48 @@ import datetime as dt
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from faultline.config.base import Component, Duration, Flag, KubeFields, Seconds, StoreFields, WorkerFields
+from faultline.config.base import (
+    Component,
+    Duration,
+    Flag,
+    KubeFields,
+    Part,
+    Seconds,
+    StoreFields,
+    WorkerFields,
+)
 
 _SECOND = dt.timedelta(seconds=1)
+
+
+class AnomalyField(Part):
+    """One health field's anomaly score (`anomaly_fields`): whether it is scored, the score that raises
+    `GPU-ANOMALY-<FIELD>`, and the floor of the deviation the score divides by (the field's unit: errors
+    per hour for counters, degrees C for temperature), so a GPU whose rate never moved is not alarmed by
+    its first few errors: a GPU at rate 0 raises once its recent rate reaches `threshold` x `floor`."""
+
+    enabled: bool = Field(default=True, description="score this field")
+    threshold: float = Field(default=6.0, gt=0, le=1000, description="score that raises the fault")
+    floor: float = Field(default=1.0, gt=0, le=1e9, description="smallest deviation (field's unit)")
+
+
+# The fields the agent's GPU backends read that anomaly scores know, with conservative defaults: the
+# error counters on (a correctable error rate that climbs is what precedes row remapping and XID 48/63/
+# 64), temperature off (it follows the workload, and the agent reports its thresholds as states already).
+# A floor is at least 10 an hour: with a sample a minute one error is a rate of 60/h for that minute, and
+# rare events (a remapped row) must take several at once to score past 6.
+ANOMALY_FIELDS: dict[str, AnomalyField] = {
+    "ecc_sbe_volatile": AnomalyField(floor=10.0),  # correctable ECC errors per hour
+    "remapped_rows_correctable": AnomalyField(floor=10.0),  # rows remapped for correctable errors per hour
+    "retired_pages_sbe": AnomalyField(floor=10.0),  # pages retired for repeated correctable errors per hour
+    "nvlink_crc": AnomalyField(floor=60.0),  # NVLink CRC flit errors per hour (all links)
+    "nvlink_replay": AnomalyField(floor=60.0),  # NVLink replays per hour
+    "nvlink_recovery": AnomalyField(floor=10.0),  # NVLink recoveries per hour
+    "pcie_replay": AnomalyField(floor=60.0),  # PCIe replays per hour
+    "temperature": AnomalyField(enabled=False, floor=3.0),  # degrees C above the GPU's own normal
+}
 
 
 class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields):
@@ -55,3 +92,36 @@ class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields):
         le=64,
         description="Bytewax worker threads (the windows' partitions are spread over them)",
     )
+    anomaly: bool = Field(
+        default=False, description="score each GPU's health fields with online models (river: needs the "
+        "faultline[anomaly] extra) and raise non-fatal GPU-ANOMALY-<FIELD> faults that never cordon",
+    )  # fmt: skip
+    anomaly_fields: dict[str, AnomalyField] = Field(
+        default_factory=lambda: dict(ANOMALY_FIELDS),
+        description="per health field: enabled, threshold (score), floor (the field's unit); what is given "
+        "overrides the defaults of that field only",
+    )
+    anomaly_warmup: int = Field(
+        default=30, ge=2, le=100_000,
+        description="samples of a GPU's field learned before its score can raise a fault",
+    )  # fmt: skip
+    anomaly_expire: Duration = Field(
+        default=dt.timedelta(days=7), ge=dt.timedelta(hours=1),
+        description="forget a GPU's models once it has sent no sample for this long (duration)",
+    )  # fmt: skip
+
+    @field_validator("anomaly_fields", mode="before")
+    @classmethod
+    def _anomaly_fields(cls, value: object) -> object:
+        """A field's given keys over its defaults; a name no backend reports is an error naming the known."""
+        if not isinstance(value, dict):
+            return value
+        unknown = sorted(set(value) - set(ANOMALY_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown health field(s) {', '.join(map(str, unknown))} "
+                             f"(known: {', '.join(ANOMALY_FIELDS)})")  # fmt: skip
+        out: dict[str, object] = {k: v.model_dump() for k, v in ANOMALY_FIELDS.items()}
+        for name, given in value.items():
+            keys = given.model_dump() if isinstance(given, AnomalyField) else given
+            out[name] = {**out[name], **keys} if isinstance(keys, dict) else keys  # type: ignore[dict-item]
+        return out
