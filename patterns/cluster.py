@@ -14,7 +14,8 @@ with the window's new figures (the store keeps the newest revision).
 Fields (`field`): `node`, `code`, `component`, `entity` (`type:id`), `entity_id`; `gpu` is the GPU
 across reboots and nodes (its UUID from the event's metadata, else its serial, else the node and PCI
 address); `gpu_uuid`, `gpu_serial`, `nvlink_domain` (the event's metadata, else the node label
-`nvidia.com/gpu.clique`), `job` (metadata), `episode` (fault changes: the fault and when it was first
+`nvidia.com/gpu.clique`), `job` (the event's metadata, else the job holding the node's GPUs: JOB_KEY
+among its labels, `sources.pod_jobs`), `episode` (fault changes: the fault and when it was first
 seen, so the updates of one fault count once and a reopened fault anew); `label:<name>` a node label,
 `metadata:<key>` an event's metadata. A record without a value for one of a pattern's key fields is
 not counted by it.
@@ -49,6 +50,7 @@ MAX_ENTRIES = 1000  # records one window keeps (the newest); its count saturates
 MAX_IDS = 50  # record ids a derived fault carries (the newest)
 EXAMPLE_START = 1_795_000_000.0  # when an example's first record happens (late 2026), epoch seconds
 CLIQUE_LABEL = "nvidia.com/gpu.clique"  # GPU feature discovery: NVLink domain (cluster UUID.clique id)
+JOB_KEY = "faultline.io/gpu-job"  # the job holding a node's GPUs, in its labels as the analyzer reads them
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +92,9 @@ def field_value(record: Record, source: str) -> str | None:
         )
     if source == "nvlink_domain":
         return meta.get("nvlink_domain") or record.labels.get(CLIQUE_LABEL) or None
-    if source in ("gpu_uuid", "gpu_serial", "job"):
+    if source == "job":
+        return meta.get("job") or record.labels.get(JOB_KEY) or None
+    if source in ("gpu_uuid", "gpu_serial"):
         return meta.get(source) or None
     if source == "entity":
         return f"{record.entity_type}:{record.entity_id}" if record.entity_type else None
