@@ -17,6 +17,7 @@ from faultline.errors import ConfigError
 from faultline.models import Action, FaultState
 from patterns import anomaly, cluster, loader
 from patterns.cluster import Record
+from workers import rules
 
 T = 1_800_000_000.0
 MINUTE = 60.0
@@ -100,6 +101,15 @@ def test_a_drifting_correctable_ecc_rate_raises_and_resolves() -> None:
     resolved = [f for f in got if f.resolved]
     assert len(resolved) == 1 and resolved[0].fault().state == FaultState.RESOLVED
     assert resolved[0].fault().resolved_at is not None
+
+
+def test_the_default_quarantine_rules_leave_a_gpu_anomaly_alone() -> None:
+    models = anomaly.Models(SETTINGS)
+    opened = run(models, ecc_samples([1.0] * 60 + [600.0] * 3))[0].fault()
+    doc = {"_id": opened.id, "code": opened.code, "component": opened.component.value,
+           "action": opened.action.value, "fatal": opened.fatal, "count": opened.count}  # fmt: skip
+    want = rules.desired(rules.load_rules(None), [rules.OpenFault.from_doc(doc)], {})
+    assert not want.quarantined and want.faults == ()
 
 
 def test_a_counter_reset_raises_nothing() -> None:
