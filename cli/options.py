@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from cli import settings
@@ -67,8 +67,8 @@ def format_value(value: Any) -> str:
         return format_duration(value.total_seconds())
     if isinstance(value, SecretStr):
         return str(value)  # pydantic's mask
-    if isinstance(value, tuple | list | dict):
-        return json.dumps(value, default=str)
+    if isinstance(value, tuple | list | dict):  # a part's model inside (anomaly_fields) as its fields
+        return json.dumps(value, default=lambda v: v.model_dump() if isinstance(v, BaseModel) else str(v))
     if value is None:
         return "-"
     return str(value)
