@@ -116,7 +116,7 @@ def _active(
     with store.unreachable_is_transient("reading the analyzer's checkpoints"):
         st.ensure_indexes()
         checkpoints = st.analyzer_checkpoints()
-        start = st.analyzer_position(cluster.PARTITIONS)
+        marks = st.analyzer_positions(cluster.PARTITIONS)
     labels = None
     if cfg.node_labels:
         kubeconfig = str(cfg.kubeconfig) if cfg.kubeconfig else None
@@ -125,12 +125,12 @@ def _active(
     # the feed's watermark where reading starts: that of the partitions furthest behind (every partition
     # gets every tick, so theirs is the source's at that position)
     behind = [
-        s for p, s in checkpoints.items() if p < cluster.PARTITIONS and int(s.get("upto") or 0) >> 16 == start
+        s for p, s in checkpoints.items() if p < cluster.PARTITIONS and int(s.get("upto") or 0) == marks[0][0]
     ]
     watermark = max((float(s["watermark"]) for s in behind if s.get("watermark") is not None),
                     default=float("-inf"))  # fmt: skip
     source = FeedSource(
-        lambda: store.connect(uri, db), start, labels=labels.get if labels else lambda _n: node_labels.NONE,
+        lambda: store.connect(uri, db), marks, labels=labels.get if labels else lambda _n: node_labels.NONE,
         poll=cfg.poll, batch=cfg.batch, stop=stop, on_lost=m.lost.inc, watermark=watermark,
     )  # fmt: skip
     sink = AnalyzerSink(lambda: store.connect(uri, db), leader.owner, guard=leader.holding,
@@ -139,7 +139,9 @@ def _active(
                               checkpoint_interval=cfg.checkpoint_interval, scores=_scores(cfg))  # fmt: skip
     pruner = threading.Thread(target=_prune, args=(uri, db, cfg, stop), name="feed-prune", daemon=True)
     pruner.start()
-    err.print(f"analyzer: active as {leader.owner}, reading the feed after {start}", markup=False)
+    after = sum(marks[0][1].values())
+    err.print(f"analyzer: active as {leader.owner}, reading the feed after {after} documents of "
+              f"{len(marks[0][1])} writers", markup=False)  # fmt: skip
     try:
         runner.run(flow, workers=cfg.workers, on_stop=stop.set)
     finally:

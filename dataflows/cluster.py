@@ -10,10 +10,12 @@ exchange are small tuples. Step ids are constants (a recovery contract).
 
 Exactly once across restarts, without Bytewax's recovery store (a Deployment has no volume of its own,
 and another replica may take over): a partition's checkpoint (`faultline.store.analyzer`) holds its
-windows and `upto`, the feed position they have taken in; it is emitted at a tick, after the derived
-faults of the records before it, at most every `checkpoint_interval`. A restart reads the feed after the
-lowest `upto`, and each partition ignores the records and ticks it has taken in already. Derived faults
-made again after a restart have the revisions they had, so the store keeps one of each.
+windows and `upto`, the feed position they have taken in (and `feed`, the same place as a number per
+feed writer); it is emitted at a tick, after the derived faults of the records before it, at most every
+`checkpoint_interval`. A restart reads the feed after the lowest checkpoint (`sources.feed` hands on
+again what the partitions ahead took in, numbered up to their `upto`), and each partition ignores the
+records and ticks it has taken in already. Derived faults made again after a crash are the same
+faults, so the store keeps one of each.
 
 One replica is active (`Leadership`: the claim of `analyzer/cluster`); the others wait for it. Why not
 every replica, each with its own partitions: the feed is one sequence every partition needs to read in
@@ -53,7 +55,7 @@ STEP_OUTPUT = "analyzer_out"
 
 Routed_ = tuple[
     str, int, Any
-]  # ("w", partition, Routed as a tuple) | ("t", partition, (position, watermark))
+]  # ("w", partition, Routed as a tuple) | ("t", partition, (position, watermark, feed))
 # ... | ("a", partition, patterns.anomaly.Sample): a GPU's health sample, to its anomaly models
 Out = tuple[str, Any]
 
@@ -104,6 +106,7 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
         self.windows: Windows | None = None
         self.saved_at = clock()
         self.saved_upto = -1
+        self.fed: list[Any] = []  # the feed position of `upto`: {writer, n} per feed writer
 
     def on_item(self, value: Routed_) -> tuple[list[Out], bool]:
         kind, part, payload = value
@@ -111,6 +114,7 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
             self.partition = part
             self.windows = Windows.restore(self.packs, self.checkpoints.get(part))
             self.saved_upto = self.windows.upto
+            self.fed = list((self.checkpoints.get(part) or {}).get("feed") or [])
             if self.scores is not None:
                 saved = (self.checkpoints.get(part) or {}).get("anomaly")
                 self.models = anomaly.Models.restore(self.scores, saved)
@@ -124,10 +128,11 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
             if routed.position <= w.upto:
                 return [], op.StatefulLogic.RETAIN  # taken in before the checkpoint this run started from
             return [("fault", d) for d in w.add(routed)], op.StatefulLogic.RETAIN
-        position, watermark = payload
+        position, watermark, *fed = payload
         if position <= w.upto:
             return [], op.StatefulLogic.RETAIN
         w.upto = position
+        self.fed = fed[0] if fed else self.fed  # the same place as a number per feed writer
         w.watermark = max(w.watermark, watermark)
         if self.clock() - self.saved_at >= self.interval:
             return [self._checkpoint()], op.StatefulLogic.RETAIN
@@ -147,6 +152,7 @@ class PartitionLogic(op.StatefulLogic[Routed_, Out, None]):
         self.saved_at = self.clock()
         self.saved_upto = self.windows.upto
         state = self.windows.state()
+        state["feed"] = self.fed
         if self.models is not None:
             self.models.expire(self.windows.watermark)
             state["anomaly"] = self.models.state()

@@ -1,16 +1,28 @@
-"""The cluster analyzer's input: the store's feed (`faultline.store.feed`), read in order from a
-position, as `patterns.cluster.Record`s with their node's labels.
+"""The cluster analyzer's input: the store's feed (`faultline.store.feed`), every writer's sequence read
+from a position (a number per writer) and merged, as `patterns.cluster.Record`s with their node's labels.
 
-One partition (the feed is one sequence): it polls `feed_after` every `poll` seconds while caught up
+One partition (the merge is one reader): it polls `feed_after` every `poll` seconds while caught up
 and at once while there is more. Its items are `(record, watermark)` for each record and, after each
-read, `(None, (position, watermark))`, a tick: everything up to `position` has been handed on (the
-partitions' checkpoint says how far they are; see `dataflows.cluster`). The watermark is the newest
-event time read so far, never ahead of this machine's clock by more than MAX_AHEAD (a node whose clock
-runs ahead must not age every window out).
+read, `(None, (position, watermark, feed))`, a tick: everything up to `position` has been handed on,
+`feed` the same place as `{writer, n}` documents (the partitions' checkpoint says how far they are;
+see `dataflows.cluster`). `position` counts the feed documents handed on (times 2**16, plus a record's
+index in its document), one order for the windows and the derived faults' revisions. The watermark is
+the newest event time read so far, never ahead of this machine's clock by more than MAX_AHEAD (a node
+whose clock runs ahead must not age every window out).
+
+The merged order is the documents' stored time, ties by writer and number, each writer's in its own
+order: not event time, which would hold every writer back until the slowest had shown it is past that
+time (a writer that went quiet, forever). A slow writer's records come later, then, and the windows
+take them as late: still counted where they are within `within` of the watermark, as they would be in
+one global order, where the slow writer's batch also comes when it is written.
 
 The source keeps no resume state of its own (Bytewax's recovery is not used): it starts where the
-store's checkpoints say (`Store.analyzer_position`). A store that cannot be reached is waited for (its
-error logged once per outage); numbers pruned before they were read are skipped, logged and counted.
+store's checkpoints say (`Store.analyzer_positions`): after the lowest one's feed position, and up to
+each higher checkpoint's it reads only what the partitions there have taken in, numbering it up to
+their `position` (the ticks in between all went to every partition, so they hold the same documents),
+so a partition ignores exactly what it took in before the restart, whatever order the writers' newer
+documents would now merge in. A store that cannot be reached is waited for (its error logged once per
+outage); numbers pruned before they were read are skipped, logged and counted.
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
@@ -30,17 +42,18 @@ from patterns.cluster import Record
 
 log = logging.getLogger(__name__)
 MAX_AHEAD = 300.0  # seconds an event time may run ahead of this clock before it stops moving the watermark
-Item = tuple[Record | None, Any]  # (record, watermark) or (None, (position, watermark)): a tick
+Item = tuple[Record | None, Any]  # (record, watermark) or (None, (position, watermark, feed)): a tick
 NO_LABELS: Mapping[str, str] = {}
 
 
-def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]]) -> list[Record]:
-    """A feed document's events and fault changes as records, in its order."""
+def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]], seq: int) -> list[Record]:
+    """A feed document's events and fault changes as records, in its order; `seq`: its place in the
+    merged reading."""
     out = []
     for i, d in enumerate(batch.events):
         entity = (d.get("entities") or [{}])[0]
         out.append(Record(
-            position=batch.n << 16 | i, kind="events", id=str(d["_id"]), t=_epoch(d["observed_at"]),
+            position=seq << 16 | i, kind="events", id=str(d["_id"]), t=_epoch(d["observed_at"]),
             node=str(d["node"]), code=str(d["code"]), component=str(d.get("component", "")),
             entity_type=str(entity.get("type", "")), entity_id=str(entity.get("id", "")),
             healthy=bool(d.get("healthy")), fatal=bool(d.get("fatal")), metadata=d.get("metadata") or {},
@@ -49,7 +62,7 @@ def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]]) 
     for j, d in enumerate(batch.faults, start=len(batch.events)):
         entity = d.get("entity") or {}
         out.append(Record(
-            position=batch.n << 16 | j, kind="faults", id=f"{d['_id']}@{d.get('revision')}",
+            position=seq << 16 | j, kind="faults", id=f"{d['_id']}@{d.get('revision')}",
             t=_epoch(d["last_seen"]), node=str(d["node"]), code=str(d["code"]),
             component=str(d.get("component", "")), entity_type=str(entity.get("type", "")),
             entity_id=str(entity.get("id", "")), fatal=bool(d.get("fatal")), state=str(d.get("state", "")),
@@ -67,7 +80,10 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
     def __init__(self, src: FeedSource) -> None:
         self.src = src
         self.store = src.connect()
-        self.position = src.start
+        marks = sorted(src.start, key=lambda m: m[0]) or [(0, {})]
+        self.seq = marks[0][0] >> 16
+        self.position = dict(marks[0][1])
+        self.stages = [(u >> 16, dict(p)) for u, p in marks[1:] if u >> 16 > self.seq]
         self.watermark = src.watermark
         self.awake: dt.datetime | None = None
         self.down_since: float | None = None
@@ -75,9 +91,10 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
     def next_batch(self) -> list[Item]:
         if self.src.stop is not None and self.src.stop.is_set():
             raise StopIteration
+        upto = self.stages[0][1] if self.stages else None
         try:
             with store.unreachable_is_transient("reading the feed"):
-                got = self.store.feed_after(self.position, self.src.batch)
+                got = self.store.feed_after(self.position, self.src.batch, upto=upto)
         except TransientError as exc:
             if self.down_since is None:
                 self.down_since = time.monotonic()
@@ -88,25 +105,31 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
             log.info("store reachable again: reading the feed",
                      extra={"after_s": round(time.monotonic() - self.down_since, 1)})  # fmt: skip
             self.down_since = None
-        if got.lost is not None:
-            first, last = got.lost
+        for writer, first, last in got.lost:
             log.warning("feed documents pruned before they were read: skipped",
-                        extra={"first": first, "last": last, "count": last - first + 1})  # fmt: skip
+                        extra={"writer": writer, "first": first, "last": last,
+                               "count": last - first + 1})  # fmt: skip
             self.src.on_lost(last - first + 1)
-            self.position = last
-            return []
-        if not got.batches:
-            self._sleep(self.src.poll)
-            return []
-        self.awake = None
+            self.seq += 1  # a place of its own in the merged reading, so the tick after it moves on
+            self.position[writer] = last
         out: list[Item] = []
         ceiling = time.time() + MAX_AHEAD
         for batch in got.batches:
-            for r in records(batch, self.src.labels):
+            self.seq += 1
+            for r in records(batch, self.src.labels, self.seq):
                 self.watermark = max(self.watermark, min(r.t, ceiling))
                 out.append((r, self.watermark))
-            self.position = batch.n
-        out.append((None, (self.position << 16 | 0xFFFF, self.watermark)))
+            self.position[batch.writer] = batch.n
+        staged = False
+        while self.stages and all(self.position.get(w, 0) >= n for w, n in self.stages[0][1].items()):
+            # what the partitions at this checkpoint took in is handed on again: on from their position
+            self.seq = max(self.seq, self.stages.pop(0)[0])
+            staged = True
+        if not out and not got.lost and not staged:
+            self._sleep(self.src.poll)
+            return []
+        self.awake = None
+        out.append((None, (self.seq << 16 | 0xFFFF, self.watermark, store.position_doc(self.position))))
         return out
 
     def _sleep(self, seconds: float) -> None:
@@ -123,15 +146,17 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
 
 
 class FeedSource(FixedPartitionedSource[Item, None]):
-    """`connect` makes the partition's store (in the worker: Bytewax may fork); `start` is the feed number
-    to read after and `watermark` the newest event time read before it (the checkpoints'), so a restart
-    judges late records as the run before it did; `labels(node)` gives a node's labels; setting `stop`
+    """`connect` makes the partition's store (in the worker: Bytewax may fork); `start` the partitions'
+    checkpoints as `(position, feed position)` (`Store.analyzer_positions`; empty: the feed from its
+    beginning) and `watermark` the newest event time read before the lowest (its checkpoints'), so a
+    restart judges late records as the run before it did; `labels(node)` gives a node's labels; setting `stop`
     ends the input."""
 
     def __init__(
-        self, connect: Callable[[], store.Store], start: int, *, labels: Callable[[str], Mapping[str, str]],
-        poll: float = 0.5, batch: int = 256, stop: threading.Event | None = None,
-        on_lost: Callable[[int], None] = lambda _n: None, watermark: float = float("-inf"),
+        self, connect: Callable[[], store.Store], start: Sequence[tuple[int, store.Position]], *,
+        labels: Callable[[str], Mapping[str, str]], poll: float = 0.5, batch: int = 256,
+        stop: threading.Event | None = None, on_lost: Callable[[int], None] = lambda _n: None,
+        watermark: float = float("-inf"),
     ) -> None:  # fmt: skip
         self.connect = connect
         self.start = start

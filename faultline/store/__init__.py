@@ -11,8 +11,9 @@ Collections and their modules:
 - `drains` (`drains`): one per node, for its current quarantine episode (`Drain`).
 - `gpu_pods` (`gpu_pods`): per node, which pods use which GPU, as its agent read it (`GpuPods`).
 - `repairs` (`repairs`): one per quarantine episode that needs repair, with its rounds (`Repair`).
-- `feed`, `counters` (`feed`): every node's new events and fault changes in one gap-free numbered
-  order, for the cluster analyzer (`record_batch` writes them, `feed_after` reads them).
+- `feed`, `feed_heads` (`feed`): every node's new events and fault changes, a gap-free numbered
+  sequence per writer (its head in `feed_heads`), for the cluster analyzer (`record_batch` writes them,
+  `feed_after` reads them, merged).
 - `analyzer` (`analyzer`): the cluster analyzer's checkpoints, one per partition of its windows; its
   lease is the work item `analyzer/cluster` in `queue`.
 - `maintenance` (`maintenance`): Azure nodes' Scheduled Events, relayed by their agents for the cloud
@@ -92,7 +93,7 @@ from faultline.store.documents import (
     WorkItem,
 )
 from faultline.store.drains import DRAINED
-from faultline.store.feed import FeedBatch, FeedRead
+from faultline.store.feed import FeedBatch, FeedRead, Position, position_doc, position_from
 from faultline.store.holds import BREAKER_ID
 from faultline.store.maintenance import MAINTENANCE_PATTERN
 from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation, user_repair_key
@@ -105,9 +106,10 @@ __all__ = [
     "Clock", "Drain",
     "DryRun", "FaultRecord", "FeedBatch", "FeedRead", "GpuAssignment", "GpuPods", "Lease", "NodeHold",
     "Owned", "Parked",
-    "PodRecord", "Repair", "RepairNotice",
+    "PodRecord", "Position", "Repair", "RepairNotice",
     "RepairRound", "ScheduledEvent", "ScheduledEvents",
-    "StageStatus", "Store", "UserRequest", "WorkItem", "connect", "episode_label",
+    "StageStatus", "Store", "UserRequest", "WorkItem", "connect", "episode_label", "position_doc",
+    "position_from",
     "repair_key", "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient",
     "user_repair_key", "utc", "utcnow",
 ]  # fmt: skip

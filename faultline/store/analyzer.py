@@ -1,11 +1,14 @@
 """The cluster analyzer's progress (`analyzer`): one checkpoint document per partition of its windows.
 
-A checkpoint holds the partition's windows and `upto`, the feed position (`feed` number times 2**16)
-its windows have taken in: the analyzer that starts next (a restart, or another replica taking over)
-restores each partition and reads the feed after the lowest `upto`, and a partition ignores what it
-has taken in already, so no record is counted twice or skipped. A partition writes its checkpoint after
-the derived faults its records made (same sink, in order): a crash in between makes them again, with
-the same revisions, which the store ignores.
+A checkpoint holds the partition's windows, `upto`, the position in the analyzer's merged reading of
+the feed (its batch count times 2**16) its windows have taken in, and `feed`, the same place as one
+number per feed writer (`faultline.store.feed`): the analyzer that starts next (a restart, or another
+replica taking over) restores each partition and reads the feed after the lowest checkpoint's `feed`,
+handing on again, up to each higher checkpoint's `feed`, what the partitions there have taken in, with
+positions up to their `upto` (see `sources.feed`); so a partition ignores what it has taken in
+already, and no record is counted twice or skipped. A partition writes its checkpoint after the
+derived faults its records made (same sink, in order): a crash in between makes them again, which the
+store keeps as one fault.
 
 One analyzer is active at a time: it holds the work item `analyzer/cluster` of stage `analyzer` in
 `queue` by a claim (`claims`: numbered lease documents, so two replicas cannot both hold it), renews it,
@@ -22,7 +25,7 @@ from typing import Any
 from pymongo.collection import Collection
 
 from faultline.store.base import CLAIMED, QUEUE, Base
-from faultline.store.feed import COUNTERS, FEED
+from faultline.store.feed import FEED_HEADS, position_from
 
 ANALYZER = "analyzer"  # the stage of the analyzer's lease item (`queue`), and the checkpoints' collection
 ANALYZER_ITEM = "cluster"  # the lease item's key: `analyzer/cluster`
@@ -35,7 +38,8 @@ def checkpoint_id(partition: int) -> str:
 @dataclass(frozen=True)
 class AnalyzerStatus:
     """For `faultline status`: who holds the analyzer's lease (None: no replica is active) and until
-    when, how far into the feed every partition is, the feed's head, and the last checkpoint's time."""
+    when, how far into the feed every partition is and the feed's head (feed documents, summed over the
+    writers), and the last checkpoint's time."""
 
     owner: str | None
     until: dt.datetime | None
@@ -58,10 +62,17 @@ class Analyzer(Base):
         doc = {"partition": partition, "state": dict(state), "owner": owner, "updated_at": self.now()}
         self.upsert(self.checkpoints, {"_id": checkpoint_id(partition)}, {"$set": doc})
 
-    def analyzer_position(self, partitions: int) -> int:
-        """The feed number every one of the `partitions` has taken in (0: one has no checkpoint yet)."""
+    def analyzer_positions(self, partitions: int) -> list[tuple[int, dict[str, int]]]:
+        """Each of the `partitions`' `upto` and feed position (`(0, {})`: no checkpoint yet), lowest
+        first: every partition is handed on the same ticks, so each position is past the one before."""
         saved = self.analyzer_checkpoints()
-        return min(int(saved.get(p, {}).get("upto") or 0) for p in range(partitions)) >> 16
+        out = [(int(saved.get(p, {}).get("upto") or 0), position_from(saved.get(p, {}).get("feed")))
+               for p in range(partitions)]  # fmt: skip
+        return sorted(out, key=lambda u: u[0])
+
+    def analyzer_position(self, partitions: int) -> dict[str, int]:
+        """The feed position (a number per writer) every one of the `partitions` has taken in."""
+        return self.analyzer_positions(partitions)[0][1] if partitions else {}
 
     def analyzer_status(self, partitions: int) -> AnalyzerStatus | None:
         """None when no analyzer ever ran here."""
@@ -76,7 +87,7 @@ class Analyzer(Base):
             lease = self.leases.find_one({"_id": f"{ANALYZER}/{item_id}/{stage.get('seq', 0)}"}) or {}
             if lease.get("until") is not None and lease["until"] >= self.now():
                 owner, until = stage.get("lease_owner"), lease["until"]
-        head = self.db[COUNTERS].find_one({"_id": FEED}) or {}
         times = [d["updated_at"] for d in saved if d.get("updated_at") is not None]
-        return AnalyzerStatus(owner, until, self.analyzer_position(partitions), int(head.get("n", 0)),
+        return AnalyzerStatus(owner, until, sum(self.analyzer_position(partitions).values()),
+                              sum(int(d.get("n") or 0) for d in self.db[FEED_HEADS].find({}, {"n": 1})),
                               max(times, default=None))  # fmt: skip

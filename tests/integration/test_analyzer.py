@@ -148,7 +148,8 @@ def status(db: Any) -> str:
 def caught_up(st: store.Store) -> bool:
     from patterns.cluster import PARTITIONS  # noqa: PLC0415
 
-    return st.analyzer_position(PARTITIONS) >= st.feed_head()
+    position = st.analyzer_position(PARTITIONS)
+    return all(position.get(w, 0) >= n for w, n in st.feed_heads().items())
 
 
 def wait(what: str, check: Any, a: Analyzer | None = None, timeout: float = 60) -> None:

@@ -1,6 +1,8 @@
-"""The feed the cluster analyzer reads (`faultline.store.feed`) on a real server (FerretDB): numbers
-without gaps under concurrent writers, a reader that sees every event exactly once while they write,
-replays that add nothing twice, and retention that never passes the reader silently."""
+"""The feed the cluster analyzer reads (`faultline.store.feed`) on a real server (FerretDB): a sequence
+per writer without gaps under concurrent writers (and two processes of one writer), a restarted writer
+that continues its numbering, a reader that merges the writers and sees every event exactly once while
+they write (and across its restarts), replays that add nothing twice, and retention that never passes
+the reader silently."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pytest
 
 from devtools.mongo import LocalMongo
 from faultline import store
+from faultline.errors import InputError
 from faultline.models import (
     Action,
     Component,
@@ -29,7 +32,7 @@ from faultline.models import (
 )
 from faultline.store.feed import FEED_CHUNK
 from sinks.mongo import MongoSink
-from sources.feed import FeedSource
+from sources.feed import NO_LABELS, FeedSource
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
@@ -52,15 +55,19 @@ def fault(node: str, count: int) -> Fault:
     )  # fmt: skip
 
 
-def read_all(st: store.Store, position: int = 0) -> tuple[list[store.FeedBatch], int]:
+def read_all(
+    st: store.Store, position: store.Position | None = None, limit: int = 50
+) -> tuple[list[store.FeedBatch], dict[str, int]]:
     out: list[store.FeedBatch] = []
+    at = dict(position or {})
     while True:
-        got = st.feed_after(position, limit=50)
-        assert got.lost is None
+        got = st.feed_after(at, limit=limit)
+        assert got.lost == []
         if not got.batches:
-            return out, position
+            return out, at
         out += got.batches
-        position = got.batches[-1].n
+        for b in got.batches:
+            at[b.writer] = b.n
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -82,15 +89,17 @@ def _concurrent_writers(mongo: LocalMongo, mongo_db: Any) -> None:
     writers, batches, per_batch = 6, 15, 3
     done = threading.Event()
     seen: list[str] = []
-    numbers: list[int] = []
+    numbers: list[tuple[str, int]] = []
     errors: list[BaseException] = []
 
     def write(w: int) -> None:
         st = store.connect(mongo.uri, mongo_db.name)
+        twin = "twin" if w >= 4 else None  # two processes writing one writer's sequence: they race
         try:
             for b in range(batches):
                 evs = [event(f"node-{w}", b * per_batch + k) for k in range(per_batch)]
-                assert st.record_batch(evs, [(fault(f"node-{w}", b + 1), b + 1)]) == per_batch
+                got = st.record_batch(evs, [(fault(f"node-{w}", b + 1), b + 1)], writer=twin)
+                assert got == per_batch
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
             errors.append(exc)
         finally:
@@ -98,16 +107,16 @@ def _concurrent_writers(mongo: LocalMongo, mongo_db: Any) -> None:
 
     def read() -> None:  # reads while the writers write: must miss nothing that comes later
         st = store.connect(mongo.uri, mongo_db.name)
-        position = 0
+        position: dict[str, int] = {}
         try:
             while True:
                 finished = done.is_set()
                 got = st.feed_after(position, limit=20)
-                assert got.lost is None
+                assert got.lost == []
                 for batch in got.batches:
-                    numbers.append(batch.n)
+                    numbers.append((batch.writer, batch.n))
                     seen.extend(d["_id"] for d in batch.events)
-                    position = batch.n
+                    position[batch.writer] = batch.n
                 if finished and not got.batches:
                     return
         except BaseException as exc:  # noqa: BLE001
@@ -126,8 +135,10 @@ def _concurrent_writers(mongo: LocalMongo, mongo_db: Any) -> None:
     reader.join()
     assert not errors, errors
 
-    total = writers * batches
-    assert numbers == list(range(1, total + 1))  # every number once, in order, none skipped
+    for name in [f"node-{w}" for w in range(4)] + ["twin"]:  # every number of each writer once, in order
+        assert [n for writer, n in numbers if writer == name] == list(
+            range(1, (batches * (2 if name == "twin" else 1)) + 1)
+        )
     expected = {event(f"node-{w}", i).id for w in range(writers) for i in range(batches * per_batch)}
     assert Counter(seen) == Counter(expected)  # every event exactly once
     st = store.Store(mongo_db)
@@ -145,10 +156,10 @@ def test_a_batch_written_again_feeds_nothing_twice(mongo_db: Any) -> None:
     st.record_batch(evs, [(fault("n1", 3), 3)])  # a replay: the same events, the same revision
     st.record_batch(evs[:1], [(fault("n1", 2), 2)])  # an older write replayed: not applied, not fed
     feed, _ = read_all(st)
-    assert [b.n for b in feed] == [1]
+    assert [(b.writer, b.n) for b in feed] == [("n1", 1)]
     assert [d["_id"] for d in feed[0].events] == [e.id for e in evs]
     assert [(d["_id"], d["revision"]) for d in feed[0].faults] == [(fault("n1", 3).id, 3)]
-    assert st.feed_head() == 1
+    assert st.feed_heads() == {"n1": 1}
 
 
 def test_what_was_stored_but_not_fed_is_fed_by_the_replay(mongo_db: Any) -> None:
@@ -170,12 +181,12 @@ def test_what_was_stored_but_not_fed_is_fed_by_the_replay(mongo_db: Any) -> None
 def test_large_batches_take_several_numbers_and_empty_ones_none(mongo_db: Any) -> None:
     st = store.Store(mongo_db)
     assert st.record_batch([], []) == 0
-    assert st.feed_head() == 0
+    assert st.feed_heads() == {}
     evs = [event("n1", i) for i in range(FEED_CHUNK + 10)]
     st.record_batch(evs, [])
     feed, position = read_all(st)
     assert [len(b.events) for b in feed] == [FEED_CHUNK, 10]
-    assert position == 2
+    assert position == {"n1": 2}
     assert [d["_id"] for b in feed for d in b.events] == [e.id for e in evs]
 
 
@@ -186,17 +197,17 @@ def test_retention_keeps_what_the_reader_has_not_read_and_reports_what_it_lost(m
         st.record_batch([event("n1", i)], [])
         now[0] += dt.timedelta(hours=1)
     # 5 documents written at T0 .. T0+4h; now T0+5h. Older than 2h: 1, 2, 3; read up to 2: 1, 2 only
-    assert st.prune_feed(dt.timedelta(hours=2), read_up_to=2) == 2
-    got = st.feed_after(2)
+    assert st.prune_feed(dt.timedelta(hours=2), read_up_to={"n1": 2}) == 2
+    got = st.feed_after({"n1": 2})
     assert [b.n for b in got.batches] == [3, 4, 5]
     # without a reader's position (the retention command), the reader at 1 has lost 2 and 3
     assert st.prune_feed(dt.timedelta(hours=2)) == 1
-    got = st.feed_after(1)
-    assert got.batches == [] and got.lost == (2, 3)
-    assert [b.n for b in st.feed_after(3).batches] == [4, 5]
+    got = st.feed_after({"n1": 1})
+    assert got.batches == [] and got.lost == [("n1", 2, 3)]
+    assert [b.n for b in st.feed_after({"n1": 3}).batches] == [4, 5]
     # writers go on after the head, never into pruned numbers
     st.record_batch([event("n1", 99)], [])
-    assert [b.n for b in st.feed_after(5).batches] == [6]
+    assert [b.n for b in st.feed_after({"n1": 5}).batches] == [6]
 
 
 def test_the_agents_sink_feeds_what_it_spooled_once_the_store_is_back(tmp_path: Path) -> None:
@@ -248,7 +259,7 @@ def test_an_agents_sink_without_the_feed_writes_none(
         sink.close()
     st = store.Store(mongo_db)
     assert st.has_event(event("n1", 0).id) and st.faults.find_one({"_id": f.id}) is not None
-    assert st.feed.count_documents({}) == 0 and st.feed_head() == 0
+    assert st.feed.count_documents({}) == 0 and st.feed_heads() == {}
 
 
 def test_the_analyzers_source_skips_what_was_pruned_unread_then_reads_on(
@@ -259,16 +270,154 @@ def test_the_analyzers_source_skips_what_was_pruned_unread_then_reads_on(
         st.record_batch([event("n1", i)], [])
     st.feed.delete_many({"n": {"$lte": 2}})  # retention ran while the analyzer was away
     lost: list[int] = []
-    src = FeedSource(lambda: store.connect(mongo.uri, mongo_db.name), 0, labels=lambda n: {"zone": f"z-{n}"},
+    src = FeedSource(lambda: store.connect(mongo.uri, mongo_db.name), [], labels=lambda n: {"zone": f"z-{n}"},
                      on_lost=lost.append)  # fmt: skip
     part = src.build_part("feed", "feed", None)
     try:
-        assert part.next_batch() == [] and lost == [2]
+        assert part.next_batch() == [
+            (None, (1 << 16 | 0xFFFF, float("-inf"), [{"writer": "n1", "n": 2}]))
+        ] and lost == [2]
         *records, tick = part.next_batch()
         assert [(r.id, r.node, r.labels, r.position) for r, _ in records] == [
-            (event("n1", 2).id, "n1", {"zone": "z-n1"}, 3 << 16)
+            (event("n1", 2).id, "n1", {"zone": "z-n1"}, 2 << 16)
         ]  # fmt: skip
-        assert tick == (None, (3 << 16 | 0xFFFF, event("n1", 2).observed_at.timestamp()))
+        assert tick == (
+            None,
+            (2 << 16 | 0xFFFF, event("n1", 2).observed_at.timestamp(), [{"writer": "n1", "n": 3}]),
+        )
         assert part.next_batch() == [] and part.next_awake() is not None  # caught up: it sleeps
     finally:
         part.close()
+
+
+def test_two_writers_interleaved_are_merged_by_stored_time_each_document_once(mongo_db: Any) -> None:
+    """Each writer numbers its own documents; the reader merges them by the time they were stored (ties
+    by writer), each writer's in its order, whatever the reads' sizes."""
+    now = [T0]
+    st = store.Store(mongo_db, clock=lambda: now[0])
+    for i, writer in enumerate(["b", "a", "b", "a", "a", "b"]):  # the last two at the same time
+        now[0] = T0 + dt.timedelta(seconds=min(i, 4))
+        st.record_batch([event(f"node-{writer}", i)], [], writer=writer)
+    assert st.feed_heads() == {"a": 3, "b": 3}
+    merged = [("b", 1), ("a", 1), ("b", 2), ("a", 2), ("a", 3), ("b", 3)]
+    for limit in (1, 2, 50):
+        feed, position = read_all(st, limit=limit)
+        assert [(b.writer, b.n) for b in feed] == merged  # none lost, none twice
+        assert position == {"a": 3, "b": 3}
+    # read from the middle of both: only what comes after each writer's number
+    feed, _ = read_all(st, {"a": 2, "b": 1})
+    assert [(b.writer, b.n) for b in feed] == [("b", 2), ("a", 3), ("b", 3)]
+    # a batch of other nodes' records goes to the node of its first one unless a writer is named
+    st.record_batch([event("node-c", 10), event("node-a", 11)], [])
+    assert st.feed_heads() == {"a": 3, "b": 3, "node-c": 1}
+    with pytest.raises(InputError, match="feed writer 'x/y'"):
+        st.record_batch([event("node-c", 12)], [], writer="x/y")
+
+
+def test_a_restarted_writer_continues_its_numbering(mongo: LocalMongo, mongo_db: Any) -> None:
+    """A writer's next process (the agent restarted) continues after its last number, also when it died
+    between its insert and raising its head, and after its documents were pruned."""
+    first = store.connect(mongo.uri, mongo_db.name)
+    try:
+        for i in range(2):
+            first.record_batch([event("n1", i)], [])
+    finally:
+        first.close()
+    st = store.connect(mongo.uri, mongo_db.name)  # the restarted agent
+    try:
+        st.record_batch([event("n1", 2)], [])
+        assert st.feed_heads() == {"n1": 3}
+        st.feed_writers.update_one({"_id": "n1"}, {"$set": {"n": 1}})  # died before raising its head to 3
+        st.record_batch([event("n1", 3)], [])  # tries 2 and 3 (taken), then 4
+        assert st.feed_heads() == {"n1": 4}
+        assert st.prune_feed(dt.timedelta(0)) == 4
+        st.record_batch([event("n1", 4)], [])
+        assert st.feed_after({}).lost == [("n1", 1, 4)]  # a reader from the start: 1..4 pruned unread
+        feed, position = read_all(st, {"n1": 4})
+        assert [(b.n, [d["_id"] for d in b.events]) for b in feed] == [(5, [event("n1", 4).id])]
+        assert position == {"n1": 5}
+    finally:
+        st.close()
+
+
+def drain_source(part: Any) -> tuple[list[Any], list[Any]]:
+    """Everything a source partition hands on until it is caught up: its records and ticks."""
+    records, ticks = [], []
+    while batch := part.next_batch():
+        records += [r for r, _ in batch if r is not None]
+        ticks += [t for r, t in batch if r is None]
+    return records, ticks
+
+
+def test_an_analyzer_restarted_mid_stream_takes_each_record_once_across_writers(
+    mongo: LocalMongo, mongo_db: Any
+) -> None:
+    """Partitions checkpointed at different ticks, then a restart from the lowest, while the writers wrote
+    on (a slow writer's documents stored with earlier times than some already read, a new writer): each
+    partition takes in every record exactly once, before or after the restart."""
+    now = [T0]
+    st = store.Store(mongo_db, clock=lambda: now[0])
+
+    def write(writer: str, i: int, at: int) -> None:
+        now[0] = T0 + dt.timedelta(seconds=at)
+        st.record_batch([event(writer, i)], [])
+
+    for i, (w, at) in enumerate([("a", 1), ("b", 2), ("c", 3), ("a", 4), ("b", 5), ("c", 6), ("a", 7)]):
+        write(w, i, at)
+    connect = lambda: store.connect(mongo.uri, mongo_db.name)  # noqa: E731
+    part = FeedSource(connect, [], labels=lambda _n: NO_LABELS, batch=2).build_part("feed", "feed", None)
+    try:
+        records, ticks = drain_source(part)
+    finally:
+        part.close()
+    assert len(records) == 7 and len(ticks) >= 3
+    # three partitions: one never checkpointed, one at the first tick, one at the last but one
+    marks = [(0, [])] + [(pos, fed) for pos, _wm, fed in (ticks[0], ticks[-2])]
+    taken = [Counter(r.id for r in records if r.position <= upto) for upto, _ in marks]
+    for i, (w, at) in enumerate([("c", 2), ("d", 3), ("b", 8), ("a", 9), ("c", 10)], start=7):
+        write(w, i, at)  # c's first ones slower than b's: stored before what was read already
+    start = [(upto, store.position_from(fed)) for upto, fed in marks]
+    part = FeedSource(connect, start, labels=lambda _n: NO_LABELS, batch=2).build_part("feed", "feed", None)
+    try:
+        again, ticks2 = drain_source(part)
+    finally:
+        part.close()
+    everything = Counter({event(w, i).id: 1 for i, (w, _at) in enumerate(
+        [("a", 1), ("b", 2), ("c", 3), ("a", 4), ("b", 5), ("c", 6), ("a", 7),
+         ("c", 2), ("d", 3), ("b", 8), ("a", 9), ("c", 10)])})  # fmt: skip
+    for (upto, _), before in zip(marks, taken, strict=True):
+        after = Counter(r.id for r in again if r.position > upto)  # what this partition takes in now
+        assert before + after == everything
+    positions = [pos for pos, _wm, _fed in ticks2]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    assert store.position_from(ticks2[-1][2]) == {"a": 4, "b": 3, "c": 4, "d": 1}
+
+
+def test_pruned_before_read_is_counted_lost_per_writer_while_the_others_read_on(
+    mongo: LocalMongo, mongo_db: Any
+) -> None:
+    now = [T0]
+    st = store.Store(mongo_db, clock=lambda: now[0])
+    for i in range(3):
+        st.record_batch([event("a", i)], [])
+    now[0] += dt.timedelta(hours=2)
+    st.record_batch([event("a", 3)], [])
+    st.record_batch([event("b", 4)], [])
+    st.record_batch([event("b", 5)], [])
+    # the analyzer has read a's first only; retention by age alone (the retention command) takes a's 1..3
+    assert st.prune_feed(dt.timedelta(hours=1)) == 3
+    got = st.feed_after({"a": 1})
+    assert got.lost == [("a", 2, 3)] and [(b.writer, b.n) for b in got.batches] == [("b", 1), ("b", 2)]
+    now[0] += dt.timedelta(seconds=1)
+    assert st.prune_feed(dt.timedelta(0), read_up_to={"a": 4, "b": 1}) == 2  # never past the reader
+    assert sorted((d["writer"], d["n"]) for d in st.feed.find({})) == [("b", 2)]
+    lost: list[int] = []
+    part = FeedSource(lambda: store.connect(mongo.uri, mongo_db.name), [(1 << 16 | 0xFFFF, {"a": 1})],
+                      labels=lambda _n: NO_LABELS, on_lost=lost.append).build_part("feed", "feed", None)  # fmt: skip
+    try:
+        records, ticks = drain_source(part)
+    finally:
+        part.close()
+    assert lost == [3, 1]  # a's 2..4 and b's 1 were pruned unread; b's 2 is read
+    assert [r.id for r in records] == [event("b", 5).id]
+    assert store.position_from(ticks[-1][2]) == {"a": 4, "b": 2}
