@@ -37,6 +37,8 @@ def one_pattern_packs() -> tuple[dict[str, Any], ...]:
         pack = yaml.safe_load(path.read_text(encoding="utf-8"))
         tables = pack.get("tables", {})
         for pattern in pack["patterns"]:
+            if pattern.get("scope") == "cluster":  # the analyzer's (patterns.cluster): this loader skips them
+                continue
             used = {s["table"] for s in pattern.get("classify", []) if "table" in s}
             # a big table (the XID catalogue) cut to a few rows: the packs stay small and quick to compile
             cut = {t: dict(list(tables[t].items())[:6]) for t in used}
