@@ -373,9 +373,11 @@ def _analyzer_values(tmp_path: Path, name: str = "analyzer", **analyzer: Any) ->
     return path
 
 
-def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_a_nodes_list(tmp_path: Path) -> None:
+def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of_nodes_and_pods(
+    tmp_path: Path,
+) -> None:
     """analyzer.enabled: a Deployment of `faultline analyzer` (replicas as given: one holds the lease) as
-    its own ServiceAccount, allowed to list Nodes (their labels) and nothing else, not even Events; its
+    its own ServiceAccount, allowed to list Nodes and Pods (labels, jobs) and nothing else, not even Events; its
     packs of analyzer.packs in a ConfigMap of their own and analyzer.packsConfigMap's, each mounted as a
     directory its settings name; and the agents write the feed only while it is on."""
     from cli import settings  # noqa: PLC0415
@@ -429,7 +431,7 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_a_nodes_
 
     rules = {(d["kind"], d["metadata"]["name"]): d.get("rules") for d in docs}
     assert rules["ClusterRole", "fl-analyzer"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list"]}
     ]
     assert ("Role", "fl-analyzer-events") not in rules  # it posts no Event
     bound = {(d["kind"], d["roleRef"]["name"]) for d in docs if d["kind"].endswith("Binding")
@@ -627,7 +629,7 @@ def test_helm_install_and_upgrades_keep_the_stores_password(cluster: LocalCluste
 def test_helm_install_of_the_analyzer_and_its_packs(cluster: LocalCluster, api: Any, tmp_path: Path) -> None:
     """analyzer.enabled installed into the local API server (which validates every object and authorizes
     with RBAC): the Deployment, its packs' ConfigMap, the agents' feed switched on; its ServiceAccount may
-    list Nodes and do nothing else asked; an upgrade with the analyzer off takes all of it away again and
+    list Nodes and Pods and do nothing else asked; an upgrade with the analyzer off takes all of it away again and
     switches the agents' feed off."""
     ns, release = f"chart-{uuid.uuid4().hex[:6]}", f"a{uuid.uuid4().hex[:5]}"
     core, apps = kube.core(api), kube.client.apps(api)
@@ -673,9 +675,11 @@ def test_helm_install_of_the_analyzer_and_its_packs(cluster: LocalCluster, api: 
             return kube.access.allowed(api, user, groups, verb=verb, resource=resource, group=group,
                                        namespace=namespace)  # fmt: skip
 
-        procs.wait_for("the analyzer's RBAC in effect", lambda: may("list", "nodes"), 30)
+        procs.wait_for(
+            "the analyzer's RBAC in effect", lambda: may("list", "nodes") and may("list", "pods"), 30
+        )
         refused = [("get", "nodes", "", ""), ("watch", "nodes", "", ""), ("patch", "nodes", "", ""),
-                   ("create", "events", "events.k8s.io", "default"), ("list", "pods", "", ""),
+                   ("create", "events", "events.k8s.io", "default"), ("delete", "pods", "", ""),
                    ("get", "configmaps", "", ns), ("create", "leases", "coordination.k8s.io", ns)]  # fmt: skip
         assert [q for q in refused if may(*q)] == []
 
