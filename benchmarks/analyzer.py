@@ -18,6 +18,9 @@
 3. False alarms: `--node-days` of healthy simulated telemetry (non-fatal application XIDs now and then,
    NIC flaps, each node on its own) replayed through the built-in cluster patterns and the benchmark's
    pack, in one process (`patterns.cluster.replay`): the derived faults it makes, and that rate.
+4. The feed's concurrent writers (`--writers-only`, alone): 1, then 52 agents at once (a thread and a
+   connection each, its own node), 10 batches of `--batch` events each: insert commands sent to `feed`
+   per feed document (1.00: no agent raced another for a number), and batches/s altogether.
 
 Not measured here: two analyzer processes (the analyzer runs one process with `--workers` threads;
 Bytewax's cluster mode is not wired into `faultline analyzer` yet), so the 1.7x scale-out goal has no
@@ -35,12 +38,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import pymongo
+from pymongo import monitoring
 
 from devtools.mongo import BACKENDS, LocalMongo
 from faultline import store
 from faultline.models import Action, Component, Entity, HealthEvent, event_id, fault_id
+from faultline.store.feed import FEED
 from patterns import cluster
 
 PACK = """
@@ -110,7 +118,8 @@ def analyzer(mongo: LocalMongo, database: str, pack: Path, log: Path) -> subproc
 
 
 def caught_up(st: store.Store) -> bool:
-    return st.analyzer_position(cluster.PARTITIONS) >= st.feed_head()
+    position = st.analyzer_position(cluster.PARTITIONS)
+    return all(position.get(w, 0) >= n for w, n in st.feed_heads().items())
 
 
 def throughput(mongo: LocalMongo, pack: Path, work: Path, stored: int, events: int, batch: int) -> float:
@@ -199,6 +208,59 @@ def latency(mongo: LocalMongo, pack: Path, work: Path, rate: float, seconds: flo
     return out
 
 
+class _FeedInserts(monitoring.CommandListener):
+    """Counts the insert commands sent to `feed` (tries, duplicates included)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name == "insert" and event.command.get("insert") == FEED:
+            with self.lock:
+                self.n += 1
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+def writers(mongo: LocalMongo, count: int, batches: int, batch: int) -> tuple[float, float]:
+    """`count` agents at once (a thread and a connection each, its own node), each writing `batches`
+    batches of `batch` events: inserts sent to `feed` per feed document, and batches/s altogether."""
+    database = f"bench_feed_writers_{count}"
+    st = store.connect(mongo.uri, database, timeout=30)
+    st.db.client.drop_database(database)
+    st.ensure_indexes()
+    listener = _FeedInserts()
+    now = dt.datetime.now(dt.UTC)
+    agents = [store.Store(pymongo.MongoClient(mongo.uri, event_listeners=[listener])[database])
+              for _ in range(count)]  # fmt: skip
+    start_line = threading.Barrier(count)
+
+    def agent(w: int) -> None:
+        start_line.wait()
+        for b in range(batches):
+            agents[w].record_batch(
+                [ev(f"node-{w:04d}", b * batch + i, NOISE[i % 4], now) for i in range(batch)], []
+            )
+
+    try:
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            list(pool.map(agent, range(count)))
+        took = time.monotonic() - start
+        docs = st.feed.count_documents({})
+    finally:
+        for a in agents:
+            a.db.client.close()
+        st.db.client.drop_database(database)
+        st.close()
+    return listener.n / docs, count * batches / took
+
+
 def false_alarms(packs: cluster.ClusterPacks, node_days: int, seed: int = 7) -> tuple[int, int]:
     """Derived faults from healthy telemetry: per node and day a few application XIDs (a job's own
     bugs, on one node) and NIC flaps; records, derived faults."""
@@ -234,7 +296,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the latency run")
     parser.add_argument("--node-days", type=int, default=1000)
     parser.add_argument("--store", choices=BACKENDS, default="postgresql")
+    parser.add_argument("--writers-only", action="store_true",
+                        help="only the feed's concurrent writers: 1 and 52 agents, 10 batches each")  # fmt: skip
     args = parser.parse_args()
+    if args.writers_only:
+        with LocalMongo(backend=args.store) as mongo:
+            for count in (1, 52):
+                inserts, rate = writers(mongo, count, 10, args.batch)
+                print(f"feed, {count} writers x 10 batches on FerretDB ({args.store}): "
+                      f"{inserts:.2f} inserts a feed document, {rate:.0f} batches/s")  # fmt: skip
+        return
     with tempfile.TemporaryDirectory(prefix="faultline-bench-analyzer-") as tmp:
         work = Path(tmp)
         pack = work / "bench.yaml"
