@@ -288,9 +288,9 @@ def test_retention_command_prunes_by_age_and_refuses_nonsense(mongo_db: Any, mon
     ]
     new = [event(10 + i).model_copy(update={"generated_at": now - dt.timedelta(hours=i)}) for i in range(2)]
     st.record_events(old + new)
-    st.counters.insert_one({"_id": "feed", "n": 2})  # the analyzer's feed: one old document, one new
-    st.feed.insert_many([{"_id": "000000000000000001", "n": 1, "at": now - dt.timedelta(days=20)},
-                         {"_id": "000000000000000002", "n": 2, "at": now}])  # fmt: skip
+    st.feed_writers.insert_one({"_id": "n1", "n": 2})  # the analyzer's feed: one old document, one new
+    st.feed.insert_many([{"_id": "n1/000000000000000001", "writer": "n1", "n": 1, "at": now - dt.timedelta(days=20)},
+                         {"_id": "n1/000000000000000002", "writer": "n1", "n": 2, "at": now}])  # fmt: skip
     base = [sys.executable, "-m", "faultline", "store", "retention", "--mongodb-uri", mongo.uri,
             "--database", mongo_db.name]  # fmt: skip
     done = subprocess.run(
