@@ -11,6 +11,8 @@ Every claim's outcome is logged with `node`, `item`, `fault_key`, `worker`, `att
 from __future__ import annotations
 
 import datetime as dt
+import heapq
+import itertools
 import logging
 import os
 import socket
@@ -109,10 +111,14 @@ def post_event(
 
 @dataclass(frozen=True)
 class Wait:
-    """A handler's "not yet" (a node still rebooting, a Job still running): the item goes back pending,
-    to be claimed again by any replica after `seconds`, without counting as an attempt; `also`: fields
-    set with it (what the look found). A wait holds no thread and no lease, so a worker's threads bound
-    the work it does at once, not the waits it has open."""
+    """A handler's "not yet" (a node still rebooting, a Job still running): the claim stays held (its
+    lease renewed with every other waiting claim's, by one thread) and the handler looks again after
+    `seconds` on whichever claimer thread is free, with the document re-read; `also`: fields set on it
+    now (what the look found). A wait holds no thread, so a worker's threads bound the looks it makes at
+    once, not the waits it has open; and a look costs one read, not a claim and a completion (the
+    chaos suite's 10-minute store outage released 26 repairs at once onto a store catching up). A
+    stopping loop gives its waiting claims back (pending, for any replica); a dead one's run out and
+    are reaped."""
 
     seconds: float
     also: dict[str, Any] = field(default_factory=dict)
@@ -159,14 +165,18 @@ class ClaimLoop:
         self.candidates_lock = threading.Lock()
         self.candidates_at = 0.0
         self.running: list[threading.Thread] = []
+        self.waiting: list[tuple[float, int, store.Claim]] = []  # a heap: (when to look again, n, claim)
+        self.waiting_lock = threading.Lock()
+        self.waiting_n = itertools.count()
 
     def start(self) -> list[threading.Thread]:
-        """The claimers, and one thread for the maintenance pass."""
+        """The claimers, one thread for the maintenance pass, one renewing the waiting claims' leases."""
         out = [
             threading.Thread(target=self._run, name=f"{self.stage}-{i}", daemon=True)
             for i in range(self.threads)
         ]
         out.append(threading.Thread(target=self._maintain, name=f"{self.stage}-maintain", daemon=True))
+        out.append(threading.Thread(target=self._renew_waiting, name=f"{self.stage}-waiting", daemon=True))
         for thread in out:
             thread.start()
         self.running.extend(out)
@@ -179,7 +189,49 @@ class ClaimLoop:
         deadline = time.monotonic() + timeout
         for thread in self.running:
             thread.join(max(0.0, deadline - time.monotonic()))
+        with self.waiting_lock:
+            waiting, self.waiting = [c for _, _, c in self.waiting], []
+        for claim in waiting:  # given back: another replica (or this one, restarted) looks next
+            try:
+                self.store.complete(claim, store.PENDING)
+            except Exception as exc:  # noqa: BLE001 - its lease runs out and the reaper takes it back
+                log.warning("%s: giving %s back failed: %s", self.stage, claim.id, exc)
         return not any(t.is_alive() for t in self.running)
+
+    def _renew_waiting(self) -> None:
+        """Every third of the lease: renew each waiting claim; one lost (taken over) is forgotten."""
+        while not self.stop.wait(self.lease.total_seconds() / 3):
+            with self.waiting_lock:
+                held = list(self.waiting)
+            for entry in held:
+                try:
+                    self.store.renew(entry[2], self.lease)
+                except LeaseLostError:
+                    self.metrics.lease_losses.inc()
+                    log.warning("claim lost", extra={**self._fields(entry[2]), "outcome": "lease-lost"})
+                    with self.waiting_lock:
+                        if entry in self.waiting:
+                            self.waiting.remove(entry)
+                            heapq.heapify(self.waiting)
+                except Exception as exc:  # noqa: BLE001 - try again at the next third of the lease
+                    log.warning("%s: renewing %s failed: %s", self.stage, entry[2].id, exc)
+
+    def _due(self) -> store.Claim | None:
+        """A waiting claim whose time to look again has come, re-read (None: none due)."""
+        with self.waiting_lock:
+            if not self.waiting or self.waiting[0][0] > time.monotonic():
+                return None
+            claim = heapq.heappop(self.waiting)[2]
+        try:
+            return self.store.reread(claim)  # None: the document went; its lease is left to run out
+        except Exception as exc:  # noqa: BLE001 - the store away: look again in a second
+            log.warning("%s: re-reading %s failed: %s", self.stage, claim.id, exc)
+            self._hold(claim, 1.0)
+            return None
+
+    def _hold(self, claim: store.Claim, seconds: float) -> None:
+        with self.waiting_lock:
+            heapq.heappush(self.waiting, (time.monotonic() + seconds, next(self.waiting_n), claim))
 
     def _maintain(self) -> None:
         """Every `every` seconds: the worker's resync pass, expired claims back to pending (parked past
@@ -223,6 +275,10 @@ class ClaimLoop:
     def _run(self) -> None:
         idle = 0.05
         while not self.stop.is_set():
+            held = self._due()
+            if held is not None:
+                self._work(held)
+                continue
             try:
                 claim = self._next()
             except Exception as exc:  # noqa: BLE001 - a broken round must not end the worker thread
@@ -272,6 +328,9 @@ class ClaimLoop:
             self.metrics.lease_losses.inc()
             log.warning("claim lost", extra={**fields, "outcome": "lease-lost"})
             return
+        if isinstance(outcome, Wait):  # a look that found nothing new yet: held, and looked at again later
+            self._wait(current[0], outcome, fields)
+            return
         try:
             self.store.complete(current[0], state, error, also, retry_after=retry_after)
         except LeaseLostError:
@@ -285,9 +344,6 @@ class ClaimLoop:
             return
         if state == store.PARKED and error is not None:
             self._parked(claim, error)
-        if isinstance(outcome, Wait):  # a look that found nothing new yet: routine, logged only for debugging
-            log.debug("claim waits", extra={**fields, "outcome": "wait", "retry_after": retry_after})
-            return
         level = logging.WARNING if error is not None else logging.INFO
         log.log(level, "claim %s", state, extra={**fields, "outcome": state, "error": error,
                                                  "retry_after": retry_after})  # fmt: skip
@@ -295,13 +351,23 @@ class ClaimLoop:
     def _settled(
         self, claim: store.Claim, outcome: Outcome
     ) -> tuple[str, dict[str, Any] | None, dt.datetime | None]:
-        """What a handler's outcome makes of its item: (state, fields set with it, not claimed before)."""
-        if isinstance(outcome, Wait):  # back to pending, this claim not counted as an attempt
-            also = {**outcome.also, f"{self.stage}.attempts": claim.status.attempts - 1}
-            return store.PENDING, also, self.store.clock() + dt.timedelta(seconds=outcome.seconds)
+        """What a handler's outcome makes of its item: (state, fields set with it, not claimed before);
+        a wait keeps it claimed (see `_wait`)."""
+        if isinstance(outcome, Wait):
+            return store.CLAIMED, None, None
         if isinstance(outcome, str):
             return outcome, None, None
         return outcome[0], outcome[1], None
+
+    def _wait(self, claim: store.Claim, wait: Wait, fields: dict[str, Any]) -> None:
+        """Hold the claim for its next look; what the look found is set on the document now."""
+        if wait.also:
+            try:
+                self.store.set_held(claim, wait.also)
+            except Exception as exc:  # noqa: BLE001 - the store away: the next look finds it again
+                log.warning("%s: recording a look at %s failed: %s", self.stage, claim.id, exc)
+        self._hold(claim, wait.seconds)
+        log.debug("claim waits", extra={**fields, "outcome": "wait", "seconds": wait.seconds})
 
     def _fields(self, claim: store.Claim) -> dict[str, Any]:
         """The log fields of a claim."""

@@ -34,17 +34,19 @@ The round's outcome (Succeeded, Failed, TimedOut, NotCleared) goes to the repair
 request's status; anything but Succeeded sets the remediation stage pending again, so the next round
 escalates. Nothing stays in progress forever: every wait has a timeout.
 
-No wait holds a thread. Each claim of a repair is one look: start the round, act (the Job, the provider
-call), see whether the step is done, then whether the faults cleared; what is not there yet gives the
-repair back (`common.Wait`) to be looked at again after `poll` (a tenth of the time waited so far, up to
-15 s, while a node reboots). So `threads` bounds the looks at once, not the repairs in progress: an
-outage that releases many repairs at once waits for all their reboots together (the chaos suite's
-10-minute store outage released 26, which 8 threads holding their repairs took in four rounds). How
-many nodes are repaired at once is remediation's decision (its breaker and caps).
+No wait holds a thread. The handler is one look: start the round, act (the Job, the provider call), see
+whether the step is done, then whether the faults cleared; what is not there yet is a `common.Wait`: the
+claim stays held and the next look comes after `poll` (a tenth of the time waited so far, up to 15 s,
+while a node reboots) on whichever thread is free, from the repair as stored. So `threads` bounds the
+looks at once, not the repairs in progress: an outage that releases many repairs at once waits for all
+their reboots together (the chaos suite's 10-minute store outage released 26, which 8 threads holding
+their repairs took in four rounds). How many nodes are repaired at once is remediation's decision (its
+breaker and caps).
 
 A janitor killed mid-repair loses nothing: the round records when it started, the node's boot id before
 the repair, whether the Job was created and the provider call made, and validation's deadline, so
-whoever looks next waits for the same reboot instead of asking for another one.
+whoever takes it over (once its lease runs out) waits for the same reboot instead of asking for another
+one. A janitor stopped gives its waiting repairs back, with no verdict.
 
 RemediationRequests that people create are adopted by the maintenance pass (`workers.user_requests`:
 refused with a clear status when they cannot be carried out) and carried out here like any round,
@@ -446,9 +448,12 @@ class Janitor:
             return "Succeeded", "the node agent reports the GPUs healthy again"
         if now >= until:
             return "NotCleared", f"still open after the repair: {', '.join(open_)}"
-        here = f"rounds.{index}"
-        return common.Wait(self.settings.poll.total_seconds(),
-                           {f"{here}.checked_at": now, f"{here}.validate_until": until})  # fmt: skip
+        here, also = f"rounds.{index}", {}
+        if (now - last).total_seconds() >= LOOK_GAP_S / 3:  # often enough to tell a gap, not at every look
+            also[f"{here}.checked_at"] = now
+        if until != current.validate_until:
+            also[f"{here}.validate_until"] = until
+        return common.Wait(self.settings.poll.total_seconds(), also)
 
     def _noop_status(self, name: str, phase: str, **_: Any) -> None:
         pass

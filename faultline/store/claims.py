@@ -144,6 +144,17 @@ class Claims(Base):
         self.leases.update_one({"_id": f"{claim.stage}/{claim.id}/{claim.n}"}, {"$set": {"until": until}})
         return Claim(claim.id, claim.stage, claim.owner, until, claim.doc, claim.n, claim.collection)
 
+    def reread(self, claim: Claim) -> Claim | None:
+        """The claimed document as it is now (a held claim's next look: its handler wrote it since);
+        None: deleted meanwhile."""
+        doc = self.db[claim.collection].find_one({"_id": claim.id})
+        return None if doc is None else Claim(claim.id, claim.stage, claim.owner, claim.lease_until, doc,
+                                              claim.n, claim.collection)  # fmt: skip
+
+    def set_held(self, claim: Claim, fields: dict[str, Any]) -> None:
+        """Set fields of a document this claim holds (what a waiting handler's look found)."""
+        self.db[claim.collection].update_one({"_id": claim.id}, {"$set": fields})
+
     def complete(
         self,
         claim: Claim,

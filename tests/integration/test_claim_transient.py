@@ -50,8 +50,8 @@ def test_the_attempt_cap_by_kind_of_failure(exc: Exception, cap: int) -> None:
 def test_waits_hold_no_thread_and_spend_no_attempt(
     st: store.Store, run_loop: Callable[..., common.ClaimLoop], cluster: LocalCluster
 ) -> None:
-    """One claimer thread keeps four items waiting at once (each given back after every look, with the
-    fields its look found) and finishes each when its condition holds: the janitor's reboot waits, in
+    """One claimer thread keeps four items waiting at once (each held between its looks, with the fields
+    its look found set on it) and finishes each when its condition holds: the janitor's reboot waits, in
     little. Looks are not attempts: a stage cap of 2 never parks an item that waited ten times."""
     nodes = cluster.node_names[:4]
     faults = [fault(n, "XID-48") for n in nodes]
