@@ -346,7 +346,7 @@ def _run_agent(config: config.AgentConfig) -> None:
         node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
     }
     polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after,
-                         config.repair_poll_interval)  # fmt: skip
+                         config.repair_poll_interval, config.health_samples)  # fmt: skip
     repairs = repair_notices(config.mongodb_uri.get_secret_value(), config.database, config.node)
     logs = _log_inputs(config, compiled)
     spool = None

@@ -39,9 +39,10 @@ def _base(annotation: Any) -> Any:
 
 
 def _is_duration(info: FieldInfo) -> bool:
-    """A `Duration` (a timedelta) or `Seconds` (float seconds written as a duration)."""
+    """A `Duration` (a timedelta) or `Seconds` (float seconds written as a duration), also optional."""
+    inner = [m for a in typing.get_args(info.annotation) for m in getattr(a, "__metadata__", ())]
     return _base(info.annotation) is dt.timedelta or any(
-        getattr(m, "func", None) is config.parse_seconds for m in info.metadata
+        getattr(m, "func", None) is config.parse_seconds for m in [*info.metadata, *inner]
     )
 
 

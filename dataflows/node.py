@@ -12,6 +12,11 @@ on this node (`sources.repairs`: how a GPU reset is recognised on real hardware)
 
 The detector shell emits, after each batch, every fault of the node and the ones that changed with a
 revision number, so both sinks stay idempotent under replays. Step ids are constants.
+
+Health samples (the agent's `health_samples`: each GPU's fields as read, for the cluster analyzer's
+anomaly scores) are no observation: the match step makes each one a healthy event of its own code
+(`health_sample`), which the detector hands to the sinks with the batch's events without observing it,
+so a sample never opens, counts or resolves a fault.
 """
 
 from __future__ import annotations
@@ -67,6 +72,32 @@ STEP_MONGO = "mongo_out"
 STEP_KUBE = "kube_out"
 RESEND_S = 60.0  # the detector re-sends the node's state this often (see DetectLogic.on_notify)
 RESTART_GAP = 1 << 32  # added to the match sequence on restore (see DetectLogic)
+SAMPLE_CODE = "GPU-HEALTH-SAMPLE"  # a health sample's code and check: no pattern's, no fault's
+SAMPLE_CHECK = "gpu-health-sample"
+Matched = scan.Timed | HealthEvent  # what the match step hands the detector: matches, and health samples
+
+
+def health_sample(
+    node: str, source: str, device: gpu.GpuDevice, event: gpu.GpuEvent, boot_id: str = ""
+) -> HealthEvent:
+    """The stored record of one GPU's health sample: healthy, action NONE, on the GPU by PCI bus id,
+    with every field read as a number in metadata (`ecc_sbe_volatile: "12"`, `temperature: "45"`), the
+    GPU's UUID (`gpu_uuid`, the analyzer's key for it across reboots) and the node's boot id (`boot_id`:
+    a counter of another boot was reset, not lowered). Its id is deterministic, like a match's."""
+    observed = utc_from_epoch(event.ts)
+    metadata = {name: str(value) for name, value in event.fields}
+    metadata["source"] = source
+    if device.uuid:
+        metadata["gpu_uuid"] = device.uuid
+    if boot_id:
+        metadata["boot_id"] = boot_id
+    return HealthEvent(
+        id=event_id(node, source, "GPU", device.pci, SAMPLE_CODE, observed), node=node,
+        component=Component.GPU, check=SAMPLE_CHECK, code=SAMPLE_CODE,
+        entities=(Entity(type="GPU", id=device.pci),), healthy=True, fatal=False, action=Action.NONE,
+        message=f"GPU {device.pci} health sample ({len(event.fields)} fields)", metadata=metadata,
+        generated_at=dt.datetime.now(dt.UTC), observed_at=observed,
+    )  # fmt: skip
 
 
 def health_event(
@@ -106,7 +137,7 @@ def revision_base() -> int:
     return int(time.time() * 1000) << 20
 
 
-class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]):
+class DetectLogic(op.StatefulLogic[list[Matched], NodeUpdate, dict[str, Any]]):
     """The node's detector, its faults' last written signatures and the number of matches observed so
     far; all of it is the recovery snapshot.
 
@@ -137,13 +168,15 @@ class DetectLogic(op.StatefulLogic[list[scan.Timed], NodeUpdate, dict[str, Any]]
             self.sequence = max(int(resume["sequence"]) + RESTART_GAP, revision_base())
             self.resend_at = now  # the sinks get the whole state again at once
 
-    def on_item(self, value: list[scan.Timed]) -> tuple[list[NodeUpdate], bool]:
+    def on_item(self, value: list[Matched]) -> tuple[list[NodeUpdate], bool]:
         events = []
-        for t in sorted(value, key=lambda t: (t.ts, t.order)):
+        matches = [t for t in value if isinstance(t, scan.Timed)]
+        for t in sorted(matches, key=lambda t: (t.ts, t.order)):
             self.detector.observe(t.ts, t.hit, t.message, t.boot)
             self.sequence += 1
             metrics.EVENTS.labels(code=t.hit.code).inc()
             events.append(health_event(self.detector, t, self.gpu_uuids))
+        events += [e for e in value if isinstance(e, HealthEvent)]  # health samples: stored, not observed
         faults = self.detector.snapshot_faults()
         open_by_component: dict[str, int] = {}
         for f in faults:
@@ -195,15 +228,18 @@ def build(
     node's verified repairs (`sources.repairs.from_store`), whose GPUs the GPU source re-reads."""
     devices = {d.index: d for d in backend.devices()}
     flow = Dataflow(FLOW_ID)
-    inputs: list[tuple[str, FixedPartitionedSource[Any, Any]]] = [
-        (STEP_GPU, GpuEventSource(backend, polling, repairs))
-    ]
+    gpu_events = GpuEventSource(backend, polling, repairs)
+    inputs: list[tuple[str, FixedPartitionedSource[Any, Any]]] = [(STEP_GPU, gpu_events)]
     inputs += [(log.step_id, log.source) for log in logs or []]
     batches = op.input(STEP_INPUT, flow, Inputs(inputs, stop))
 
-    def match_gpu(events: list[gpu.GpuEvent]) -> list[scan.Timed]:
-        out = []
+    def match_gpu(events: list[gpu.GpuEvent]) -> list[Matched]:
+        out: list[Matched] = []
         for event in events:
+            if event.kind == "sample":
+                if event.gpu in devices:
+                    out.append(health_sample(node, gpu_source, devices[event.gpu], event, gpu_events.boot_id))
+                continue
             text = gpu.message(event, devices.get(event.gpu))
             if text is None:
                 continue
@@ -212,7 +248,7 @@ def build(
                 out.append(scan.Timed(event.ts, (0, 0), hit, text, None, gpu_source))
         return out
 
-    matchers = [match_gpu] + [
+    matchers: list[Callable[[Any], list[Any]]] = [match_gpu] + [
         _entry_matcher(compiled, log.kind, position) for position, log in enumerate(logs or [], start=1)
     ]
     hits = op.map(STEP_MATCH, batches, lambda item: matchers[item[0]](item[1]))

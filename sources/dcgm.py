@@ -10,6 +10,12 @@ once and absent from a later check is reported 0, which resolves it. The `dcgm` 
 severities to codes and actions. XIDs reach the agent through the kernel log, so `wait_events` only
 waits.
 
+Each poll also reads the latest values of a field group the host engine watches (VALUES): the error
+counters and the temperature under the names the NVML backend gives them, for the health samples.
+DCGM's health watches already judge these counters (its pcie, nvlink and mem incidents), so they are
+`sample_only`: they make no event of their own, and one problem is not reported twice. A value DCGM
+has not got (blank, or a field this GPU or DCGM version lacks) is left out, never read as 0.
+
 `diagnose` (preflight) runs DCGM's diagnostics at a level (1-4, as `dcgmi diag -r`) on some GPUs only, in
 a group of their own: the GPUs a pod was given, never another pod's. It reads the response shape of
 DCGM 4 (`c_dcgmDiagResponse_v11`/`v12`: tests, each with its result and the indices of its errors).
@@ -18,6 +24,8 @@ DCGM 4 (`c_dcgmDiagResponse_v11`/`v12`: tests, each with its result and the indi
 from __future__ import annotations
 
 import importlib
+import logging
+import math
 import os
 import sys
 import threading
@@ -38,6 +46,21 @@ SYSTEMS = {
     "NVSWITCH_NONFATAL": "nvswitch_nonfatal", "NVSWITCH_FATAL": "nvswitch_fatal", "CONNECTX": "connectx",
 }  # fmt: skip
 NODE = -1  # fields of entities that are not GPUs (NVSwitches, ConnectX)
+# health field -> the DCGM field read as its value (names as the NVML backend's; sources.gpu)
+VALUES = {
+    "ecc_sbe_volatile": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE",
+    "remapped_rows_correctable": "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "nvlink_crc": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "nvlink_replay": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "nvlink_recovery": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "pcie_replay": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "temperature": "DCGM_FI_DEV_GPU_TEMP",
+}
+VALUES_UPDATE_US = 5_000_000  # how often the host engine refreshes them (microseconds, as DCGM takes it)
+VALUES_KEEP_S = 60.0  # how long it keeps them (seconds): only the latest is read
+
+log = logging.getLogger(__name__)
 
 
 def load_bindings(directory: Path | None = None) -> dict[str, ModuleType]:
@@ -57,6 +80,7 @@ class DcgmBackend:
     # calls go to the host engine, another process: their failures and hangs are the monitor's health,
     # never a node fault by themselves (sources.gpu)
     driver_in_process = False
+    sample_only = frozenset(VALUES)  # judged by DCGM's own health watches: samples only (see above)
 
     def __init__(self, host: str = "localhost:5555", bindings: dict[str, ModuleType] | None = None) -> None:
         b = bindings or load_bindings()
@@ -88,6 +112,41 @@ class DcgmBackend:
         self._index = {d.index: d.index for d in self._devices}
         self._seen: dict[int, set[str]] = {}
         self._closed = threading.Event()
+        self._values = self._watch_values()
+
+    def _watch_values(self) -> tuple[Any, dict[int, str]] | None:
+        """The field group of VALUES these bindings know, watched by the host engine, with each field id's
+        name; None where the host engine refuses it (the health watches go on; samples then carry the
+        incidents' fields only)."""
+        ids = {int(getattr(self.fields, name)): field for field, name in VALUES.items()
+               if hasattr(self.fields, name)}  # fmt: skip
+        if not ids:
+            return None
+        try:
+            group = self.pydcgm.DcgmFieldGroup(self.handle, name="faultline-samples", fieldIds=list(ids))
+            self.group.samples.WatchFields(group, VALUES_UPDATE_US, VALUES_KEEP_S, 0)
+        except Exception as exc:  # noqa: BLE001 - DCGM's bindings raise their own classes
+            log.warning("DCGM field values not watched (health samples carry no counters): %s", exc)
+            return None
+        return group, ids
+
+    def _read_values(self, out: dict[int, dict[str, int]]) -> None:
+        """The latest VALUES of each GPU into its fields (blank values left out)."""
+        if self._values is None:
+            return
+        group, ids = self._values
+        latest = self.group.samples.GetLatest_v2(group).values.get(self.fields.DCGM_FE_GPU, {})
+        for entity, series in latest.items():
+            fields = out.get(int(entity))
+            if fields is None:
+                continue
+            for field_id, values in series.items():
+                name = ids.get(int(field_id))
+                if name is None or not len(values):
+                    continue
+                value = values[-1]
+                if not value.isBlank and isinstance(value.value, int | float) and math.isfinite(value.value):
+                    fields[name] = int(value.value)
 
     def devices(self) -> list[GpuDevice]:
         return list(self._devices)
@@ -119,6 +178,7 @@ class DcgmBackend:
             seen.update(fields)
             for name in seen - fields.keys():
                 fields[name] = 0
+        self._read_values(out)  # after the incidents' passing: a value left out is not a 0
         return out
 
     def inventory(self) -> dict[int, GpuInfo]:

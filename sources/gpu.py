@@ -6,7 +6,11 @@ is classified by exactly the same XID catalogue as one read from the kernel log.
 
 Health fields (ECC, remapped rows, throttling, NVLink, ...) are polled with `read_fields`. Only changes
 become events: a state field (`ecc_dbe_volatile=2`, `thermal_slowdown=1`) when its value changes, a
-cumulative counter (`pcie_replay`) by how much it rose. `MonitorWatch` turns a backend call that fails
+cumulative counter (`pcie_replay`) by how much it rose; a gauge (`temperature`, in degrees C) never
+does. With the agent's `health_samples`, a read also becomes, every so often, one sample per GPU
+(`samples`): every field it read, as numbers, for the cluster analyzer's anomaly scores. Fields a
+backend names in `sample_only` (DCGM's counters, which its own health watches judge) go into samples
+only. `MonitorWatch` turns a backend call that fails
 or hangs into monitor-health events: the monitor is unhealthy (`GpuMonitorHealthy` False), which is not
 a GPU fault. Only where the backend's calls are the node's own driver calls (NVML, in the agent's
 process: `driver_in_process`) does a call that stays hung for longer than a configured time become a
@@ -36,10 +40,11 @@ class GpuEvent:
 
     ts: float
     gpu: int  # -1: the node (monitor events, node-wide incidents)
-    kind: str  # xid | lost | healthy | repaired | field | counter | monitor
+    kind: str  # xid | lost | healthy | repaired | field | counter | monitor | sample
     value: int = 0
     position: int | None = None  # where a replayable backend resumes after this event
     name: str = ""  # the field or counter (kind field/counter); what failed (kind monitor)
+    fields: tuple[tuple[str, int], ...] = ()  # kind sample: the GPU's fields as read, by name
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ class GpuBackend(Protocol):
 
     def read_fields(self) -> dict[int, dict[str, int]]:
         """Current health fields by GPU index (call from a thread of its own: a driver call may hang).
-        Names in COUNTERS are cumulative; the others are states whose non-zero values are abnormal."""
+        Names in COUNTERS are cumulative, those in GAUGES measurements (`temperature`, degrees C); the
+        others are states whose non-zero values are abnormal."""
         ...
 
     def inventory(self) -> dict[int, GpuInfo]:
@@ -89,6 +95,9 @@ class GpuBackend(Protocol):
 COUNTERS = frozenset(
     {"pcie_replay", "nvlink_replay", "nvlink_recovery", "nvlink_crc", "ecc_sbe_volatile", "ecc_sbe_aggregate"}
 )
+# Measurements that are neither a state nor a counter: they make no event of their own (a temperature
+# follows the workload), only the health samples carry them
+GAUGES = frozenset({"temperature"})
 # What a GPU must read after a reset or reboot to count as repaired: reachable, no uncorrectable ECC
 # error since the reset (the volatile count restarts at the reset), no row remapping or page retirement
 # still waiting for one, spare rows left, every NVLink that was up at the start up, not at its shutdown
@@ -111,21 +120,35 @@ MONITOR_OK, MONITOR_UNHEALTHY, MONITOR_UNRESPONSIVE = 0, 1, 2
 
 
 def field_changes(
-    previous: dict[int, dict[str, int]], current: dict[int, dict[str, int]], ts: float
-) -> list[GpuEvent]:
+    previous: dict[int, dict[str, int]], current: dict[int, dict[str, int]], ts: float,
+    quiet: frozenset[str] = GAUGES,
+) -> list[GpuEvent]:  # fmt: skip
     """Events for what changed between two reads. On the first read (no previous value) only abnormal
-    states are reported; counters only ever report a rise (a counter that went down was reset)."""
+    states are reported; counters only ever report a rise (a counter that went down was reset). Fields
+    in `quiet` (the gauges, and a backend's `sample_only`) report nothing."""
     out = []
     for index, fields in current.items():
         before = previous.get(index, {})
         for name, value in fields.items():
             old = before.get(name)
+            if name in quiet:
+                continue
             if name in COUNTERS:
                 if old is not None and value > old:
                     out.append(GpuEvent(ts, index, "counter", value - old, name=name))
             elif value != (0 if old is None else old):
                 out.append(GpuEvent(ts, index, "field", value, name=name))
     return out
+
+
+def samples(current: dict[int, dict[str, int]], ts: float) -> list[GpuEvent]:
+    """One health sample per GPU of a read: every field read, by name. A GPU read as lost, or with no
+    field (a backend that reads none of it), has nothing to sample; node fields (index -1) are no GPU's."""
+    return [
+        GpuEvent(ts, index, "sample", fields=tuple(sorted(fields.items())))
+        for index, fields in sorted(current.items())
+        if index >= 0 and fields and not fields.get("lost")
+    ]
 
 
 class MonitorWatch:

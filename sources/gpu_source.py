@@ -5,6 +5,10 @@ backend's replay position and the last fields read.
 With `repairs` (the node's verified repairs, `sources.repairs`), a third thread reads them every
 `repair_interval` seconds and each field poll judges the rounds' GPUs from the read it just made.
 
+With `samples` (seconds: the agent's `health_samples`), the first field poll and then the first one
+each `samples` seconds after the last also hand over one health sample per GPU of what it read
+(`sources.gpu.samples`): no call of their own, so a sample costs one event per GPU.
+
 The fields in the resume state belong to one boot of the node: after a reboot the GPUs were
 re-initialised, so the first read reports every abnormal state afresh (a GPU still lost, or with a
 remapping still pending, after a reboot is a fault again instead of "no change").
@@ -36,6 +40,7 @@ class GpuPolling:
     hung_after: float = 10.0
     unresponsive_after: float = 300.0
     repair_interval: float = 5.0  # between reads of the node's verified repairs (when given)
+    samples: float | None = None  # between health samples of each GPU (None: none)
 
 
 GpuResume = tuple[int | None, dict[int, dict[str, int]], str]  # position, last fields read, their boot
@@ -69,6 +74,8 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
         # a hung call is a node fault only where it is the node's own driver call (sources.gpu)
         escalates = bool(getattr(backend, "driver_in_process", True))
         self.watch = gpu.MonitorWatch(polling.hung_after, polling.unresponsive_after, escalates=escalates)
+        self.quiet = gpu.GAUGES | frozenset(getattr(backend, "sample_only", ()))
+        self.sample_at = 0.0  # when the next health sample is due (with polling.samples)
         self.call_started: float | None = None
         self.failure: str | None = None
         self.announced = False
@@ -112,8 +119,13 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
                 self.failure = f"{type(exc).__name__}: {exc}"[:200]
             else:
                 self.failure = None
-                for event in gpu.field_changes(previous, current, time.time()):
+                now = time.time()
+                for event in gpu.field_changes(previous, current, now, self.quiet):
                     self.queue.put(event)
+                if self.polling.samples is not None and now >= self.sample_at:
+                    self.sample_at = now + self.polling.samples
+                    for event in gpu.samples(current, now):
+                        self.queue.put(event)
                 for event in self.repair_watch.judge(notices, current, time.time()) if notices else ():
                     self.queue.put(event)
                 previous = self.latest = current

@@ -5,6 +5,7 @@ fallen off the bus.
 Fields (see `sources.gpu`): `ecc_dbe_volatile`, `ecc_dbe_aggregate`, `ecc_sbe_volatile`,
 `remapped_rows_correctable`, `remapped_rows_uncorrectable`, `remapped_rows_pending`,
 `remapped_rows_failure`, `retired_pages_dbe`, `retired_pages_sbe`, `retired_pages_pending`,
+`temperature` (degrees C, a gauge: it makes no event, only health samples carry it),
 `thermal_slowdown` / `thermal_shutdown` (temperature at or above the GPU's own thresholds),
 `throttle_hw_slowdown`, `throttle_hw_thermal`, `throttle_sw_thermal`, `throttle_power_brake`,
 `nvlink_down` (links that were up and are not), the counters `nvlink_replay`, `nvlink_recovery`,
@@ -148,7 +149,7 @@ class NvmlBackend:
                 q({}, "", n.nvmlDeviceGetTemperatureThreshold, h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
             )
         slowdown, shutdown = self._thresholds[index]
-        temperature = q({}, "", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
+        temperature = q(fields, "temperature", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU)
         if temperature is not None and slowdown:
             fields["thermal_slowdown"] = int(temperature >= slowdown)
         if temperature is not None and shutdown:

@@ -8,7 +8,9 @@ file from where it was when the backend started. A scenario is a YAML timeline r
     - {at: 60s, gpu: 3, clear: true}
 
 Health fields are state: the simulated GPUs' fields are the fold of every field record in the control
-file (a restarted backend knows them), and `read_fields` returns them the way NVML would be read. A
+file (a restarted backend knows them), and `read_fields` returns them the way NVML would be read, with
+each GPU's `temperature` (SIM_TEMPERATURE until a field record sets it; a clear record puts it back;
+a lost GPU, as on NVML, reads none). A
 `hang` record makes the next reads block for that many seconds, as a stuck driver call does. A
 `reset` record (`{gpu: 3, reset: true}`, `sim inject --reset`) resets a GPU: its volatile error and
 pending fields return to 0, and nothing is logged (see `RESET_CLEARS`).
@@ -37,7 +39,7 @@ from typing import Any
 from faultline import yamldoc
 from faultline.errors import ConfigError
 from faultline.models import stable_id
-from sources.gpu import GpuDevice, GpuEvent, GpuInfo
+from sources.gpu import GAUGES, GpuDevice, GpuEvent, GpuInfo
 
 POLL_S = 0.02
 WATCH_MAX_S = 0.25  # inotify waits are cut this short too, so that close() is noticed
@@ -53,6 +55,7 @@ RESET_CLEARS = frozenset(
 )
 
 SIM_MODEL = "NVIDIA H100 80GB HBM3"
+SIM_TEMPERATURE = 45  # degrees C: an idle simulated GPU
 SIM_NVLINKS = 18
 LINK_FIELDS = {"pcie_width": 16, "pcie_gen": 5}  # name -> the link's maximum (and its healthy value)
 
@@ -137,7 +140,8 @@ class SimulatorBackend:
         while not self._closed.is_set() and time.time() < self._hang_until:
             time.sleep(POLL_S)  # a stuck driver call
         with self._lock:
-            return {index: dict(fields) for index, fields in self._fields.items()}
+            return {index: fields if fields.get("lost") else {"temperature": SIM_TEMPERATURE, **fields}
+                    for index, fields in self._fields.items()}  # fmt: skip
 
     def inventory(self) -> dict[int, GpuInfo]:
         while not self._closed.is_set() and time.time() < self._hang_until:
@@ -209,6 +213,8 @@ class SimulatorBackend:
                     fields.update(dict.fromkeys(RESET_CLEARS & fields.keys(), 0))  # no line: see RESET_CLEARS
                 else:
                     if e.kind == "healthy" and fields is not None:
+                        for name in GAUGES & fields.keys():
+                            del fields[name]  # back to the simulated GPU's own
                         fields.update(dict.fromkeys(fields, 0))
                         self._links[e.gpu] = dict(LINK_FIELDS)
                     out.append(e)

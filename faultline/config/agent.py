@@ -92,6 +92,12 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
         description="also write the store's feed that the cluster analyzer reads (where one runs: the "
         "chart sets it with analyzer.enabled); its one numbered order costs writers at once retries",
     )
+    health_samples: Seconds | None = Field(
+        default=None, ge=1, le=3600,
+        description="every this long (duration; the chart sets 60s with analyzer.anomaly.enabled), store one "
+        "health sample per GPU: its fields as read, as numbers, for the cluster analyzer's anomaly scores "
+        "(a healthy event that opens no fault); unset: none",
+    )  # fmt: skip
     scheduled_events: bool = Field(
         default=False,
         description="on an Azure node (its providerID says), relay its Scheduled Events from the instance "

@@ -85,13 +85,16 @@ def test_simulator_fields_are_state_folded_from_the_control_file(tmp_path: Path)
     simulator.inject("n1", 2, kind="field", name="ecc_dbe_volatile", value=1, directory=tmp_path)
     simulator.inject("n1", 2, kind="xid", value=79, directory=tmp_path)  # history: not replayed
     backend = simulator.SimulatorBackend("n1", directory=tmp_path)
-    assert backend.read_fields()[2] == {"ecc_dbe_volatile": 1}  # set before this backend started
+    idle = simulator.SIM_TEMPERATURE
+    assert backend.read_fields()[2] == {"ecc_dbe_volatile": 1, "temperature": idle}  # set before the start
     assert backend.wait_events(0.05) == []
     simulator.inject("n1", 2, kind="field", name="nvlink_down", value=3, directory=tmp_path)
+    simulator.inject("n1", 2, kind="field", name="temperature", value=84, directory=tmp_path)
+    assert backend.wait_events(1.0) == [] and backend.read_fields()[2]["temperature"] == 84
     simulator.inject("n1", 2, kind="healthy", directory=tmp_path)
     (healthy,) = backend.wait_events(1.0)
     assert healthy.kind == "healthy"
-    assert backend.read_fields()[2] == {"ecc_dbe_volatile": 0, "nvlink_down": 0}
+    assert backend.read_fields()[2] == {"ecc_dbe_volatile": 0, "nvlink_down": 0, "temperature": idle}
     assert healthy.position is not None
     backend.close()
 

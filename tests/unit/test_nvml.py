@@ -198,7 +198,7 @@ def test_health_fields_read_through_nvml(fake: FakeNvmlLib) -> None:
     assert first[0] == {
         "ecc_dbe_volatile": 3, "ecc_dbe_aggregate": 3, "ecc_sbe_volatile": 7,
         "remapped_rows_correctable": 2, "remapped_rows_uncorrectable": 0, "remapped_rows_pending": 0,
-        "remapped_rows_failure": 0, "thermal_slowdown": 0, "thermal_shutdown": 0,
+        "remapped_rows_failure": 0, "temperature": 40, "thermal_slowdown": 0, "thermal_shutdown": 0,
         "throttle_hw_slowdown": 0, "throttle_hw_thermal": 0, "throttle_sw_thermal": 0, "throttle_power_brake": 0,
         "nvlink_down": 0, "nvlink_replay": 0, "nvlink_recovery": 0, "nvlink_crc": 0, "pcie_replay": 5,
     }  # fmt: skip
@@ -210,6 +210,7 @@ def test_health_fields_read_through_nvml(fake: FakeNvmlLib) -> None:
     fake.link_errors[0] = 2  # per link: 4 links
     fake.lost.add(1)
     second = backend.read_fields()
+    assert second[0]["temperature"] == 88
     assert (second[0]["thermal_slowdown"], second[0]["thermal_shutdown"]) == (1, 0)
     assert (second[0]["throttle_hw_thermal"], second[0]["throttle_hw_slowdown"]) == (1, 0)
     assert (second[0]["nvlink_down"], second[0]["nvlink_recovery"]) == (1, 8)

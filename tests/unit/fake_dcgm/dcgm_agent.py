@@ -17,6 +17,9 @@ STATE: dict[str, Any] = {
     "diag_runs": [],  # (level, gpu ids) of each diagnostic run
     "groups": 0,  # groups alive (created and not deleted)
     "refuse": False,  # the host engine is not there: DcgmHandle raises
+    "values": {},  # gpu id -> {field id: its latest value, None: blank}
+    "watched": None,  # (field ids, update interval in microseconds) of the watched field group
+    "refuse_watch": False,  # the host engine refuses to watch field values
 }
 
 

@@ -1,4 +1,12 @@
-"""A stand-in for DCGM's `dcgm_fields` binding (entity groups), for tests."""
+"""A stand-in for DCGM's `dcgm_fields` binding (entity groups, the field ids the backend reads), for tests."""
 
 DCGM_FE_GPU = 1
 DCGM_FE_SWITCH = 3
+DCGM_FI_DEV_GPU_TEMP = 150
+DCGM_FI_DEV_PCIE_REPLAY_COUNTER = 202
+DCGM_FI_DEV_ECC_SBE_VOL_TOTAL = 310
+DCGM_FI_DEV_RETIRED_SBE = 390
+DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS = 393
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 409
+DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 429
+DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 439

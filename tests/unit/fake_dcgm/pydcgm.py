@@ -1,11 +1,14 @@
-"""A stand-in for DCGM's `pydcgm` binding (DcgmHandle, DcgmGroup with health watches), for tests."""
+"""A stand-in for DCGM's `pydcgm` binding (DcgmHandle, DcgmGroup with health watches and field values,
+DcgmFieldGroup), for tests."""
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import dcgm_agent
+import dcgm_fields
 import dcgm_structs
 
 
@@ -33,6 +36,28 @@ class _Health:
         return dcgm_structs.HealthResponse(worst, len(incidents), incidents)
 
 
+class DcgmFieldGroup:
+    def __init__(self, dcgmHandle: DcgmHandle, name: str = "", fieldIds: list[int] | None = None) -> None:  # noqa: N803
+        self.name = name
+        self.fieldIds = list(fieldIds or [])
+
+
+class _Samples:
+    def WatchFields(self, group: DcgmFieldGroup, update_us: int, keep_s: float, keep: int) -> None:
+        if dcgm_agent.STATE["refuse_watch"]:
+            raise RuntimeError("DCGM_ST_NOT_SUPPORTED")
+        dcgm_agent.STATE["watched"] = (list(group.fieldIds), update_us)
+
+    def GetLatest_v2(self, group: DcgmFieldGroup) -> Any:
+        """A DcgmFieldValueEntityCollection's shape: .values[entity group][entity][field id] -> series."""
+        gpus = {
+            gpu: {fid: [SimpleNamespace(value=v, isBlank=v is None)]
+                  for fid, v in values.items() if fid in group.fieldIds}
+            for gpu, values in dcgm_agent.STATE["values"].items()
+        }  # fmt: skip
+        return SimpleNamespace(values={dcgm_fields.DCGM_FE_GPU: gpus} if gpus else {})
+
+
 class _Action:
     def __init__(self, group: DcgmGroup) -> None:
         self.group = group
@@ -48,6 +73,7 @@ class _Action:
 class DcgmGroup:
     def __init__(self, handle: DcgmHandle, groupName: str = "", groupType: int = 0) -> None:  # noqa: N803
         self.health = _Health()
+        self.samples = _Samples()
         self.action = _Action(self)
         self.gpus: list[int] = []
         dcgm_agent.STATE["groups"] += 1
