@@ -1,12 +1,12 @@
-"""The object monitor and the cloud maintenance monitor as real pods (issue 17): `helm install
-oci://<loopback registry>/faultline` with `objectMonitor.enabled` and `maintenance.enabled` (the agent off:
-neither needs it) into the local cluster with a real kubelet node, both Deployments placed on that node,
-the session's FerretDB as the store.
+"""The object monitor, the cloud maintenance monitor and the cluster analyzer as real pods (issues 17
+and 16): `helm install oci://<loopback registry>/faultline` with `objectMonitor.enabled`,
+`maintenance.enabled` and `analyzer.enabled` (the agent off: none needs it) into the local cluster with
+a real kubelet node, the three Deployments placed on that node, the session's FerretDB as the store.
 
-(a) both pods run the project's image (by digest) on the real node, become Ready and are never restarted;
+(a) the pods run the project's image (by digest) on the real node, become Ready and are never restarted;
     each runs as the ServiceAccount the chart made, and what its identity was refused would show: no
-    Forbidden in either log, every watch of the object monitor listed with no error (its metrics), and its
-    /healthz (the probes' endpoint) answers from the pod's address;
+    Forbidden in any log, every watch of the object monitor listed with no error (its metrics), the
+    analyzer's node labels read, and /healthz (the probes' endpoint) answers from each pod's address;
 (b) the object monitor, watching the real API server from inside its pod, raises KUBE-GPUS-NOT-ADVERTISED
     on the real node when the node says it has 8 GPUs (nvidia.com/gpu.count) and advertises 7 (the
     node's status, as a device plugin would set it; the rule's `for` shortened by objectMonitor.overrides),
@@ -17,7 +17,11 @@ the session's FerretDB as the store.
     node of the test's with that providerID, picked by maintenance.watchSelector) becomes
     CSP-MAINTENANCE-REBOOT on the node, with an Event; once the due time is cleared and the node is back
     with a new boot id the fault resolves as over;
-(d) `helm uninstall` leaves no object of the release (workloads, ConfigMaps, ServiceAccounts, roles and
+(d) the analyzer, with a pack of the test's from analyzer.packs (mounted from the chart's ConfigMap), holds
+    the analyzer's lease in the store, and derives the pack's CHART-GPU-REPEAT from feed records the
+    test writes through the store as an agent with analyzer_feed does (`Store.record_batch`): one GPU
+    (by UUID) failing on two nodes;
+(e) `helm uninstall` leaves no object of the release (workloads, ConfigMaps, ServiceAccounts, roles and
     bindings, Helm's own record) and, with the test's label and GPUs taken back, the real node is as it
     was before the test.
 """
@@ -42,11 +46,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools import procs, tools
 from devtools.cluster import LocalCluster
+from devtools.mongo import LocalMongo
 from faultline import kube, store
 from faultline.errors import TransientError
 from faultline.kube import lite
-from faultline.models import PROVIDER_REPAIR, FaultState
+from faultline.models import PROVIDER_REPAIR, Action, Component, Entity, FaultState, HealthEvent, event_id
+from patterns import cluster
 from tests.fakes import cloud as fakes
+from tests.integration.test_chart import ANALYZER_PACK
 from tests.integration.test_chart_real_node import (
     CHART_VERSION,
     NODE,
@@ -67,8 +74,10 @@ pytestmark = [
 ]
 RELEASE = "flm"
 MONITORS = ("object-monitor", "maintenance")
+COMPONENTS = (*MONITORS, "analyzer")
 COUNT_LABEL = "nvidia.com/gpu.count"  # what the built-in gpus-not-advertised rule compares with
 GPUS, REBOOT = "KUBE-GPUS-NOT-ADVERTISED", "CSP-MAINTENANCE-REBOOT"
+REPEAT = "CHART-GPU-REPEAT"  # ANALYZER_PACK's code
 WATCH_LABEL = "faultline.io/maintenance-test"
 METRICS_PORT = 9400  # the chart's metrics.port
 # what `helm uninstall` must take away: the kinds the chart makes, by the release's label
@@ -88,16 +97,28 @@ RELEASE_KINDS = (
 def _values(
     cluster: LocalCluster, uri: str, database: str, state: Path, *, oci: str, oci_secret: str, watch: str
 ) -> dict[str, Any]:
-    """The store and image as the real-node chart test gives them, the agent off, and both monitors on the
-    real node: the object monitor with the built-in rules (gpus-not-advertised after 1 s), the maintenance
-    monitor looking at OCI's nodes of `watch` every second."""
+    """The store and image as the real-node chart test gives them, the agent off, and both monitors and the
+    analyzer on the real node: the object monitor with the built-in rules (gpus-not-advertised after 1 s),
+    the maintenance monitor looking at OCI's nodes of `watch` every second, the analyzer with the test's
+    pack besides the built-in ones, reading the feed every 100 ms."""
     values = chart_values(cluster, uri, database, state)
     values["agent"]["enabled"] = False
     place = {"nodeSelector": {"kubernetes.io/hostname": NODE}}
     values["objectMonitor"] = {"enabled": True, "overrides": {"gpus-not-advertised": {"for": "1s"}}, **place}
     values["maintenance"] = {"enabled": True, "clouds": ["oci"], "interval": "1s", "watchSelector": watch,
                              "endpoints": {"oci": oci}, "ociConfigSecret": oci_secret, **place}  # fmt: skip
+    values["analyzer"] = {"enabled": True, "packs": {"chart-cluster.yaml": ANALYZER_PACK},
+                          "config": {"poll": "100ms", "checkpoint_interval": "500ms"}, **place}  # fmt: skip
     return values
+
+
+def _xid(node: str, gpu_uuid: str, code: str, at: dt.datetime) -> HealthEvent:
+    """A GPU's XID event as an agent writes it, with the GPU's UUID (the analyzer's `gpu` key)."""
+    return HealthEvent(
+        id=event_id(node, "kmsg", "GPU", "0000:3b:00", code, at), node=node, component=Component.GPU,
+        check="xid", code=code, entities=(Entity(type="GPU", id="0000:3b:00"),), healthy=False, fatal=True,
+        action=Action.RESTART_BM, metadata={"gpu_uuid": gpu_uuid}, generated_at=at, observed_at=at,
+    )  # fmt: skip
 
 
 def _faults(db: Any, node: str, code: str) -> list[store.FaultRecord]:
@@ -160,9 +181,9 @@ def _release_objects(client: lite.Client, ns: str) -> list[str]:
 
 
 @pytest.mark.usefixtures("sim_nodes_cordoned")
-def test_the_object_and_maintenance_monitors_run_as_real_pods_and_raise_from_real_objects(
+def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_real_objects(
     real_cluster: LocalCluster, real_store: str, store_db: tuple[str, Any], helm_env: dict[str, str],
-    tmp_path: Path,
+    mongo: LocalMongo, tmp_path: Path,
 ) -> None:  # fmt: skip
     real = real_cluster.real
     fakelet = real_cluster.fakelet
@@ -203,7 +224,7 @@ def test_the_object_and_maintenance_monitors_run_as_real_pods_and_raise_from_rea
                 "stringData": {name: (tmp_path / "oci" / name).read_text() for name in ("config", "key.pem")},
             })  # fmt: skip
 
-            # -- (a) install: both monitors Ready on the real node, as their chart identities ------------------
+            # -- (a) install: the monitors and the analyzer Ready on the real node, as their chart identities --
             values.write_text(yaml.safe_dump(_values(
                 real_cluster, uri, database, tmp_path / "node" / "state", oci=oci_endpoint,
                 oci_secret=oci_secret, watch=f"{WATCH_LABEL}={suffix}",
@@ -212,16 +233,16 @@ def test_the_object_and_maintenance_monitors_run_as_real_pods_and_raise_from_rea
                  "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
             installed = time.monotonic()
             try:
-                procs.wait_for("both monitors' pods Ready on the real node",
-                               lambda: all(ready(component_pod(api, ns, c, RELEASE) or {}) for c in MONITORS),
+                procs.wait_for("the monitors' and the analyzer's pods Ready on the real node",
+                               lambda: all(ready(component_pod(api, ns, c, RELEASE) or {}) for c in COMPONENTS),
                                180, interval=1)  # fmt: skip
             except TransientError as exc:
                 raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
             seconds["install to Ready"] = time.monotonic() - installed
             assert sorted(p["metadata"]["labels"]["app.kubernetes.io/component"]
-                          for p in release_pods(api, ns, RELEASE)) == sorted(MONITORS)  # fmt: skip
+                          for p in release_pods(api, ns, RELEASE)) == sorted(COMPONENTS)  # fmt: skip
             pods = {}
-            for component in MONITORS:
+            for component in COMPONENTS:
                 pod = component_pod(api, ns, component, RELEASE)
                 assert pod is not None and pod["spec"]["nodeName"] == NODE, component
                 (status,) = pod["status"]["containerStatuses"]
@@ -317,7 +338,7 @@ def test_the_object_and_maintenance_monitors_run_as_real_pods_and_raise_from_rea
                            lambda: _reasons(api, oci_node, "FaultlineMaintenance") == over, 30, interval=0.5)  # fmt: skip
             assert {a for a, _ in fake.actions("oci")} == {"GET"}  # nothing but reads
 
-            for component in MONITORS:  # never restarted, nothing refused
+            for component in COMPONENTS:  # never restarted, nothing refused
                 pod = component_pod(api, ns, component, RELEASE)
                 assert pod is not None and ready(pod), component
                 restarts = [s["restartCount"] for s in pod["status"]["containerStatuses"]]
@@ -327,7 +348,55 @@ def test_the_object_and_maintenance_monitors_run_as_real_pods_and_raise_from_rea
             maintenance_log = core.read_namespaced_pod_log(pods["maintenance"]["metadata"]["name"], ns)
             assert "could not be read" not in maintenance_log, maintenance_log
 
-            # -- (d) uninstall: nothing of the release left; the node as it was ------------------------------
+            # -- (d) the analyzer: it holds the lease, and derives its pack's fault from the feed ------------
+            st = store.connect(mongo.uri, database)
+            try:
+                owner = f"analyzer/{pods['analyzer']['metadata']['name']}/"  # its host name is its pod's
+
+                def holder() -> str:
+                    status = st.analyzer_status(cluster.PARTITIONS)
+                    return (status.owner if status else None) or ""
+
+                procs.wait_for("the analyzer's lease held by its pod", lambda: holder().startswith(owner), 60,
+                               interval=0.5)  # fmt: skip
+                now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+                gpu, first_node, second_node = f"GPU-{suffix}", f"gpu-a-{suffix}", f"gpu-b-{suffix}"
+                first = _xid(first_node, gpu, "XID-79", now - dt.timedelta(minutes=10))
+                other = _xid(first_node, f"GPU-other-{suffix}", "XID-79", now - dt.timedelta(minutes=5))
+                again = _xid(second_node, gpu, "XID-95", now)  # the same GPU, moved to another node
+                written = time.monotonic()
+                assert st.record_batch([first, other], []) == 2  # as an agent with analyzer_feed writes
+                assert st.record_batch([again], []) == 1
+                try:
+                    procs.wait_for(f"{REPEAT} derived by the analyzer",
+                                   lambda: _state(db, second_node, REPEAT) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
+                except TransientError as exc:
+                    raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+                seconds["feed records to derived fault"] = time.monotonic() - written
+                (fault,) = _faults(db, second_node, REPEAT)
+                assert (fault.entity.type, fault.entity.id, fault.pattern) == (
+                    "GPU-UUID",
+                    gpu,
+                    "chart-gpu-repeat",
+                )
+                assert (fault.fatal, fault.action, fault.count) == (True, "CONTACT_SUPPORT", 2)
+                assert fault.metadata["records"].split(",") == [first.id, again.id]  # not the other GPU's
+                ours = (first_node, second_node)  # the built-in patterns derived nothing from these
+                derived = [(d["node"], d["code"]) for d in db["faults"].find({}) if d["node"] in ours]
+                assert derived == [(second_node, REPEAT)], derived
+                page = _http(pods["analyzer"], "/metrics")[1]
+                assert _samples(page, "faultline_analyzer_active") == {"": 1.0}, page
+                assert _samples(page, "faultline_analyzer_derived_faults_total") == {
+                    "pattern=chart-gpu-repeat": 1.0
+                }
+                assert holder().startswith(owner)  # the same replica throughout
+            finally:
+                st.close()
+            analyzer_log = core.read_namespaced_pod_log(pods["analyzer"]["metadata"]["name"], ns)
+            for refused in ("node labels not read", "pods not read"):  # its lists of nodes and pods allowed
+                assert refused not in analyzer_log, analyzer_log
+
+            # -- (e) uninstall: nothing of the release left; the node as it was ------------------------------
             kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
             advertise_gpus(api, None)
             helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
