@@ -455,6 +455,47 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of
         assert settings_files(docs)["analyzer"]["packs"] == []
 
 
+def test_the_analyzers_anomaly_scores_switch_on_the_agents_health_samples(tmp_path: Path) -> None:
+    """analyzer.anomaly.enabled turns the analyzer's scores on (anomaly) with analyzer.anomaly.fields as its
+    anomaly_fields, and makes the agents store a health sample per GPU every sampleInterval
+    (health_samples), as their models resolve the files; the scores off, or the analyzer off, the agents
+    send none. The scores switched on through analyzer.config count too."""
+    from cli import settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+    from faultline.config.analyzer import ANOMALY_FIELDS  # noqa: PLC0415
+
+    assert "health_samples" not in settings_files(render())["agent"]
+    no_analyzer = settings_files(render("analyzer.anomaly.enabled=true"))
+    assert "health_samples" not in no_analyzer["agent"]
+    off = settings_files(render(values=_analyzer_values(tmp_path)))
+    assert "health_samples" not in off["agent"] and "anomaly" not in off["analyzer"]
+
+    fields = {"temperature": {"enabled": True}, "pcie_replay": {"threshold": 10}}
+    anomaly = {"enabled": True, "sampleInterval": "60s", "fields": fields}
+    files = settings_files(render(values=_analyzer_values(tmp_path, "anomaly", anomaly=anomaly)))
+    assert (files["agent"]["health_samples"], files["agent"]["analyzer_feed"]) == ("60s", True)
+    assert (files["analyzer"]["anomaly"], files["analyzer"]["anomaly_fields"]) == (True, fields)
+    resolved = {}
+    for component in ("agent", "analyzer"):
+        path = tmp_path / f"{component}.yaml"
+        path.write_text(yaml.safe_dump(files[component]))
+        env = {"MONGODB_URI": "mongodb://m", "NODE_NAME": "n1"}
+        resolved[component] = settings.resolve(config.COMPONENTS[component], config_file=path, environ=env).config  # fmt: skip
+    agent, analyzer = resolved["agent"], resolved["analyzer"]
+    assert isinstance(agent, config.AgentConfig) and isinstance(analyzer, config.AnalyzerConfig)
+    assert agent.health_samples == 60.0 and analyzer.anomaly is True
+    scored = analyzer.anomaly_fields
+    assert scored["temperature"].enabled and scored["pcie_replay"].threshold == 10
+    assert scored["pcie_replay"].floor == ANOMALY_FIELDS["pcie_replay"].floor  # the rest: its defaults
+
+    by_config = {"enabled": False, "sampleInterval": "5m", "fields": {}}
+    files = settings_files(render(values=_analyzer_values(tmp_path, "config", anomaly=by_config,
+                                                          config={"anomaly": True})))  # fmt: skip
+    assert files["agent"]["health_samples"] == "5m" and "anomaly_fields" not in files["analyzer"]
+    every = {name: {"enabled": True, "threshold": 8, "floor": 2.5} for name in ANOMALY_FIELDS}
+    render(values=_analyzer_values(tmp_path, "every", anomaly={**anomaly, "fields": every}))  # all are known
+
+
 @pytest.mark.parametrize(
     "sets",
     [
@@ -562,6 +603,15 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
         (["analyzer.packsConfigMap=My_Packs"], "at '/analyzer/packsConfigMap'"),
         (["analyzer.nodeLabels=maybe"], "at '/analyzer/nodeLabels'"),
         (["analyzer.lease=5s"], "at '/analyzer': additional properties 'lease' not allowed"),
+        (
+            ["analyzer.anomaly.fields.fan_speed.enabled=true"],
+            "at '/analyzer/anomaly/fields': additional properties 'fan_speed' not allowed",
+        ),
+        (
+            ["analyzer.anomaly.fields.pcie_replay.threshold=0"],
+            "at '/analyzer/anomaly/fields/pcie_replay/threshold'",
+        ),
+        (["analyzer.anomaly.sampleInterval=often"], "at '/analyzer/anomaly/sampleInterval'"),
     ],
 )
 def test_bad_values_are_refused_by_name(sets: list[str], error: str) -> None:

@@ -36,6 +36,15 @@ where given (repository@sha256:...), else repository:tag */}}
 {{- if and $m.enabled $m.azure.scheduledEvents (has "azure" $m.clouds) -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" where the cluster analyzer scores anomalies (analyzer.anomaly.enabled, or its config's
+anomaly): the agents then store the health samples it reads */}}
+{{- define "faultline.anomaly" -}}
+{{- $a := .Values.analyzer | default dict -}}
+{{- $on := ($a.anomaly | default dict).enabled -}}
+{{- if hasKey ($a.config | default dict) "anomaly" }}{{ $on = $a.config.anomaly }}{{ end -}}
+{{- if and $a.enabled $on -}}true{{- end -}}
+{{- end -}}
+
 {{/* the Secret holding the store's MongoDB URI, and its key */}}
 {{- define "faultline.store.secret" -}}
 {{- if .Values.store.external.existingSecret -}}{{ .Values.store.external.existingSecret }}
