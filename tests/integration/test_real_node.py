@@ -169,10 +169,17 @@ def test_repair_jobs_on_a_real_node_only_record_what_they_would_do(
     worker = janitor.Janitor(store.Store(mongo_db), api, settings, "test")
     boot = kube.nodes.read(api, NODE)["status"]["nodeInfo"]["bootID"]
     started = dt.datetime.now(dt.UTC)
-    worker._job("reboot-record", NODE, settings.reboot_command, action="reboot")
-    assert worker._wait_job("reboot-record", started) == (
-        "Succeeded", "the Job succeeded (its command exited 0)"
-    )  # fmt: skip
+    round_ = store.RepairRound(step="REBOOT", request="reboot-record")
+    worker._job("reboot-record", NODE, settings.reboot_command, round_, ("real-node-test/none", 0),
+                action="reboot")  # fmt: skip
+    looks: list[tuple[str, str] | None] = []  # the janitor's looks at the Job until it finished
+
+    def finished() -> bool:
+        looks.append(worker._check_job("reboot-record", started))
+        return looks[-1] is not None
+
+    procs.wait_for("the Job finished", finished, 120)
+    assert looks[-1] == ("Succeeded", "the Job succeeded (its command exited 0)")
     pods = kube.pods.list_all(api, field_selector=f"metadata.namespace={real_ns}")
     pod = next(p for p in pods if p["metadata"].get("labels", {}).get("job-name") == "reboot-record")
     assert pod["spec"]["nodeName"] == NODE
