@@ -330,16 +330,18 @@ class MaintenanceMonitor:
                 description=f"cloud maintenance: {kind.what}", message=_message(step),
                 pattern=store.MAINTENANCE_PATTERN, metadata=encode(step.kind, step.record),
             )  # fmt: skip
+            if step.op != "update":  # the history first, as the agents write: a reader of the fault finds it
+                self.store.record_events([HealthEvent(
+                    id=event_id(node, "csp", *NODE_ENTITY, kind.code, now), node=node, agent="faultline",
+                    component=Component.NODE, check=f"cloud-maintenance-{step.record.provider}",
+                    code=kind.code, entities=(Entity(type="NODE", id=""),), healthy=step.op == "resolve",
+                    fatal=fault.fatal,
+                    action=kind.action, message=fault.message, metadata={"source": "csp", **fault.metadata},
+                    generated_at=now, observed_at=now,
+                )])  # fmt: skip
             self.store.write_fault(fault, self._next_revision())
             if step.op == "update":
                 continue
-            self.store.record_events([HealthEvent(
-                id=event_id(node, "csp", *NODE_ENTITY, kind.code, now), node=node, agent="faultline",
-                component=Component.NODE, check=f"cloud-maintenance-{step.record.provider}", code=kind.code,
-                entities=(Entity(type="NODE", id=""),), healthy=step.op == "resolve", fatal=fault.fatal,
-                action=kind.action, message=fault.message, metadata={"source": "csp", **fault.metadata},
-                generated_at=now, observed_at=now,
-            )])  # fmt: skip
             result = "raised" if step.op == "raise" else f"resolved-{step.reason}"
             self.actions.labels(result=result).inc()
             if step.reason != "gone":

@@ -11,6 +11,10 @@ differs from what the store holds open:
   and everything after it act on it), a health event, and an Event on the Node;
 - a resolution: the fault resolved, a healthy health event, an Event.
 
+The health event is written before the fault, as the agents write theirs: whoever reads a fault's state
+finds the event of that change in the history (a write of the fault that fails after its event is tried
+again with a new event, so a change may be recorded twice, never lost).
+
 Faults carry `metadata.source` `kube` (with the rule and the object behind them) and a revision of the
 write's time in microseconds, above any revision stored for the fault. The monitor's open faults are read
 back from the store at start and every `resync_interval`: its memory across restarts (nothing opened is
@@ -222,8 +226,8 @@ class ObjectMonitor:
             description=spec.description or want.rule.spec.description, message=want.message,
             pattern=want.rule.id, metadata={"source": SOURCE, "rule": want.rule.id, "object": want.object},
         )  # fmt: skip
+        self.store.record_events([_event(fault, healthy=False, at=now)])  # history first, as the agents write
         revision = self._write(fault, _revision(now))
-        self.store.record_events([_event(fault, healthy=False, at=now)])
         self.open[fault.id] = (fault, revision)
         self.metrics.opened.labels(want.rule.id).inc()
         self._record(fault, "Detected", "object fault opened")
@@ -235,8 +239,8 @@ class ObjectMonitor:
             "state": FaultState.RESOLVED, "resolved_at": now, "last_seen": now,
             "description": rule.fault.description if rule else fault.description,
         })  # fmt: skip
-        self._write(done, max(_revision(now), revision + 1))
         self.store.record_events([_event(done, healthy=True, at=now)])
+        self._write(done, max(_revision(now), revision + 1))
         del self.open[fid]
         self.metrics.resolved.labels(fault.metadata.get("rule", "")).inc()
         self._record(done, "Resolved", "object fault resolved")
