@@ -87,6 +87,7 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
         self.watermark = src.watermark
         self.awake: dt.datetime | None = None
         self.down_since: float | None = None
+        self.slot: int | None = None  # the feed's slot the next read starts at (`Store.feed_after`)
 
     def next_batch(self) -> list[Item]:
         if self.src.stop is not None and self.src.stop.is_set():
@@ -94,7 +95,7 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
         upto = self.stages[0][1] if self.stages else None
         try:
             with store.unreachable_is_transient("reading the feed"):
-                got = self.store.feed_after(self.position, self.src.batch, upto=upto)
+                got = self.store.feed_after(self.position, self.src.batch, upto=upto, slot=self.slot)
         except TransientError as exc:
             if self.down_since is None:
                 self.down_since = time.monotonic()
@@ -105,6 +106,7 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
             log.info("store reachable again: reading the feed",
                      extra={"after_s": round(time.monotonic() - self.down_since, 1)})  # fmt: skip
             self.down_since = None
+        self.slot = got.slot
         for writer, first, last in got.lost:
             log.warning("feed documents pruned before they were read: skipped",
                         extra={"writer": writer, "first": first, "last": last,

@@ -30,7 +30,7 @@ from faultline.models import (
     event_id,
     fault_id,
 )
-from faultline.store.feed import FEED_CHUNK
+from faultline.store.feed import FEED_CHUNK, JUMP_AFTER, slot_of
 from sinks.mongo import MongoSink
 from sources.feed import NO_LABELS, FeedSource
 
@@ -56,12 +56,16 @@ def fault(node: str, count: int) -> Fault:
 
 
 def read_all(
-    st: store.Store, position: store.Position | None = None, limit: int = 50
+    st: store.Store, position: store.Position | None = None, limit: int = 50, *, carry: bool = True
 ) -> tuple[list[store.FeedBatch], dict[str, int]]:
+    """Read on until caught up, each read from the slot the one before gave (as the analyzer's source
+    does; `slot=None` on each: found anew)."""
     out: list[store.FeedBatch] = []
     at = dict(position or {})
+    slot = None
     while True:
-        got = st.feed_after(at, limit=limit)
+        got = st.feed_after(at, limit=limit, slot=slot)
+        slot = got.slot if carry else None
         assert got.lost == []
         if not got.batches:
             return out, at
@@ -301,9 +305,10 @@ def test_two_writers_interleaved_are_merged_by_stored_time_each_document_once(mo
     assert st.feed_heads() == {"a": 3, "b": 3}
     merged = [("b", 1), ("a", 1), ("b", 2), ("a", 2), ("a", 3), ("b", 3)]
     for limit in (1, 2, 50):
-        feed, position = read_all(st, limit=limit)
-        assert [(b.writer, b.n) for b in feed] == merged  # none lost, none twice
-        assert position == {"a": 3, "b": 3}
+        for carry in (True, False):
+            feed, position = read_all(st, limit=limit, carry=carry)
+            assert [(b.writer, b.n) for b in feed] == merged  # none lost, none twice
+            assert position == {"a": 3, "b": 3}
     # read from the middle of both: only what comes after each writer's number
     feed, _ = read_all(st, {"a": 2, "b": 1})
     assert [(b.writer, b.n) for b in feed] == [("b", 2), ("a", 3), ("b", 3)]
@@ -421,3 +426,67 @@ def test_pruned_before_read_is_counted_lost_per_writer_while_the_others_read_on(
     assert lost == [3, 1]  # a's 2..4 and b's 1 were pruned unread; b's 2 is read
     assert [r.id for r in records] == [event("b", 5).id]
     assert store.position_from(ticks[-1][2]) == {"a": 4, "b": 2}
+
+
+def test_documents_stored_late_or_by_a_writer_whose_clock_is_off_are_read_once(mongo_db: Any) -> None:
+    """The reader reads a second of stored time at a time; a document whose second it had read already
+    (stored late, or by a writer whose clock is behind) and one far ahead of its clock are still read,
+    each once, in the writer's order."""
+    now = [T0]
+    reader = store.Store(mongo_db, clock=lambda: now[0])
+    for i in range(6):
+        now[0] = T0 + dt.timedelta(seconds=i)
+        reader.record_batch([event("node-a", i)], [], writer="a")
+    feed, position = read_all(reader)
+    assert [(b.writer, b.n) for b in feed] == [("a", n) for n in range(1, 7)]
+    behind = store.Store(mongo_db, clock=lambda: T0 + dt.timedelta(seconds=1))  # seconds read already
+    ahead = store.Store(mongo_db, clock=lambda: T0 + dt.timedelta(hours=2))
+    behind.record_batch([event("node-b", 10)], [], writer="b")
+    behind.record_batch([event("node-b", 11)], [], writer="b")
+    ahead.record_batch([event("node-c", 12)], [], writer="c")
+    now[0] = T0 + dt.timedelta(seconds=7)
+    reader.record_batch([event("node-a", 13)], [], writer="a")
+    got = reader.feed_after(position, slot=slot_of(T0 + dt.timedelta(seconds=5)))
+    assert sorted((b.writer, b.n) for b in got.batches) == [("a", 7), ("b", 1), ("b", 2), ("c", 1)]
+    assert [b.n for b in got.batches if b.writer == "b"] == [1, 2]
+    for b in got.batches:
+        position[b.writer] = b.n
+    assert reader.feed_after(position, slot=got.slot).batches == []
+
+
+def test_a_quiet_feed_is_not_read_second_by_second(mongo: LocalMongo) -> None:
+    """After an hour without a document, the next one is found with a few reads, not one per second."""
+    finds: list[dict[str, Any]] = []
+
+    class Listener(pymongo.monitoring.CommandListener):
+        def started(self, event: pymongo.monitoring.CommandStartedEvent) -> None:
+            if event.command_name == "find" and event.command.get("find") == "feed":
+                finds.append(dict(event.command.get("filter") or {}))
+
+        def succeeded(self, event: pymongo.monitoring.CommandSucceededEvent) -> None:
+            pass
+
+        def failed(self, event: pymongo.monitoring.CommandFailedEvent) -> None:
+            pass
+
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri, event_listeners=[Listener()])
+    db = client[f"t_feed_{uuid.uuid4().hex[:8]}"]
+    try:
+        now = [T0]
+        st = store.Store(db, clock=lambda: now[0])
+        st.ensure_indexes()
+        st.record_batch([event("node-a", 0)], [], writer="a")
+        feed, position = read_all(st)
+        assert [b.n for b in feed] == [1]
+        got = st.feed_after(position)
+        assert got.batches == [] and got.slot is not None
+        now[0] = T0 + dt.timedelta(hours=1)
+        st.record_batch([event("node-b", 1)], [], writer="b")  # a writer not seen before
+        st.record_batch([event("node-a", 2)], [], writer="a")
+        finds.clear()
+        later = st.feed_after(position, slot=got.slot)
+        assert [(b.writer, b.n) for b in later.batches] == [("a", 2), ("b", 1)]  # same time: by writer
+        assert len(finds) <= 3 + JUMP_AFTER, finds  # 8 empty seconds, the writers' next ones, their second
+    finally:
+        client.drop_database(db.name)
+        client.close()
