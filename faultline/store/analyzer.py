@@ -22,13 +22,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import bson
 from pymongo.collection import Collection
 
-from faultline.store.base import CLAIMED, QUEUE, Base
+from faultline.store.base import CLAIMED, CODEC, QUEUE, Base
 from faultline.store.feed import FEED_HEADS, position_from
 
 ANALYZER = "analyzer"  # the stage of the analyzer's lease item (`queue`), and the checkpoints' collection
 ANALYZER_ITEM = "cluster"  # the lease item's key: `analyzer/cluster`
+
+
+def _state(saved: Any) -> dict[str, Any]:
+    """A checkpoint's state as saved: BSON binary (a document before that format)."""
+    if isinstance(saved, bytes):
+        return dict(bson.decode(saved, codec_options=CODEC))
+    return dict(saved or {})
 
 
 def checkpoint_id(partition: int) -> str:
@@ -55,11 +63,14 @@ class Analyzer(Base):
 
     def analyzer_checkpoints(self) -> dict[int, dict[str, Any]]:
         """Every partition's last checkpoint (its `state`: `patterns.cluster.Windows.state()`)."""
-        return {int(d["partition"]): dict(d.get("state") or {}) for d in self.checkpoints.find({})}
+        return {int(d["partition"]): _state(d.get("state")) for d in self.checkpoints.find({})}
 
     def save_checkpoint(self, partition: int, state: Mapping[str, Any], owner: str) -> None:
-        """Replace partition `partition`'s checkpoint (by `_id`: the filter every server indexes)."""
-        doc = {"partition": partition, "state": dict(state), "owner": owner, "updated_at": self.now()}
+        """Replace partition `partition`'s checkpoint (by `_id`: the filter every server indexes). The
+        state is one BSON binary: FerretDB converts one field, not every field of every window (its
+        checkpoints were 40 % of the analyzer's time as documents, measured with 5,000 windows)."""
+        doc = {"partition": partition, "state": bson.Binary(bson.encode(dict(state), codec_options=CODEC)),
+               "owner": owner, "updated_at": self.now()}  # fmt: skip
         self.upsert(self.checkpoints, {"_id": checkpoint_id(partition)}, {"$set": doc})
 
     def analyzer_positions(self, partitions: int) -> list[tuple[int, dict[str, int]]]:

@@ -37,8 +37,12 @@ def health(minute: int, ecc: int) -> HealthEvent:
 
 def learned(db: Any) -> int:
     """How many rates GPU-1's correctable-ECC model has learned, by its partition's checkpoint."""
-    doc = db["analyzer"].find_one({"_id": f"partition/{cluster.partition(anomaly.PATTERN, 'GPU-1')}"}) or {}
-    saved = (doc.get("state") or {}).get("anomaly")
+    saved = (
+        store.Store(db)
+        .analyzer_checkpoints()
+        .get(cluster.partition(anomaly.PATTERN, "GPU-1"), {})
+        .get("anomaly")
+    )
     models = anomaly.Models.restore(anomaly.Settings({}), saved)
     gpu = models.gpus.get("GPU-1")
     return gpu.fields["ecc_sbe_volatile"].learned if gpu else 0
