@@ -33,13 +33,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as dt
+import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pymongo
@@ -122,7 +125,40 @@ def caught_up(st: store.Store) -> bool:
     return all(position.get(w, 0) >= n for w, n in st.feed_heads().items())
 
 
-def throughput(mongo: LocalMongo, pack: Path, work: Path, stored: int, events: int, batch: int) -> float:
+@dataclass(frozen=True)
+class Cpu:
+    """CPU seconds over a stretch of wall time: the analyzer's process, this benchmark's, the machine's
+    (every core: the store's FerretDB and PostgreSQL are most of the rest)."""
+
+    wall: float
+    analyzer: float
+    bench: float
+    machine: float
+
+    @property
+    def store(self) -> float:
+        return max(0.0, self.machine - self.analyzer - self.bench)
+
+
+def _ticks() -> float:
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    busy = sum(int(v) for i, v in enumerate(fields) if i not in (3, 4))  # all but idle and iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def throughput(
+    mongo: LocalMongo, pack: Path, work: Path, stored: int, events: int, batch: int
+) -> tuple[float, Cpu]:
     database = f"bench_analyzer_{stored}"
     st = store.connect(mongo.uri, database, timeout=30)
     try:
@@ -139,16 +175,18 @@ def throughput(mongo: LocalMongo, pack: Path, work: Path, stored: int, events: i
                     raise SystemExit(f"the analyzer exited: see {log}")
                 time.sleep(0.01)
             start = time.monotonic()
+            cpu0 = (_proc_cpu(proc.pid), _self_cpu(), _ticks())
             while not caught_up(st):
                 if proc.poll() is not None:
                     raise SystemExit(f"the analyzer exited: see {log}")
                 time.sleep(0.25)  # each look reads every checkpoint: not too often
             took = time.monotonic() - start
+            cpu = Cpu(took, _proc_cpu(proc.pid) - cpu0[0], _self_cpu() - cpu0[1], _ticks() - cpu0[2])
         finally:
             proc.terminate()
             proc.wait(30)
         st.db.client.drop_database(database)
-        return events / took
+        return events / took, cpu
     finally:
         st.close()
 
@@ -312,18 +350,22 @@ def main() -> None:
         pack.write_text(PACK)
         records, derived = false_alarms(cluster.load([pack]), args.node_days)
         with LocalMongo(backend=args.store) as mongo:
-            rates = {h: throughput(mongo, pack, work, h, args.events, args.batch) for h in args.history}
+            runs = {h: throughput(mongo, pack, work, h, args.events, args.batch) for h in args.history}
             lat = sorted(latency(mongo, pack, work, args.rate, args.seconds))
     p50 = statistics.median(lat) * 1000
     p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000
     print(f"\ncluster analyzer, one process, on FerretDB ({args.store}), {args.events} events a run:")
     print(f"  {'':48} {'measured':>10} {'goal':>10} {'NVSentinel':>12}")
-    for h, rate in rates.items():
+    for h, (rate, _cpu) in runs.items():
         print(f"  {f'events/s with {h:,} events stored':48} {rate:>10.0f} {'>= 5000':>10} {'~57':>12}")
         print(f"  {'  ms per event':48} {1000 / rate:>10.3f} {'flat':>10} {'~1900 at 1M':>12}")
     print(f"  {f'event -> derived fault p50 (ms), {args.rate:.0f} ev/s':48} {p50:>10.0f} {'':>10} {'':>12}")
     print(f"  {f'event -> derived fault p99 (ms), n={len(lat)}':48} {p99:>10.0f} {'<= 1000':>10} {'':>12}")
     print(f"  {'2 processes / 1':48} {'-':>10} {'>= 1.7x':>10} {'':>12}  (not wired: one process)")
+    for h, (_rate, cpu) in runs.items():
+        print(f"  CPU, {h:,} stored: the analyzer {cpu.analyzer / cpu.wall:.2f} cores, the store (FerretDB, "
+              f"PostgreSQL) {cpu.store / cpu.wall:.2f}, the machine {cpu.machine / cpu.wall:.2f} of "
+              f"{os.cpu_count()} busy over {cpu.wall:.1f} s")  # fmt: skip
     print(f"  {f'derived faults, {args.node_days} healthy node-days':48} {derived:>10} {'0':>10} {'':>12}"
           f"  ({records} records)")  # fmt: skip
 
