@@ -59,6 +59,7 @@ from workers import maintenance_plan as plan
 log = logging.getLogger(__name__)
 WORKER = "maintenance"
 NODE_ENTITY = ("NODE", "")
+FEED_WRITER = "maintenance"  # its sequence in the analyzer's feed (`analyzer_feed`)
 # reads the announcements of the nodes of one provider: {node: its instance} -> {node: what was read}
 Reader = Callable[[Mapping[str, cloud.Instance]], dict[str, announcements.Read]]
 
@@ -330,16 +331,20 @@ class MaintenanceMonitor:
                 description=f"cloud maintenance: {kind.what}", message=_message(step),
                 pattern=store.MAINTENANCE_PATTERN, metadata=encode(step.kind, step.record),
             )  # fmt: skip
-            if step.op != "update":  # the history first, as the agents write: a reader of the fault finds it
-                self.store.record_events([HealthEvent(
-                    id=event_id(node, "csp", *NODE_ENTITY, kind.code, now), node=node, agent="faultline",
-                    component=Component.NODE, check=f"cloud-maintenance-{step.record.provider}",
-                    code=kind.code, entities=(Entity(type="NODE", id=""),), healthy=step.op == "resolve",
-                    fatal=fault.fatal,
-                    action=kind.action, message=fault.message, metadata={"source": "csp", **fault.metadata},
-                    generated_at=now, observed_at=now,
-                )])  # fmt: skip
-            self.store.write_fault(fault, self._next_revision())
+            events = [] if step.op == "update" else [HealthEvent(
+                id=event_id(node, "csp", *NODE_ENTITY, kind.code, now), node=node, agent="faultline",
+                component=Component.NODE, check=f"cloud-maintenance-{step.record.provider}", code=kind.code,
+                entities=(Entity(type="NODE", id=""),), healthy=step.op == "resolve", fatal=fault.fatal,
+                action=kind.action, message=fault.message, metadata={"source": "csp", **fault.metadata},
+                generated_at=now, observed_at=now,
+            )]  # fmt: skip
+            # the history first, as the agents write (a reader of the fault finds its event); with
+            # analyzer_feed, both into the cluster analyzer's feed too
+            if self.settings.analyzer_feed:
+                self.store.record_batch(events, [(fault, self._next_revision())], writer=FEED_WRITER)
+            else:
+                self.store.record_events(events)
+                self.store.write_fault(fault, self._next_revision())
             if step.op == "update":
                 continue
             result = "raised" if step.op == "raise" else f"resolved-{step.reason}"

@@ -13,7 +13,9 @@ differs from what the store holds open:
 
 The health event is written before the fault, as the agents write theirs: whoever reads a fault's state
 finds the event of that change in the history (a write of the fault that fails after its event is tried
-again with a new event, so a change may be recorded twice, never lost).
+again with a new event, so a change may be recorded twice, never lost). With `analyzer_feed` both go
+into the cluster analyzer's feed too (`Store.record_batch`, writer `object-monitor`), so cluster
+patterns count these faults like the agents'.
 
 Faults carry `metadata.source` `kube` (with the rule and the object behind them) and a revision of the
 write's time in microseconds, above any revision stored for the fault. The monitor's open faults are read
@@ -48,6 +50,7 @@ AGENT = "faultline-object-monitor"
 CONTROLLER = "faultline.io/object-monitor"
 QUEUE_MAX = 10_000  # changes waiting for the loop (a watch blocks while it is full)
 BATCH = 500  # changes applied before the store is written
+FEED_WRITER = "object-monitor"  # its sequence in the analyzer's feed (`analyzer_feed`)
 
 
 class Settings(config.ObjectMonitorTuning):
@@ -226,8 +229,7 @@ class ObjectMonitor:
             description=spec.description or want.rule.spec.description, message=want.message,
             pattern=want.rule.id, metadata={"source": SOURCE, "rule": want.rule.id, "object": want.object},
         )  # fmt: skip
-        self.store.record_events([_event(fault, healthy=False, at=now)])  # history first, as the agents write
-        revision = self._write(fault, _revision(now))
+        revision = self._write(fault, _revision(now), _event(fault, healthy=False, at=now))
         self.open[fault.id] = (fault, revision)
         self.metrics.opened.labels(want.rule.id).inc()
         self._record(fault, "Detected", "object fault opened")
@@ -239,21 +241,33 @@ class ObjectMonitor:
             "state": FaultState.RESOLVED, "resolved_at": now, "last_seen": now,
             "description": rule.fault.description if rule else fault.description,
         })  # fmt: skip
-        self.store.record_events([_event(done, healthy=True, at=now)])
-        self._write(done, max(_revision(now), revision + 1))
+        self._write(done, max(_revision(now), revision + 1), _event(done, healthy=True, at=now))
         del self.open[fid]
         self.metrics.resolved.labels(fault.metadata.get("rule", "")).inc()
         self._record(done, "Resolved", "object fault resolved")
 
-    def _write(self, fault: Fault, revision: int) -> int:
-        """Write the fault; a stored revision as new (a clock that went back) is passed by one."""
-        if not self.store.write_fault(fault, revision):
-            stored = [
-                f.revision for f in self.store.faults_of([fault.node]).get(fault.node, []) if f.id == fault.id
-            ]
-            revision = max([revision, *stored]) + 1
+    def _write(self, fault: Fault, revision: int, event: HealthEvent) -> int:
+        """Write the change's health event, then the fault (with `analyzer_feed`: both fed to the cluster
+        analyzer, as writer FEED_WRITER); a stored revision as new (a clock that went back) is passed by
+        one. The revision written."""
+        if self.settings.analyzer_feed:
+            self.store.record_batch([event], [(fault, revision)], writer=FEED_WRITER)
+            if self._stored_revision(fault) == revision:
+                return revision
+        else:
+            self.store.record_events([event])
+            if self.store.write_fault(fault, revision):
+                return revision
+        revision = max(revision, self._stored_revision(fault) or 0) + 1
+        if self.settings.analyzer_feed:
+            self.store.record_batch([], [(fault, revision)], writer=FEED_WRITER)
+        else:
             self.store.write_fault(fault, revision)
         return revision
+
+    def _stored_revision(self, fault: Fault) -> int | None:
+        doc = self.store.faults.find_one({"_id": fault.id}, {"revision": 1})
+        return None if doc is None else int(doc.get("revision") or 0)
 
     def _record(self, fault: Fault, action: str, what: str) -> None:
         rule, obj = fault.metadata.get("rule", ""), fault.metadata.get("object", "")

@@ -90,7 +90,7 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
     analyzer_feed: bool = Field(
         default=False,
         description="also write the store's feed that the cluster analyzer reads (where one runs: the "
-        "chart sets it with analyzer.enabled); its one numbered order costs writers at once retries",
+        "chart sets it with analyzer.enabled); it costs each write one more insert",
     )
     health_samples: Seconds | None = Field(
         default=None, ge=1, le=3600,

@@ -55,6 +55,11 @@ class MaintenanceTuning(Part):
     node_selector: str = Field(
         default="", description="label selector of the nodes watched; empty: every node with a providerID"
     )
+    analyzer_feed: bool = Field(
+        default=False,
+        description="also write the store's feed that the cluster analyzer reads, as writer "
+        "`maintenance` (where one runs: the chart sets it with analyzer.enabled)",
+    )
 
 
 class MaintenanceConfig(Component, StoreFields, KubeFields, WorkerFields, MaintenanceTuning):

@@ -36,6 +36,11 @@ class ObjectMonitorTuning(Part):
         description="longest wait (duration) between tries of a watch or a store write that failed",
     )  # fmt: skip
     events: bool = Field(default=True, description="post an Event on the Node when a fault opens or resolves")
+    analyzer_feed: bool = Field(
+        default=False,
+        description="also write the store's feed that the cluster analyzer reads, as writer "
+        "`object-monitor` (where one runs: the chart sets it with analyzer.enabled)",
+    )
 
 
 class ObjectMonitorConfig(Component, StoreFields, KubeFields, MetricsFields, ObjectMonitorTuning):

@@ -384,15 +384,20 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of
     from faultline import config  # noqa: PLC0415
     from patterns import cluster  # noqa: PLC0415
 
-    assert "analyzer_feed" not in settings_files(render())["agent"]  # off: the agents skip the feed
+    monitors = ("objectMonitor.enabled=true", "maintenance.enabled=true")
+    plain = settings_files(render(*monitors))
+    for component in ("agent", "object-monitor", "maintenance"):  # off: the writers skip the feed
+        assert "analyzer_feed" not in plain[component]
     assert not {n for _, n in kinds(render()) if "analyzer" in n}
     values = _analyzer_values(
         tmp_path, replicas=2, packs={"gpu.yaml": ANALYZER_PACK}, packsConfigMap="site-packs"
     )
     docs = render(
-        "networkPolicy.enabled=true", "podMonitor.enabled=true", f"image.digest={DIGEST}", values=values
-    )
-    assert settings_files(docs)["agent"]["analyzer_feed"] is True
+        "networkPolicy.enabled=true", "podMonitor.enabled=true", f"image.digest={DIGEST}", *monitors,
+        values=values,
+    )  # fmt: skip
+    for component in ("agent", "object-monitor", "maintenance"):
+        assert settings_files(docs)[component]["analyzer_feed"] is True
     deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "fl-analyzer")
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]

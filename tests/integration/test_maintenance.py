@@ -110,7 +110,7 @@ def test_each_providers_announcements_become_faults_ahead_of_their_window_and_re
             "timeMaintenanceRebootDue": overdue.isoformat(),
         }
         settle = dt.timedelta(seconds=2)
-        mon = monitor(st, api, fake, tmp_path, nodes["tag"], settle=settle)
+        mon = monitor(st, api, fake, tmp_path, nodes["tag"], settle=settle, analyzer_feed=True)
         mon.look()
         got = {p: faults(st, nodes[p]) for p in ("aws", "gcp", "oci")}
         assert set(got["aws"]) == {"CSP-MAINTENANCE-REBOOT"}
@@ -137,7 +137,8 @@ def test_each_providers_announcements_become_faults_ahead_of_their_window_and_re
 
         # a longer lead time reaches the GCE window; nothing else changes (no second write, no Event)
         revisions = {p: faults(st, nodes[p])["CSP-MAINTENANCE-REBOOT"].revision for p in ("aws", "oci")}
-        mon = monitor(st, api, fake, tmp_path, nodes["tag"], settle=settle, lead_time=dt.timedelta(hours=4))
+        mon = monitor(st, api, fake, tmp_path, nodes["tag"], settle=settle, lead_time=dt.timedelta(hours=4),
+                      analyzer_feed=True)  # fmt: skip
         mon.look()
         assert set(faults(st, nodes["gcp"])) == {"CSP-MAINTENANCE-REBOOT"}
         assert {
@@ -174,6 +175,14 @@ def test_each_providers_announcements_become_faults_ahead_of_their_window_and_re
         history = [(e["code"], e["healthy"]) for e in mongo_db["health_events"].find({"node": nodes["aws"]})
                    .sort("generated_at", 1)]  # fmt: skip
         assert history == [("CSP-MAINTENANCE-REBOOT", False), ("CSP-MAINTENANCE-REBOOT", True)]
+        # with analyzer_feed, the cluster analyzer's feed has the same history and the fault's writes
+        fed = st.feed_after({}).batches
+        assert {b.writer for b in fed} == {maintenance.FEED_WRITER}
+        assert [
+            (e["code"], e["healthy"]) for b in fed for e in b.events if e["node"] == nodes["aws"]
+        ] == history
+        states = [f["state"] for b in fed for f in b.faults if f["node"] == nodes["aws"]]
+        assert (states[0], states[-1], set(states)) == ("open", "resolved", {"open", "resolved"})
         # a completed event still listed is not raised again
         mon.look()
         assert faults(st, nodes["aws"])["CSP-MAINTENANCE-REBOOT"].state == FaultState.RESOLVED

@@ -66,13 +66,15 @@ def sim_nodes(cluster: LocalCluster) -> Iterator[Callable[[], str]]:
 
 
 @contextlib.contextmanager
-def running(api: Any, st: store.Store, tmp_path: Path) -> Iterator[object_monitor.ObjectMonitor]:
+def running(
+    api: Any, st: store.Store, tmp_path: Path, *, feed: bool = False
+) -> Iterator[object_monitor.ObjectMonitor]:
     path = tmp_path / "timing.yaml"
     path.write_text(OVERRIDES)
     settings = object_monitor.Settings(
         rules=object_rules.load([path]), evaluate_interval=dt.timedelta(seconds=1),
         resync_interval=dt.timedelta(seconds=3), watch_timeout=dt.timedelta(seconds=60),
-        retry_max=dt.timedelta(seconds=2),
+        retry_max=dt.timedelta(seconds=2), analyzer_feed=feed,
     )  # fmt: skip
     monitor = object_monitor.ObjectMonitor(st, api, settings)
     monitor.start()
@@ -119,7 +121,7 @@ def test_gpus_not_advertised_opens_a_fault_the_quarantine_acts_on_and_resolves(
     st = store.Store(mongo_db)
     st.ensure_indexes()
     node, other = sim_nodes(), sim_nodes()
-    with running(api, st, tmp_path):
+    with running(api, st, tmp_path, feed=True):
         _gpus(api, node, 7)  # a GPU fell off the bus: the device plugin advertises 7 of 8
         wait_state(st, node, GPUS, "open")
         found = fault(st, node, GPUS)
@@ -149,6 +151,11 @@ def test_gpus_not_advertised_opens_a_fault_the_quarantine_acts_on_and_resolves(
             "list", "Events", kube.client.events_api(api).list_namespaced_event, "default",
             field_selector=f"regarding.name={node}")["items"]]  # fmt: skip
         assert GPUS in reasons and f"{GPUS}Resolved" in reasons
+        # with analyzer_feed, the cluster analyzer's feed has both changes, as writer object-monitor
+        fed = st.feed_after({}).batches
+        assert {b.writer for b in fed} == {object_monitor.FEED_WRITER}
+        assert [e["healthy"] for b in fed for e in b.events if e["node"] == node] == [False, True]
+        assert [f["state"] for b in fed for f in b.faults if f["node"] == node] == ["open", "resolved"]
 
 
 def test_a_node_not_ready_past_for_opens_and_resolves_when_ready(
