@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
 .PHONY: setup system-deps tools test-tools replay check test demo bench bench-agent bench-quarantine bench-drain chaos sample cluster proto proto-check
-.PHONY: image image-store lock image-tools sbom push verify-image registry
+.PHONY: image image-store image-analyzer lock image-tools sbom push verify-image registry
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -67,6 +67,12 @@ tools:
 image: setup system-deps
 	bash image/build.sh
 
+# The analyzer image (image/analyzer.sh): the image above (built first when missing or of another commit)
+# plus one layer with the anomaly extra from requirements/analyzer.lock, for the cluster analyzer's anomaly
+# scores (chart: analyzer.anomaly.enabled with analyzer.image); .cache/image/analyzer/, digest in its digest.
+image-analyzer: setup system-deps
+	bash image/analyzer.sh
+
 # The embedded store's images for the chart (image/store.sh), built the same way: ferretdb (the static
 # FerretDB binary of tools/ferretdb on an empty base) and postgres (Debian 12's postgresql-15; needs root).
 # Written to .cache/image/store/{ferretdb,postgres}.oci.tar with their digests beside them.
@@ -77,6 +83,8 @@ image-store: setup system-deps
 # artifact's hash for CPython 3.11 on x86_64 Linux (the image's Python). Existing pins are kept where
 # they still fit; `make lock LOCK_UPGRADE=--upgrade` moves everything to the newest. A unit test
 # (tests/unit/test_image_lock.py) fails when pyproject asks for something the lock does not satisfy.
+# requirements/analyzer.lock the same for the anomaly extra (the analyzer image's layer), what the image
+# lock already holds left to it.
 LOCK_UPGRADE ?=
 LOCK_ARGS := pyproject.toml --extra nvml --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_36 --custom-compile-command 'make lock'
@@ -84,6 +92,9 @@ UV_VERSION := 0.13.9
 lock: setup
 	@$(BIN)/uv --version 2>/dev/null | grep -qF ' $(UV_VERSION) ' || $(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 	$(BIN)/uv pip compile $(LOCK_ARGS) --quiet $(LOCK_UPGRADE) -o requirements/image.lock
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["anomaly"], sep="\n")' \
+	  | $(BIN)/uv pip compile - --constraint requirements/image.lock $(filter-out pyproject.toml --extra nvml,$(LOCK_ARGS)) \
+	    --quiet $(LOCK_UPGRADE) -o requirements/analyzer.lock
 
 # syft, cosign, crane and helm for the supply chain (tools/build.sh).
 image-tools:

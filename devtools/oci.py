@@ -19,6 +19,11 @@ the locked dependencies and the project's own files are separate blobs: a change
 changes only its small layer. Device nodes, sockets and FIFOs are left out (the runtime provides /dev),
 and so is the content of /dev, /proc, /sys and /run.
 
+With a `base` layout (`make image-analyzer`: the product image plus the anomaly extra), the tree's
+layers go on top of the base image's, which are reused blob for blob; the base's config and
+annotations are kept, with what is given over them (labels merged). The tree then holds only what the
+new layers add, with its parent directories (as the base has them: root's, 0755).
+
 Why our own writer rather than buildah: about 200 lines with nothing to install, no storage driver, and
 every byte decided here (buildah's output also depends on its version and storage configuration).
 """
@@ -192,6 +197,29 @@ def _descriptor(media_type: str, blob: Blob, annotations: dict[str, str] | None 
     return d
 
 
+def _read_base(base: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The (only) image of the layout `base`: its manifest and its config."""
+    blobs = base / "blobs" / "sha256"
+    index = json.loads((base / "index.json").read_text())
+    manifest = json.loads((blobs / index["manifests"][0]["digest"].removeprefix("sha256:")).read_text())
+    config = json.loads((blobs / manifest["config"]["digest"].removeprefix("sha256:")).read_text())
+    return manifest, config
+
+
+def _base_layers(base: Path, manifest: dict[str, Any], config: dict[str, Any], blobs: Path) -> list[Blob]:
+    """The base image's layers, copied into `blobs`, with their sizes unpacked (read through once)."""
+    written = []
+    for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True):
+        name = layer["digest"].removeprefix("sha256:")
+        shutil.copyfile(base / "blobs" / "sha256" / name, blobs / name)
+        unpacked = 0
+        with gzip.open(blobs / name, "rb") as f:
+            while chunk := f.read(CHUNK):
+                unpacked += len(chunk)
+        written.append(Blob(layer["digest"], layer["size"], diff_id, unpacked))
+    return written
+
+
 def build(
     root: Path,
     layout: Path,
@@ -201,15 +229,27 @@ def build(
     config: dict[str, Any],
     annotations: dict[str, str],
     ref_name: str,
+    base: Path | None = None,
 ) -> Image:
     """Write the OCI image layout of `root` into `layout` (emptied first) and return what it holds.
 
     `config` is the image's runtime configuration (User, Entrypoint, Env, WorkingDir, Labels);
-    `annotations` go on the manifest; `ref_name` names the manifest in index.json."""
+    `annotations` go on the manifest; `ref_name` names the manifest in index.json. With `base` (an OCI
+    layout of one image), the layers of `root` are added on top of its layers, and `config` and
+    `annotations` are merged over its own."""
     if layout.exists():
         shutil.rmtree(layout)
     blobs = layout / "blobs" / "sha256"
     blobs.mkdir(parents=True)
+    below: list[Blob] = []
+    history: list[dict[str, str]] = []
+    if base is not None:
+        base_manifest, base_config = _read_base(base)
+        below = _base_layers(base, base_manifest, base_config, blobs)
+        history = base_config.get("history", [])
+        labels = {**base_config["config"].get("Labels", {}), **config.get("Labels", {})}
+        config = {**base_config["config"], **config, "Labels": labels}
+        annotations = {**base_manifest.get("annotations", {}), **annotations}
     groups: list[list[tuple[str, os.stat_result]]] = [[] for _ in layers]
     for rel, st in _walk(root):
         i = _owner(rel, layers)
@@ -223,13 +263,15 @@ def build(
         tmp.rename(blobs / blob.digest.removeprefix("sha256:"))
         written.append(blob)
     created = dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    history = [*history, *({"created": created, "created_by": f"devtools.oci: {x.name}"} for x in layers)]
+    written = below + written
     image_config = {
         "architecture": "amd64",
         "os": "linux",
         "created": created,
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": [b.diff_id for b in written]},
-        "history": [{"created": created, "created_by": f"devtools.oci: {layer.name}"} for layer in layers],
+        "history": history,
     }
     config_blob = _put(blobs, _json(image_config))
     manifest = {
@@ -249,7 +291,8 @@ def build(
     }
     (layout / "index.json").write_bytes(_json(index))
     (layout / "oci-layout").write_bytes(_json({"imageLayoutVersion": "1.0.0"}))
-    return Image(manifest_blob, config_blob, tuple(written), tuple(layer.name for layer in layers))
+    names = [h["created_by"].removeprefix("devtools.oci: ") for h in history[: len(below)]]
+    return Image(manifest_blob, config_blob, tuple(written), (*names, *(layer.name for layer in layers)))
 
 
 def archive(layout: Path, out: Path, epoch: int) -> str:
@@ -329,6 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--archive", type=Path, required=True, help="the OCI archive (tar) to write")
     parser.add_argument("--epoch", type=int, required=True, help="SOURCE_DATE_EPOCH: the newest mtime")
     parser.add_argument("--config", type=Path, required=True, help="JSON: runtime config and annotations")
+    parser.add_argument("--base", type=Path, help="an OCI layout whose image the layers go on top of")
     parser.add_argument(
         "--layer",
         action="append",
@@ -351,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config=spec["config"],
         annotations=spec["annotations"],
         ref_name=spec["ref_name"],
+        base=args.base,
     )
     sha = archive(args.layout, args.archive, args.epoch)
     out = sys.stdout

@@ -1,4 +1,5 @@
-"""requirements/image.lock, what the image installs with --require-hashes --no-deps, keeps up with pyproject.
+"""requirements/image.lock, what the image installs with --require-hashes --no-deps, keeps up with pyproject
+(and requirements/analyzer.lock, the anomaly extra's layer of the analyzer image, with its extra).
 
 Offline: it compares the lock with pyproject's runtime dependencies and the nvml extra (the image's
 set), so it cannot change with what PyPI publishes. A failure means: run `make lock`. That the lock is
@@ -19,6 +20,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "image.lock"
+ANALYZER_LOCK = ROOT / "requirements" / "analyzer.lock"
 # The image's interpreter: Debian 12's CPython 3.11 on x86_64 Linux (markers are evaluated for it).
 IMAGE_ENV = {
     "python_version": "3.11",
@@ -77,6 +79,16 @@ def test_every_pin_carries_hashes() -> None:
     pins = parse_lock(LOCK.read_text())
     assert len(pins) > 20
     assert [name for name, (_, hashes) in pins.items() if hashes == 0] == []
+
+
+def test_the_analyzer_lock_holds_the_anomaly_extra_and_nothing_the_image_has() -> None:
+    """requirements/analyzer.lock (the analyzer image's layer, image/analyzer.sh) on top of the image's."""
+    pins = parse_lock(ANALYZER_LOCK.read_text())
+    extra = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["anomaly"]]  # fmt: skip
+    assert unsatisfied(pins, extra) == [], "run `make lock`"
+    assert [name for name, (_, hashes) in pins.items() if hashes == 0] == []
+    assert sorted(set(pins) & set(parse_lock(LOCK.read_text()))) == []
 
 
 @pytest.mark.parametrize(

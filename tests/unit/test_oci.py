@@ -86,3 +86,28 @@ def test_the_archive_unpacks_to_the_tree_and_its_config(tmp_path: Path) -> None:
     argv = oci.chroot_argv(tmp_path / "out", config, ["--help"])
     assert argv[-2:] == ["/usr/bin/app", "--help"]
     assert "exec chroot --userspec=65532:65532" in argv[argv.index("-c") + 1]
+
+
+def test_layers_on_a_base_image_reuse_its_layers_and_merge_its_config(tmp_path: Path) -> None:
+    base = build(tmp_path, "a", EPOCH + 100)
+    extra = tmp_path / "extra"
+    (extra / "opt" / "app" / "lib" / "plugin").mkdir(parents=True)
+    (extra / "opt" / "app" / "lib" / "plugin" / "mod.py").write_text("y = 2\n")
+
+    def on_base(name: str) -> oci.Image:
+        return oci.build(
+            extra, tmp_path / name, layers=[oci.Layer("plugin", ("opt",))], epoch=EPOCH,
+            config={"Labels": {"title": "app-plugin"}}, annotations={"title": "app-plugin"}, ref_name="1",
+            base=tmp_path / "a" / "layout",
+        )  # fmt: skip
+
+    image = on_base("plugin")
+    assert image == on_base("again")
+    assert image.layers[:2] == base.layers and len(image.layers) == 3
+    assert image.names == ("base", "app", "plugin")
+    assert image.unpacked == base.unpacked + image.layers[2].unpacked
+    oci.archive(tmp_path / "plugin", tmp_path / "plugin.tar", EPOCH)
+    config = oci.unpack(tmp_path / "plugin.tar", tmp_path / "out")
+    assert config == {**CONFIG, "Labels": {"title": "app-plugin"}}
+    assert (tmp_path / "out" / "opt" / "app" / "lib" / "mod.py").read_text() == "x = 1\n"
+    assert (tmp_path / "out" / "opt" / "app" / "lib" / "plugin" / "mod.py").read_text() == "y = 2\n"
