@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pymongo
+from pymongo import monitoring
 from pymongo.database import Database
 from pymongo.errors import ConnectionFailure, OperationFailure, ServerSelectionTimeoutError
 
@@ -22,10 +26,15 @@ from faultline.store.holds import Holds
 from faultline.store.maintenance import Maintenance
 from faultline.store.repairs import Repairs
 
+log = logging.getLogger(__name__)
+SLOW_S = 2.0  # a store call that takes this long is logged (see SlowCalls)
+SLOW_EVERY_S = 30.0  # at most one line per kind of call this often, with how many there were
+
 
 def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0) -> Store:
     """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
-    call waits for an unreachable server before it fails with TransientError."""
+    call waits for an unreachable server before it fails with TransientError. Slow calls are logged
+    (`SlowCalls`)."""
     ms = int(timeout * 1000)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(
         uri,
@@ -34,8 +43,60 @@ def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow, tim
         socketTimeoutMS=ms,
         tz_aware=True,
         tzinfo=CODEC.tzinfo,
+        event_listeners=[SlowCalls()],
     )
     return Store(client[database], clock=clock)
+
+
+class SlowCalls(monitoring.CommandListener):
+    """Logs store calls that took SLOW_S or more (a warning `store call slow`: the command, collection,
+    the filter's field names, never its values, and seconds), at most one line per kind of call every
+    SLOW_EVERY_S with how many such calls there were since the last line and the slowest: which
+    queries a loaded store answers slowly (FerretDB on SQLite evaluates all but `_id` filters after
+    reading the whole collection), without a line per call when every call is slow."""
+
+    def __init__(self, slow: float = SLOW_S, every: float = SLOW_EVERY_S) -> None:
+        self.slow = slow
+        self.every = every
+        self.lock = threading.Lock()
+        self.calls: dict[int, tuple[str, str]] = {}  # request id -> (collection, filter's fields)
+        self.seen: dict[tuple[str, str, str], tuple[float, int, float]] = {}  # kind -> (logged at, n, max)
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        target = event.command.get("collection" if event.command_name == "getMore" else event.command_name)
+        where = event.command.get("filter") or event.command.get("q") or {}
+        if not where and event.command_name in ("update", "delete"):
+            ops = event.command.get("updates") or event.command.get("deletes") or [{}]
+            where = ops[0].get("q") or {}
+        shape = ",".join(sorted(where)) if isinstance(where, dict) else ""
+        with self.lock:
+            self.calls[event.request_id] = (str(target) if isinstance(target, str) else "", shape)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        self._done(event.request_id, event.command_name, event.duration_micros / 1e6, "")
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        self._done(
+            event.request_id, event.command_name, event.duration_micros / 1e6, str(event.failure)[:200]
+        )
+
+    def _done(self, request: int, command: str, seconds: float, error: str) -> None:
+        with self.lock:
+            collection, shape = self.calls.pop(request, ("", ""))
+            if seconds < self.slow:
+                return
+            kind = (command, collection, shape)
+            now = time.monotonic()
+            logged, count, slowest = self.seen.get(kind, (-self.every, 0, 0.0))
+            count, slowest = count + 1, max(slowest, seconds)
+            if now - logged < self.every:
+                self.seen[kind] = (logged, count, slowest)
+                return
+            self.seen[kind] = (now, 0, 0.0)
+        log.warning("store call slow", extra={
+            "command": command, "collection": collection, "filter": shape, "seconds": round(seconds, 2),
+            "count": count, "slowest": round(slowest, 2), "error": error or None,
+        })  # fmt: skip
 
 
 # Server answers that mean "not available right now", not "wrong": MongoDB's own (a primary stepping

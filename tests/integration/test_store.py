@@ -358,3 +358,39 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_slow_store_calls_are_logged_by_kind_at_most_once_a_while(
+    mongo: LocalMongo, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every call counts as slow here (threshold 0): the first of a kind is logged with the command, the
+    collection and the filter's field names (never their values); the next ones of that kind only once
+    `every` has passed, with how many there were and the slowest; another kind has its own line."""
+    from faultline.store.connection import SlowCalls  # noqa: PLC0415
+
+    listener = SlowCalls(slow=0.0, every=3600.0)
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri, event_listeners=[listener])
+    db = client[f"t_slow_{uuid.uuid4().hex[:8]}"]
+    try:
+        with caplog.at_level("WARNING", logger="faultline.store.connection"):
+            db["faults"].insert_one({"_id": "a", "node": "secret-node", "state": "open"})
+            for _ in range(3):
+                list(db["faults"].find({"node": "secret-node", "state": "open"}))
+            db["queue"].update_one({"_id": "a"}, {"$set": {"x": 1}}, upsert=True)
+        lines = [(r.command, r.collection, r.filter) for r in caplog.records if r.msg == "store call slow"]  # type: ignore[attr-defined]
+        assert lines == [
+            ("insert", "faults", ""),
+            ("find", "faults", "node,state"),
+            ("update", "queue", "_id"),
+        ]
+        assert "secret-node" not in caplog.text
+        listener.every = 0.0  # the next call of a kind is logged again, with the ones held back
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="faultline.store.connection"):
+            list(db["faults"].find({"node": "n"}))
+            list(db["faults"].find({"state": "open", "node": "n"}))
+        lines = [(r.filter, r.count) for r in caplog.records if r.msg == "store call slow"]  # type: ignore[attr-defined]
+        assert lines == [("node", 1), ("node,state", 3)]  # a kind of its own; the two held back and this one
+    finally:
+        client.drop_database(db.name)
+        client.close()
