@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The image's supply chain, on what `make image` wrote to .cache/image (tools from tools/build.sh):
 #
-#   image/supply-chain.sh sbom               CycloneDX SBOM of the OCI archive (syft, offline)
+#   image/supply-chain.sh sbom [analyzer]    CycloneDX SBOM of the OCI archive (syft, offline); analyzer:
+#                                            of the analyzer image's (make image-analyzer)
 #   image/supply-chain.sh keys               a cosign key pair for local signing (.cache/image/keys; never
 #                                            committed; empty password)
 #   image/supply-chain.sh push REGISTRY      push the image by digest to REGISTRY/images/faultline, sign it,
 #                                            attest the SBOM; package the chart, push it to
-#                                            oci://REGISTRY/faultline and sign it; then push-store
+#                                            oci://REGISTRY/faultline and sign it; then push-store, and
+#                                            push-analyzer when the analyzer image is built on this image
+#   image/supply-chain.sh push-analyzer REGISTRY
+#                                            the analyzer image (.cache/image/analyzer) the same way, by
+#                                            digest to REGISTRY/images/faultline-analyzer
 #   image/supply-chain.sh chart              package the chart of the image's commit (.cache/image/revision)
 #                                            into .cache/image/chart, what push pushes
 #   image/supply-chain.sh push-store REGISTRY
@@ -16,8 +21,9 @@
 #                                            chart's default tags), signed
 #   image/supply-chain.sh verify REGISTRY [PUBLIC_KEY]
 #                                            verify the image's signature and SBOM attestation, the
-#                                            chart's signature and the built store images' signatures
-#                                            (default key: the local one); fails on a wrong key
+#                                            chart's signature, the built store images' signatures and
+#                                            the analyzer image's as push pushed it (default key: the
+#                                            local one); fails on a wrong key
 #   image/supply-chain.sh registry ADDRESS   a registry in the foreground (crane registry serve)
 #   image/supply-chain.sh selftest           a registry on a free loopback port for the time of a push
 #                                            and a verify, then stopped (what `make verify-image` runs)
@@ -46,23 +52,31 @@ quiet() {  # run a command; show what it printed only when it fails
 need() { [ -s "$out/digest" ] || { echo "error: no image: run make image" >&2; exit 1; }; }
 log() { echo "supply-chain: $*"; }
 
+# The images: faultline (make image, in $out) and faultline-analyzer (make image-analyzer: the same image
+# and the anomaly extra, in $out/analyzer), each with its OCI layout, archive, digest, version and SBOM.
+image_dir() { if [ "$1" = faultline-analyzer ]; then echo "$out/analyzer"; else echo "$out"; fi; }
+analyzer_built() {  # on the image that is built (a stale one would push an older commit's code)
+  [ -s "$out/analyzer/digest" ] && [ "$(cat "$out/analyzer/revision" 2>/dev/null)" = "$(cat "$out/revision")" ]
+}
+
 sbom() {
-  need
-  local t=$SECONDS
-  "$bin/syft" scan --quiet --source-name faultline "oci-archive:$out/faultline.oci.tar" \
-    -o "cyclonedx-json=$out/sbom.cdx.json"
-  log "SBOM $out/sbom.cdx.json: $("$root/.venv/bin/python" -c '
+  local name=${1:-faultline} dir t=$SECONDS
+  need; dir=$(image_dir "$name")
+  [ -s "$dir/digest" ] || { echo "error: no $name image: run make image-analyzer" >&2; exit 1; }
+  "$bin/syft" scan --quiet --source-name "$name" "oci-archive:$dir/$name.oci.tar" \
+    -o "cyclonedx-json=$dir/sbom.cdx.json"
+  log "SBOM $dir/sbom.cdx.json: $("$root/.venv/bin/python" -c '
 import collections, json, sys
 purls = [c.get("purl", "") for c in json.load(open(sys.argv[1]))["components"]]
 kinds = collections.Counter(p.split("/")[0].removeprefix("pkg:") for p in purls if p)
-print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))' "$out/sbom.cdx.json") ($((SECONDS - t)) s)"
+print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))' "$dir/sbom.cdx.json") ($((SECONDS - t)) s)"
 }
 
-sbom_subject() {  # the image digest the SBOM describes (syft records it as the component's version)
-  [ -s "$out/sbom.cdx.json" ] || return 0
+sbom_subject() {  # the image digest the SBOM in $1 describes (syft records it as the component's version)
+  [ -s "$1/sbom.cdx.json" ] || return 0
   "$root/.venv/bin/python" -c '
 import json, sys
-print(json.load(open(sys.argv[1]))["metadata"]["component"]["version"])' "$out/sbom.cdx.json"
+print(json.load(open(sys.argv[1]))["metadata"]["component"]["version"])' "$1/sbom.cdx.json"
 }
 
 keypair() {
@@ -72,19 +86,29 @@ keypair() {
   log "new local key pair in $keys (cosign.pub is the public key)"
 }
 
-push() {
-  local reg=$1 digest version chart_digest
-  need; keypair
-  [ "$(sbom_subject)" = "$(cat "$out/digest")" ] || sbom  # an SBOM of this image, not of an earlier one
-  digest=$(cat "$out/digest"); version=$(cat "$out/version")
-  local image="$reg/images/faultline"
-  quiet "$bin/crane" push --insecure "$out/oci" "$image@$digest"
+push_image() {  # REGISTRY NAME: by digest to REGISTRY/images/NAME, tagged with its version, signed, SBOM
+  local reg=$1 name=$2 dir digest version
+  need; keypair; dir=$(image_dir "$name")
+  [ "$(sbom_subject "$dir")" = "$(cat "$dir/digest")" ] || sbom "$name"  # of this image, not an earlier one
+  digest=$(cat "$dir/digest"); version=$(cat "$dir/version")
+  local image="$reg/images/$name"
+  quiet "$bin/crane" push --insecure "$dir/oci" "$image@$digest"
   quiet "$bin/crane" tag --insecure "$image@$digest" "$version"
   log "pushed $image@$digest (tag $version)"
   quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$image@$digest"
-  quiet "$bin/cosign" attest --key "$keys/cosign.key" --type cyclonedx --predicate "$out/sbom.cdx.json" \
+  quiet "$bin/cosign" attest --key "$keys/cosign.key" --type cyclonedx --predicate "$dir/sbom.cdx.json" \
     "${sign_flags[@]}" "$image@$digest"
   log "signed and attested the SBOM"
+}
+
+push_analyzer() {
+  analyzer_built || { echo "error: no analyzer image of this image: run make image-analyzer" >&2; exit 1; }
+  push_image "$1" faultline-analyzer
+}
+
+push() {
+  local reg=$1 chart_digest
+  push_image "$reg" faultline
   chart
   local tgz; tgz=$(ls "$out"/chart/faultline-*.tgz)
   local pushed
@@ -96,6 +120,7 @@ push() {
   local chart_version=${tgz##*/faultline-}; chart_version=${chart_version%.tgz}
   log "pushed and signed the chart: helm install faultline oci://$reg/faultline --version $chart_version"
   push_store "$reg"
+  if analyzer_built; then push_analyzer "$reg"; fi
 }
 
 # The chart from the image's commit, as the image is, packaged into $out/chart. Its symbolic links (the CRD
@@ -134,15 +159,19 @@ push_store() {
   done
 }
 
-verify() {
-  local reg=$1 key=${2:-$keys/cosign.pub} digest
-  need
-  digest=$(cat "$out/digest")
-  local image="$reg/images/faultline@$digest"
-  quiet "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$image"
+verify_image() {  # REGISTRY KEY NAME
+  local image="$1/images/$3@$(cat "$(image_dir "$3")/digest")"
+  quiet "$bin/cosign" verify --key "$2" "${verify_flags[@]}" "$image"
   log "signature verified: $image"
-  quiet "$bin/cosign" verify-attestation --key "$key" --type cyclonedx "${verify_flags[@]}" "$image"
+  quiet "$bin/cosign" verify-attestation --key "$2" --type cyclonedx "${verify_flags[@]}" "$image"
   log "SBOM attestation verified"
+}
+
+verify() {
+  local reg=$1 key=${2:-$keys/cosign.pub} image
+  need
+  verify_image "$reg" "$key" faultline
+  if analyzer_built; then verify_image "$reg" "$key" faultline-analyzer; fi
   if [ -s "$out/chart/digest" ]; then
     quiet "$bin/cosign" verify --key "$key" "${verify_flags[@]}" "$reg/faultline@$(cat "$out/chart/digest")"
     log "chart signature verified: $reg/faultline@$(cat "$out/chart/digest")"
@@ -185,13 +214,14 @@ selftest() {
 }
 
 case ${1:-} in
-  sbom) sbom ;;
+  sbom) case ${2:-} in "") sbom ;; analyzer) sbom faultline-analyzer ;; *) sed -n '4,5p' "$0" >&2; exit 2 ;; esac ;;
   keys) keypair ;;
   push) push "${2:?REGISTRY}" ;;
   push-store) push_store "${2:?REGISTRY}" ;;
+  push-analyzer) push_analyzer "${2:?REGISTRY}" ;;
   chart) chart ;;
   verify) verify "${2:?REGISTRY}" "${3:-}" ;;
   registry) exec "$bin/crane" registry serve --address "${2:?ADDRESS}" ;;
   selftest) selftest ;;
-  *) sed -n '2,27p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,33p' "$0" >&2; exit 2 ;;
 esac
