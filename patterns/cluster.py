@@ -18,7 +18,8 @@ address); `gpu_uuid`, `gpu_serial`, `nvlink_domain` (the event's metadata, else 
 among its labels, `sources.pod_jobs`), `episode` (fault changes: the fault and when it was first
 seen, so the updates of one fault count once and a reopened fault anew); `label:<name>` a node label,
 `metadata:<key>` an event's metadata. A record without a value for one of a pattern's key fields is
-not counted by it.
+not counted by it; one with the window key's separator (\\x1f) in a value is counted with U+FFFD in
+its place.
 
 State is bounded: a window keeps at most MAX_ENTRIES records (the newest), drops those older than
 `within` before the watermark, ignores a record older than that (late) or one it holds already (a
@@ -164,7 +165,9 @@ class CompiledClusterPattern:
             distinct = field_value(r, self.distinct) or ""
             if not distinct:
                 return None
-        key = "\x1f".join(v for v in values if v is not None)
+        # a value holding the separator (an event's metadata is anyone's text) would split into more
+        # names than the key has when the window fires: it stands for itself with U+FFFD in its place
+        key = "\x1f".join(v.replace("\x1f", "\ufffd") for v in values if v is not None)
         return Routed(self.id, key, r.position, r.t, r.id, r.node, distinct, watermark)
 
 

@@ -77,15 +77,22 @@ def read_pack(path: Path) -> Pack:
 
 def _pattern_id(raw: dict[str, Any], loc: tuple[int | str, ...]) -> str | None:
     if len(loc) >= 2 and loc[0] in ("patterns", "cluster_patterns") and isinstance(loc[1], int):
+        place = loc[1]
         patterns = raw.get("patterns")
-        if isinstance(patterns, list):  # the schema parts them by scope: index within the same scope
+        if isinstance(patterns, list):  # the schema parts them by scope: back to the place in the file
             cluster = loc[0] == "cluster_patterns"
-            patterns = [
-                p for p in patterns if (isinstance(p, dict) and p.get("scope") == "cluster") == cluster
+            places = [
+                i
+                for i, p in enumerate(patterns)
+                if (isinstance(p, dict) and p.get("scope") == "cluster") == cluster
             ]
-        if isinstance(patterns, list) and loc[1] < len(patterns) and isinstance(patterns[loc[1]], dict):
-            return str(patterns[loc[1]].get("id", f"#{loc[1] + 1}"))
-        return f"#{loc[1] + 1}"
+            if place < len(places):
+                place = places[place]
+                pid = patterns[place].get("id") if isinstance(patterns[place], dict) else None
+                # an id that is no word (missing, empty, null, a list) names no pattern: its place does
+                if isinstance(pid, str | int) and not isinstance(pid, bool) and str(pid).strip():
+                    return str(pid)
+        return f"#{place + 1}"
     return None
 
 

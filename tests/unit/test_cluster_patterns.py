@@ -316,3 +316,37 @@ def test_the_built_in_cluster_pack_repeats_a_node_once_per_opening_not_per_updat
     assert [(d.node, d.code, d.entity_id, d.count, d.action) for d in out] == [
         ("n1", "NODE-REPEATED-FAILURE", "n1", 5, Action.REPLACE_VM)
     ]
+
+
+def test_a_key_value_holding_the_key_separator_is_counted_with_a_replacement(packs: ClusterPacks) -> None:
+    """Found by fuzzing (test_fuzz_cluster_packs): a value with \\x1f in it (an event's metadata is
+    anyone's text) split into more names than the window key has when the window fired: a ValueError
+    out of the analyzer's partition, and out of `cluster.load` for an example record holding one."""
+    odd = {"gpu_uuid": "G\x1f1"}
+    out = cluster.replay(packs, [rec(i, "n1", t=i, metadata=odd) for i in (1, 2, 3)])
+    assert [(d.code, d.entity_id, d.key, d.count) for d in out] == [("GPU-STICKY", "G\ufffd1", "G\ufffd1", 3)]
+    assert out[0].fault().metadata["window"] == "G\ufffd1"
+
+
+def test_a_pattern_without_a_usable_id_is_named_by_its_place_in_the_file(
+    write_pack: Callable[[str, str], Path],
+) -> None:
+    """Found by fuzzing: `id: ""` gave a PackError whose pattern was '' (its message named none); `id:
+    null` gave one named 'None'; and the place counted within the pattern's scope, not the file."""
+    node_pattern = """
+  - id: null
+    description: a node pattern beside the cluster ones
+    regex: 'hello'
+    code: HELLO
+    examples: {match: ["hello"], no_match: ["bye"]}
+"""
+    path = write_pack(
+        "noid.yaml", STICKY.replace("id: zone-burst", 'id: ""') + node_pattern.replace("null", "hello")
+    )
+    with pytest.raises(PackError) as exc:
+        cluster.load([path], builtin=False)
+    assert exc.value.pattern_id == "#2" and ": pattern '#2': id: String should match" in str(exc.value)
+    path = write_pack("noid.yaml", STICKY + node_pattern)
+    with pytest.raises(PackError) as exc:
+        cluster.load([path], builtin=False)
+    assert exc.value.pattern_id == "#3" and ": pattern '#3': id: Input should be a valid" in str(exc.value)
