@@ -309,7 +309,7 @@ class Windows:
         for node in nodes:
             values = {**names, "key": item.key.replace("\x1f", "/"), "node": node}
             code, entity_id = p.code.render(values), p.entity_id.render(values)
-            if code is None or entity_id is None:
+            if not code or entity_id is None:  # a field the template names is missing, or it made no code
                 continue
             f = p.spec.fault
             out.append(Derived(

@@ -304,7 +304,7 @@ class ClusterSuppress(_Strict):
 class ClusterFault(_Strict):
     """The derived fault, written to `faults` like any other (one per node: `nodes`)."""
 
-    code: str = Field(description="template over the key's fields, e.g. 'GPU-REPEAT-{code}'")
+    code: str = Field(min_length=1, description="template over the key's fields, e.g. 'GPU-REPEAT-{code}'")
     component: Component = Component.NODE
     entity: EntitySpec | None = Field(default=None, description="default: {type: NODE, id: '{node}'}")
     fatal: bool = False

@@ -174,6 +174,15 @@ def test_bad_cluster_patterns_fail_at_load_naming_the_pattern(
     assert reason in str(exc.value)
 
 
+def test_a_derived_fault_needs_a_code(write_pack: Callable[[str, str], Path]) -> None:
+    """Found by fuzzing: `fault.code: ""` loaded and derived faults without a code (node patterns refuse
+    one); one whose template renders empty derives nothing."""
+    path = write_pack("nocode.yaml", STICKY.replace("fault: {code: GPU-STICKY", 'fault: {code: ""'))
+    with pytest.raises(PackError, match="pattern 'sticky'") as exc:
+        cluster.load([path], builtin=False)
+    assert "fault.code" in str(exc.value) and "at least 1 character" in str(exc.value)
+
+
 def test_examples_that_fail_are_reported(write_pack: Callable[[str, str], Path]) -> None:
     path = write_pack(
         "t.yaml",
