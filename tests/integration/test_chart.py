@@ -477,7 +477,8 @@ def test_the_analyzers_anomaly_scores_switch_on_the_agents_health_samples(tmp_pa
 
     fields = {"temperature": {"enabled": True}, "pcie_replay": {"threshold": 10}}
     anomaly = {"enabled": True, "sampleInterval": "60s", "fields": fields}
-    files = settings_files(render(values=_analyzer_values(tmp_path, "anomaly", anomaly=anomaly)))
+    image = {"digest": DIGEST}  # the scores need the analyzer image (below)
+    files = settings_files(render(values=_analyzer_values(tmp_path, "anomaly", anomaly=anomaly, image=image)))
     assert (files["agent"]["health_samples"], files["agent"]["analyzer_feed"]) == ("60s", True)
     assert (files["analyzer"]["anomaly"], files["analyzer"]["anomaly_fields"]) == (True, fields)
     resolved = {}
@@ -495,10 +496,49 @@ def test_the_analyzers_anomaly_scores_switch_on_the_agents_health_samples(tmp_pa
 
     by_config = {"enabled": False, "sampleInterval": "5m", "fields": {}}
     files = settings_files(render(values=_analyzer_values(tmp_path, "config", anomaly=by_config,
-                                                          config={"anomaly": True})))  # fmt: skip
+                                                          config={"anomaly": True}, image=image)))  # fmt: skip
     assert files["agent"]["health_samples"] == "5m" and "anomaly_fields" not in files["analyzer"]
     every = {name: {"enabled": True, "threshold": 8, "floor": 2.5} for name in ANOMALY_FIELDS}
-    render(values=_analyzer_values(tmp_path, "every", anomaly={**anomaly, "fields": every}))  # all are known
+    every_on = {**anomaly, "fields": every}
+    render(values=_analyzer_values(tmp_path, "every", anomaly=every_on, image=image))  # all are known
+
+
+def test_anomaly_scores_need_the_analyzer_image_which_the_analyzer_then_runs(tmp_path: Path) -> None:
+    """river (the faultline[anomaly] extra) is in the analyzer image only (`make image-analyzer`): the
+    scores switched on (by analyzer.anomaly.enabled or analyzer.config.anomaly) with no analyzer.image fail
+    the render by name, rather than an analyzer pod that stops at its start. Given, the analyzer's
+    Deployment runs it (repository default: image.repository with -analyzer) and every other component
+    the one image; not given, the analyzer runs the one image too."""
+    needs = ("analyzer.anomaly.enabled", "analyzer.image", "make image-analyzer")
+    for on in ({"anomaly": {"enabled": True}}, {"config": {"anomaly": True}}):
+        with pytest.raises(ValueError, match=r"needs analyzer\.image") as refused:
+            render(values=_analyzer_values(tmp_path, "refused", **on))
+        assert all(name in str(refused.value) for name in needs), refused.value
+
+    product = f"registry.local/faultline@{DIGEST}"
+    ours = ["image.repository=registry.local/faultline", f"image.digest={DIGEST}", "quarantine.enabled=true",
+            EXTERNAL]  # fmt: skip
+    other = "sha256:" + "fedcba9876543210" * 4
+    docs = render(
+        *ours, values=_analyzer_values(tmp_path, "on", anomaly={"enabled": True}, image={"digest": other})
+    )
+    images = {name: [c["image"] for c in spec["containers"]] for name, spec in workloads(docs).items()}
+    assert images.pop("fl-analyzer") == [f"registry.local/faultline-analyzer@{other}"]
+    assert set(images) >= {"fl-agent", "fl-quarantine"}
+    assert {image for found in images.values() for image in found} == {product}
+    assert settings_files(docs)["analyzer"]["anomaly"] is True
+
+    named = {"repository": "mirror.local/analyzer", "tag": "1.2.3"}
+    docs = render(values=_analyzer_values(tmp_path, "named", anomaly={"enabled": True}, image=named))
+    assert workloads(docs)["fl-analyzer"]["containers"][0]["image"] == "mirror.local/analyzer:1.2.3"
+    docs = render(values=_analyzer_values(tmp_path, "tagged", config={"anomaly": True}, image={"tag": "2"}))
+    assert (
+        workloads(docs)["fl-analyzer"]["containers"][0]["image"] == "ghcr.io/faultline/faultline-analyzer:2"
+    )
+
+    docs = render(*ours, values=_analyzer_values(tmp_path, "off"))  # no scores, no analyzer image
+    assert workloads(docs)["fl-analyzer"]["containers"][0]["image"] == product
+    assert "anomaly" not in settings_files(docs)["analyzer"]
 
 
 @pytest.mark.parametrize(
@@ -617,6 +657,8 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
             "at '/analyzer/anomaly/fields/pcie_replay/threshold'",
         ),
         (["analyzer.anomaly.sampleInterval=often"], "at '/analyzer/anomaly/sampleInterval'"),
+        (["analyzer.image.digest=sha256:abc"], "at '/analyzer/image/digest'"),
+        (["analyzer.image.pullPolicy=Always"], "at '/analyzer/image': additional properties 'pullPolicy'"),
     ],
 )
 def test_bad_values_are_refused_by_name(sets: list[str], error: str) -> None:

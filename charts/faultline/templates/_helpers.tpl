@@ -196,7 +196,7 @@ spec:
                     app.kubernetes.io/component: {{ .worker }}
       containers:
         - name: {{ .worker }}
-          image: {{ include "faultline.image" $root }}
+          image: {{ .image | default (include "faultline.image" $root) }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args:
             {{- range (.command | default (list "worker" .worker)) }}
