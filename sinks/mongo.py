@@ -15,6 +15,13 @@ then every DRAIN_CHUNK fault writes), so a store that times out a call mid-drain
 10-minute outage on FerretDB's SQLite: 52 agents draining at once, calls timing out after 10 s) costs the
 agent one call, not its whole spool written again from the start. Fatal faults' writes go first (each
 fault's own writes stay in order): a node to cordon does not wait behind an outage's worth of minor ones.
+
+A store that cannot be reached is given `timeout` (2 s) before the writes are spooled, but a call to a
+store that was reached may take `call_timeout` (15 s): a loaded store finishes a write it has begun
+even when the client stops waiting, so giving up after 2 s made every agent send it again while the
+first was still being done (measured in the chaos suite's 10-minute outage on FerretDB's SQLite: 52
+agents catching up at once, their fault writes timing out at 2 s about two thousand times, the store
+busy with abandoned writes for minutes).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from faultline.models import Fault, HealthEvent, NodeUpdate
 SPOOL_MAX_ITEMS = 100_000
 DRAIN_RETRY_S = 2.0
 DRAIN_CHUNK = 10  # fault writes between two rewrites of the spool while it drains
+CALL_TIMEOUT_S = 15.0  # the longest a call to a store that was reached may take (see the module's doc)
 
 
 class Spool:
@@ -141,9 +149,9 @@ def drain(spool: Spool, st: store.Store, feed: bool = False) -> None:
 
 class _Partition(StatelessSinkPartition[NodeUpdate]):
     def __init__(
-        self, uri: str, database: str, spool: Spool, timeout: float, retry: float, feed: bool
+        self, uri: str, database: str, spool: Spool, timeouts: tuple[float, float], retry: float, feed: bool
     ) -> None:
-        self.store = store.connect(uri, database, timeout=timeout)
+        self.store = store.connect(uri, database, timeout=timeouts[0], call_timeout=timeouts[1])
         self.spool = spool
         self.feed = feed
         self.indexed = False
@@ -197,17 +205,21 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
 class MongoSink(DynamicSink[NodeUpdate]):
     def __init__(
         self, uri: str, database: str = "faultline", *, spool: Path, timeout: float = 2.0,
-        retry: float = DRAIN_RETRY_S, feed: bool = False,
+        call_timeout: float = CALL_TIMEOUT_S, retry: float = DRAIN_RETRY_S, feed: bool = False,
     ) -> None:  # fmt: skip
-        """`feed`: also write the cluster analyzer's feed (only where an analyzer reads it), in this node's
-        own numbered sequence (the node of each batch's first record), so agents do not race."""
+        """`timeout`: how long a store that cannot be reached is waited for before the writes are
+        spooled; `call_timeout`: how long a call to a store that was reached may take (see the module's
+        doc). `feed`: also write the cluster analyzer's feed (only where an analyzer reads it), in this
+        node's own numbered sequence (the node of each batch's first record), so agents do not race."""
         self.uri = uri
         self.database = database
         self.spool_path = spool
         self.timeout = timeout
+        self.call_timeout = call_timeout
         self.retry = retry
         self.feed = feed
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
         spool = Spool(self.spool_path)
-        return _Partition(self.uri, self.database, spool, self.timeout, self.retry, self.feed)
+        return _Partition(self.uri, self.database, spool, (self.timeout, self.call_timeout), self.retry,
+                          self.feed)  # fmt: skip

@@ -31,16 +31,20 @@ SLOW_S = 2.0  # a store call that takes this long is logged (see SlowCalls)
 SLOW_EVERY_S = 30.0  # at most one line per kind of call this often, with how many there were
 
 
-def connect(uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0) -> Store:
+def connect(
+    uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0,
+    call_timeout: float | None = None,
+) -> Store:  # fmt: skip
     """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
-    call waits for an unreachable server before it fails with TransientError. Slow calls are logged
+    call waits for an unreachable server before it fails with TransientError; `call_timeout` (default:
+    the same) how long a call to a server that was reached may take. Slow calls are logged
     (`SlowCalls`)."""
     ms = int(timeout * 1000)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(
         uri,
         serverSelectionTimeoutMS=ms,
         connectTimeoutMS=ms,
-        socketTimeoutMS=ms,
+        socketTimeoutMS=int((timeout if call_timeout is None else call_timeout) * 1000),
         tz_aware=True,
         tzinfo=CODEC.tzinfo,
         event_listeners=[SlowCalls()],
