@@ -120,3 +120,22 @@ def test_the_spool_drains_once_the_store_is_back_with_no_further_batch(tmp_path:
         sink.close()
         client.close()
         server.stop()
+
+
+def test_the_sink_spools_after_2_s_unreachable_but_lets_a_reached_store_take_15_s(tmp_path: Path) -> None:
+    """An unreachable store is given `timeout` before the writes go to the spool; a call to a store that
+    was reached may take `call_timeout` (a loaded store finishes a write it has begun: one given up on
+    and sent again is done twice)."""
+    sink = MongoSink("mongodb://127.0.0.1:9/", "agent", spool=tmp_path / "spool.jsonl").build(
+        "mongo_out", 0, 1
+    )
+    try:
+        client = sink.store.db.client
+        pool = client.options.pool_options
+        assert (client.options.server_selection_timeout, pool.connect_timeout, pool.socket_timeout) == (
+            2.0, 2.0, 15.0,
+        )  # fmt: skip
+        sink.write_batch([update((fault("XID-79", 1), 1))])  # nothing listens there: spooled
+        assert [f.code for f, _ in Spool(tmp_path / "spool.jsonl").items()] == ["XID-79"]
+    finally:
+        sink.close()
