@@ -7,6 +7,7 @@ scratch written by devtools.oci, pushed with crane.
 
     with LocalRegistry(workdir) as reg:
         ref = reg.push_project_image()        # 127.0.0.1:PORT/images/faultline@sha256:...
+        analyzer = reg.push_analyzer_image()  # 127.0.0.1:PORT/images/faultline-analyzer@sha256:...
         pause = reg.push_pause_image()        # 127.0.0.1:PORT/faultline/pause:<version>
         store = reg.push_store_images()       # {"ferretdb": "127.0.0.1:PORT/images/ferretdb@sha256:...", ...}
 """
@@ -23,6 +24,7 @@ from faultline.errors import ConfigError
 
 SUPPLY_CHAIN = tools.REPO / "image" / "supply-chain.sh"
 IMAGE_DIR = tools.REPO / ".cache" / "image"
+ANALYZER_DIR = IMAGE_DIR / "analyzer"  # make image-analyzer: the image and the anomaly extra
 PAUSE_TAG = "faultline/pause:1"
 STORE_IMAGES = ("ferretdb", "postgres")  # the chart's embedded store (image/store.sh)
 
@@ -68,6 +70,21 @@ class LocalRegistry:
         tools.ensure("crane", "cosign", "syft", "helm")
         _script(["bash", str(SUPPLY_CHAIN), "push", self.address], "image/supply-chain.sh push", timeout=900)
         return f"{self.address}/images/faultline@{(IMAGE_DIR / 'digest').read_text().strip()}"
+
+    def push_analyzer_image(self) -> str:
+        """The analyzer image (`make image-analyzer`: the project's image and the anomaly extra; built here
+        when missing or not on the project's image of HEAD, which image/analyzer.sh builds first when it
+        is not current) pushed by digest, signed and its SBOM attested: `image/supply-chain.sh
+        push-analyzer`, unless `push` already did (it pushes a current one with the project's image).
+        Returns the reference."""
+        if not (ANALYZER_DIR / "digest").is_file() or _built_from(ANALYZER_DIR) != _head():
+            _script(["bash", str(tools.REPO / "image" / "analyzer.sh")], "make image-analyzer", timeout=1800)
+        ref = f"{self.address}/images/faultline-analyzer@{(ANALYZER_DIR / 'digest').read_text().strip()}"
+        if _crane("manifest", "--insecure", ref, check=False).returncode != 0:
+            tools.ensure("crane", "cosign", "syft")
+            argv = ["bash", str(SUPPLY_CHAIN), "push-analyzer", self.address]
+            _script(argv, "image/supply-chain.sh push-analyzer", timeout=900)
+        return ref
 
     def push_store_images(self) -> dict[str, str]:
         """The embedded store's images (`make image-store`; built here when missing, which needs root and
@@ -123,9 +140,9 @@ def _script(argv: list[str], what: str, *, timeout: float) -> None:
         raise ConfigError(f"{what} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
-def _built_from() -> str:
-    """The commit the image in IMAGE_DIR was built from ("" when unknown)."""
-    path = IMAGE_DIR / "revision"
+def _built_from(directory: Path = IMAGE_DIR) -> str:
+    """The commit the image in `directory` was built from ("" when unknown)."""
+    path = directory / "revision"
     return path.read_text().strip() if path.is_file() else ""
 
 

@@ -24,6 +24,7 @@ py=${PYTHON:-$root/.venv/bin/python}
 base=${FAULTLINE_IMAGE_DIR:-$root/.cache/image}
 out=$base/analyzer
 lock=requirements/analyzer.lock
+command -v strip >/dev/null || { echo "error: strip is missing: make system-deps" >&2; exit 1; }
 started=$SECONDS
 
 # 1. The product image of HEAD (what devtools/registry.py checks before it pushes one).
