@@ -8,7 +8,8 @@ time and a failure reproduces from the test alone; the examples that once failed
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -101,3 +102,47 @@ def near(seeds: tuple[str, ...], max_edits: int = 4) -> st.SearchStrategy[str]:
 
 # Text of any kind: every Unicode category but lone surrogates (a str from decoded bytes has none)
 any_text = st.text(max_size=300)
+
+
+def yaml_values(leaf: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """YAML-shaped values (lists and mappings, nested) of these leaves."""
+    return st.recursive(
+        leaf,
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+
+
+def paths(node: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every place in a YAML document, as the keys and indexes that reach it (the root first)."""
+    yield at
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from paths(value, (*at, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from paths(value, (*at, i))
+
+
+@st.composite
+def mutated_doc(
+    draw: st.DrawFn, seeds: tuple[dict[str, Any], ...], leaf: st.SearchStrategy[Any], unknown: tuple[str, ...]
+) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """One of the seed documents with one place changed: a value replaced by one of another shape (of
+    `leaf`s), a key removed, or a key of `unknown` added. Returns the document and the changed path."""
+    doc = copy.deepcopy(draw(st.sampled_from(seeds)))
+    where = draw(st.sampled_from(list(paths(doc))[1:]))
+    parent = doc
+    for key in where[:-1]:
+        parent = parent[key]
+    op = draw(st.sampled_from(("replace", "replace", "replace", "remove", "add")))
+    if op == "remove":
+        del parent[where[-1]]
+    elif op == "add" and isinstance(parent[where[-1]], dict):
+        parent[where[-1]][draw(st.sampled_from(unknown))] = draw(leaf)
+    else:
+        parent[where[-1]] = draw(yaml_values(leaf))
+    return doc, where

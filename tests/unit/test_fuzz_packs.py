@@ -9,7 +9,6 @@ pattern each, mutated as text and as YAML structure; regexes from the pieces of 
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 import tempfile
@@ -26,7 +25,7 @@ from hypothesis import strategies as st
 from faultline.errors import PackError
 from faultline.models import Action, Component
 from patterns import compiler, loader, schema, templates
-from tests.unit.fuzzing import NASTY, any_text, example_messages, fuzz, near
+from tests.unit.fuzzing import NASTY, any_text, example_messages, fuzz, mutated_doc, near
 
 
 @cache
@@ -127,42 +126,11 @@ leaf = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.sampled_from(NASTY), any_text,
     st.sampled_from(("", "{", "}", "{x}", "{x|nope}", "(?P<x>", "10m", "-1s", "0", "fault", "kernel", "GPU")),
 )  # fmt: skip
-yaml_values = st.recursive(
-    leaf,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8) | st.integers(), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
 
 
-def paths(node: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield at
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from paths(value, (*at, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from paths(value, (*at, i))
-
-
-@st.composite
-def mutated_pack(draw: st.DrawFn) -> tuple[dict[str, Any], tuple[Any, ...]]:
-    """A one-pattern pack with one place changed: a value replaced by one of another shape, a key
-    removed, or an unknown key added. Returns the pack and the changed path."""
-    pack = copy.deepcopy(draw(st.sampled_from(one_pattern_packs())))
-    where = draw(st.sampled_from(list(paths(pack))[1:]))
-    parent = pack
-    for key in where[:-1]:
-        parent = parent[key]
-    op = draw(st.sampled_from(("replace", "replace", "replace", "remove", "add")))
-    if op == "remove":
-        del parent[where[-1]]
-    elif op == "add" and isinstance(parent[where[-1]], dict):
-        parent[where[-1]][draw(st.sampled_from(("colour", "regexp", "Code", "")))] = draw(leaf)
-    else:
-        parent[where[-1]] = draw(yaml_values)
-    return pack, where
+def mutated_pack() -> st.SearchStrategy[tuple[dict[str, Any], tuple[Any, ...]]]:
+    """A one-pattern pack with one place changed (`fuzzing.mutated_doc`); the pack and the changed path."""
+    return mutated_doc(one_pattern_packs(), leaf, ("colour", "regexp", "Code", ""))
 
 
 @fuzz(700)
