@@ -90,6 +90,8 @@ class QuarantineWorker:
         self.breaker_view: _BreakerView | None = None
         self.full_resync_at = 0.0
         self.prefetched: dict[str, list[store.FaultRecord]] = {}  # node -> its faults, read once
+        self.prefetched_at = 0.0  # when (time.monotonic())
+        self.reconciled_at: dict[str, float] = {}  # node -> when its last reconcile ended (monotonic)
         self.loop = common.ClaimLoop(
             st,
             STAGE,
@@ -132,9 +134,10 @@ class QuarantineWorker:
             due |= held
         elif held:
             due |= self.store.holds_with_faults_gone()
+        read_at = time.monotonic()
         docs = self.store.faults_of(due, STAGE)
         for node in sorted(due):
-            self.reconcile(node, record_unchanged=False, docs=docs.get(node, []))
+            self.reconcile(node, record_unchanged=False, docs=docs.get(node, []), read_at=read_at)
 
     def mark_silent_agents(self) -> list[str]:
         """Set Unknown the faultline conditions of every node whose agent has not reported for
@@ -155,13 +158,15 @@ class QuarantineWorker:
         """The candidates' nodes' faults, read right after the candidates themselves, so each is at least
         as new as the claimed fault. A fault that changes after this read has its own claim or resync
         pass to come, which reads again: the node still converges."""
+        self.prefetched_at = time.monotonic()
         self.prefetched = self.store.faults_of({str(d["node"]) for d in candidates}, STAGE)
 
     def _handle(self, claim: store.Claim) -> str:
         item = store.WorkItem.from_doc(claim.doc)  # the fault's work item in `queue`
         node = item.node
-        docs = self.prefetched.get(node)
+        docs, read_at = self.prefetched.get(node), self.prefetched_at
         if docs is None or not any(d.id == item.key for d in docs):
+            read_at = time.monotonic()
             docs = self.store.faults_of({node}, STAGE)[node]  # not read with the candidates: read it now
         doc = next((d for d in docs if d.id == item.key), None)
         now = self.store.clock()
@@ -169,7 +174,7 @@ class QuarantineWorker:
         if last_seen is not None and now - last_seen > self.settings.max_fault_age:
             self.metrics.actions.labels(result=STALE).inc()
             return STALE  # recorded, not acted on
-        result = self.reconcile(node, docs=docs)
+        result = self.reconcile(node, docs=docs, read_at=read_at)
         still_open = doc is not None and doc.state == FaultState.OPEN
         return result if result in (BLOCKED, PAUSED) and still_open else store.DONE
 
@@ -179,21 +184,40 @@ class QuarantineWorker:
             return self.node_locks[node]
 
     def reconcile(
-        self, node: str, *, record_unchanged: bool = True, docs: list[store.FaultRecord] | None = None
+        self,
+        node: str,
+        *,
+        record_unchanged: bool = True,
+        docs: list[store.FaultRecord] | None = None,
+        read_at: float | None = None,
     ) -> str:
         """Bring one node to what its open faults call for; returns what happened. `record_unchanged`:
         write the node's record even when nothing changed (a claim does: its node may have been patched
         by a worker that died before recording it; the resync pass does not). `docs`: the node's fault
-        documents as just read (None: read them now)."""
+        documents as read at `read_at` (time.monotonic(); None: read them now). Documents read before
+        another reconcile of the node ended are read again: a thread that waited for the node's lock
+        with an older view must not undo what a newer one did (the chaos suite on a slow store: a node
+        released on its faults resolved, then cordoned again by a claim holding a read from before the
+        resolution, then released: a duplicate cordon)."""
         with self._lock(node):
-            for _ in range(5):
-                try:
-                    result = self._reconcile(node, record_unchanged, docs)
-                except ConflictError:
-                    docs = None  # the Node changed under us: read it, and the faults, again
-                    continue
-                self.metrics.actions.labels(result=result).inc()
-                return result
+            if docs is not None and (read_at is None or self.reconciled_at.get(node, -1.0) >= read_at):
+                docs = None
+            try:
+                return self._reconcile_locked(node, record_unchanged, docs)
+            finally:
+                self.reconciled_at[node] = time.monotonic()
+
+    def _reconcile_locked(
+        self, node: str, record_unchanged: bool, docs: list[store.FaultRecord] | None
+    ) -> str:
+        for _ in range(5):
+            try:
+                result = self._reconcile(node, record_unchanged, docs)
+            except ConflictError:
+                docs = None  # the Node changed under us: read it, and the faults, again
+                continue
+            self.metrics.actions.labels(result=result).inc()
+            return result
         raise TransientError(f"node {node}: five conflicting updates in a row", delay=1.0)
 
     def _open_faults(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -364,3 +365,22 @@ def test_a_silent_agents_conditions_turn_unknown_and_its_next_report_sets_them_b
     # the agent reports again: its conditions (faultline.kube.nodes.apply_conditions, as the agent's sink)
     kube.nodes.apply_conditions(api, silent, conditions.desired([], types=["GpuHealthy"]))
     assert kube.nodes.conditions(api, silent)["GpuHealthy"]["status"] == "True"
+
+
+def test_a_reconcile_holding_an_older_read_of_the_faults_reads_them_again(
+    mongo_db: Any, api: Any, nodes: Any
+) -> None:
+    """Found by the chaos suite on a slow store: a claim's thread that waited for the node's lock with the
+    faults as read before another thread released the node must not cordon it again from that read."""
+    (name,) = nodes(1)
+    w = worker(mongo_db, api, hold_down=dt.timedelta(0))
+    w.store.write_fault(fault(name), 1)
+    assert w.reconcile(name) == "quarantined" and node_view(api, name)["cordoned"]
+    read_at = time.monotonic()
+    stale = w.store.faults_of({name}, quarantine.STAGE)[name]  # the fault open
+    w.store.write_fault(fault(name, resolved=True), 2)
+    assert w.reconcile(name) == "released" and not node_view(api, name)["cordoned"]
+    assert w.reconcile(name, docs=stale, read_at=read_at) == "unchanged"  # read again: resolved
+    assert not node_view(api, name)["cordoned"]
+    fresh_at = time.monotonic()  # a read after the last reconcile is used as it is
+    assert w.reconcile(name, docs=stale, read_at=fresh_at) == "quarantined"
