@@ -25,7 +25,7 @@ from cli import settings
 from faultline import config
 from faultline.errors import ConfigError
 from faultline.models import Action, Component
-from tests.unit.fuzzing import NASTY, any_text, fuzz, near
+from tests.unit.fuzzing import NASTY, any_text, fuzz, near, paths
 from workers import rules, templates
 
 URI = "mongodb://db:27017"
@@ -191,16 +191,6 @@ RULES = {
          "labels": {"faultline.io/nic": "degraded", "example.com/code": "{code}"}},
     ]
 }  # fmt: skip
-
-
-def paths(node: Any, at: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield at
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from paths(value, (*at, key))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from paths(value, (*at, i))
 
 
 @st.composite
