@@ -7,9 +7,9 @@
    old history: in `health_events` only, what a long-running cluster holds), then `--events` events are
    written as the agents write them (`Store.record_batch`, `--batch` events a write, from 8 threads; one
    in ten an XID 79 of a GPU of its own, so windows are made) and a `faultline analyzer` process is
-   started; the time from its taking the lease until every partition's checkpoint has passed the feed's
-   head gives events/s (a checkpoint comes every second here: small runs are dominated by that wait, so
-   use tens of thousands of events). Done once per history size, so the per-event cost is printed at
+   started; the time from its first checkpoint (its start-up, and its other processes', left out) until
+   every partition's checkpoint has passed the feed's head, and the events read in between, give
+   events/s (a checkpoint comes every second here: use tens of thousands of events). Done once per history size, so the per-event cost is printed at
    both ends.
 2. Latency: with an analyzer running, events are written at `--rate` events/s for `--seconds`, a write
    every 10 ms; every fifth write primes a fresh GPU with two XID 79s and the next carries its third,
@@ -22,10 +22,15 @@
    connection each, its own node), 10 batches of `--batch` events each: insert commands sent to `feed`
    per feed document (1.00: no agent raced another for a number), and batches/s altogether.
 
-Not measured here: two analyzer processes (the analyzer runs one process with `--workers` threads;
-Bytewax's cluster mode is not wired into `faultline analyzer` yet), so the 1.7x scale-out goal has no
-figure. NVSentinel's figures (its analyzer runs Mongo aggregation pipelines per event against history):
-about 57 events/s, 1.9 s per event at a million stored events.
+5. Scale-out: the throughput run of the first history size again with `faultline analyzer --processes
+   2` (Bytewax's cluster mode on this machine: one process reads the feed, both decode, route and keep
+   windows), and the ratio of the two. The CPU each run used is printed beside it (the analyzer's
+   processes, the store, the machine), as the store shares this machine's cores.
+
+Each throughput run starts once the machine has settled after the writes (the store's own background
+work, e.g. PostgreSQL's autovacuum, would otherwise count against the run). NVSentinel's figures (its
+analyzer runs Mongo aggregation pipelines per event against history): about 57 events/s, 1.9 s per
+event at a million stored events.
 """
 
 from __future__ import annotations
@@ -111,11 +116,13 @@ def history(st: store.Store, n: int, start: dt.datetime) -> None:
                          for j in range(i, min(n, i + 10_000)))  # fmt: skip
 
 
-def analyzer(mongo: LocalMongo, database: str, pack: Path, log: Path) -> subprocess.Popen[str]:
+def analyzer(
+    mongo: LocalMongo, database: str, pack: Path, log: Path, processes: int = 1
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "faultline", "analyzer", "--mongodb-uri", mongo.uri, "--database", database,
          "--pack", str(pack), "--no-node-labels", "--poll", "50ms", "--checkpoint-interval", "1s",
-         "--owner", "bench"],
+         "--owner", "bench", "--processes", str(processes)],
         stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
@@ -147,8 +154,26 @@ def _ticks() -> float:
 
 
 def _proc_cpu(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    """CPU seconds of process `pid` and of its children (the analyzer's other processes)."""
+    total = 0.0
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if stat_file.parent.name == str(pid) or stat[1] == str(pid):  # itself, or its parent is it
+            total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return total
+
+
+def settle(cores: float = 0.25, longest: float = 60.0) -> None:
+    """Wait until the machine is nearly idle for a second (at most `longest` seconds)."""
+    deadline = time.monotonic() + longest
+    while time.monotonic() < deadline:
+        before = _ticks()
+        time.sleep(1.0)
+        if _ticks() - before < cores:
+            return
 
 
 def _self_cpu() -> float:
@@ -157,9 +182,9 @@ def _self_cpu() -> float:
 
 
 def throughput(
-    mongo: LocalMongo, pack: Path, work: Path, stored: int, events: int, batch: int
+    mongo: LocalMongo, pack: Path, work: Path, stored: int, events: int, batch: int, processes: int = 1
 ) -> tuple[float, Cpu]:
-    database = f"bench_analyzer_{stored}"
+    database = f"bench_analyzer_{stored}_{processes}"
     st = store.connect(mongo.uri, database, timeout=30)
     try:
         st.db.client.drop_database(database)
@@ -167,11 +192,13 @@ def throughput(
         now = dt.datetime.now(dt.UTC)
         history(st, stored, now - dt.timedelta(days=3))
         write(st, traffic(events, now - dt.timedelta(hours=1)), batch)
-        log = work / f"throughput-{stored}.log"
-        proc = analyzer(mongo, database, pack, log)
+        settle()
+        log = work / f"throughput-{stored}-{processes}.log"
+        proc = analyzer(mongo, database, pack, log, processes)
         try:
-            while "analyzer: active as" not in log.read_text():  # timed from here: not its start-up
-                if proc.poll() is not None:
+            docs = sum(st.feed_heads().values())
+            while (first := sum(st.analyzer_position(cluster.PARTITIONS).values())) == 0:
+                if proc.poll() is not None:  # timed from its first checkpoint: not its start-up
                     raise SystemExit(f"the analyzer exited: see {log}")
                 time.sleep(0.01)
             start = time.monotonic()
@@ -186,7 +213,7 @@ def throughput(
             proc.terminate()
             proc.wait(30)
         st.db.client.drop_database(database)
-        return events / took, cpu
+        return events * (docs - first) / docs / took, cpu
     finally:
         st.close()
 
@@ -351,6 +378,7 @@ def main() -> None:
         records, derived = false_alarms(cluster.load([pack]), args.node_days)
         with LocalMongo(backend=args.store) as mongo:
             runs = {h: throughput(mongo, pack, work, h, args.events, args.batch) for h in args.history}
+            two = throughput(mongo, pack, work, args.history[0], args.events, args.batch, processes=2)
             lat = sorted(latency(mongo, pack, work, args.rate, args.seconds))
     p50 = statistics.median(lat) * 1000
     p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))] * 1000
@@ -361,10 +389,13 @@ def main() -> None:
         print(f"  {'  ms per event':48} {1000 / rate:>10.3f} {'flat':>10} {'~1900 at 1M':>12}")
     print(f"  {f'event -> derived fault p50 (ms), {args.rate:.0f} ev/s':48} {p50:>10.0f} {'':>10} {'':>12}")
     print(f"  {f'event -> derived fault p99 (ms), n={len(lat)}':48} {p99:>10.0f} {'<= 1000':>10} {'':>12}")
-    print(f"  {'2 processes / 1':48} {'-':>10} {'>= 1.7x':>10} {'':>12}  (not wired: one process)")
-    for h, (_rate, cpu) in runs.items():
-        print(f"  CPU, {h:,} stored: the analyzer {cpu.analyzer / cpu.wall:.2f} cores, the store (FerretDB, "
-              f"PostgreSQL) {cpu.store / cpu.wall:.2f}, the machine {cpu.machine / cpu.wall:.2f} of "
+    one = runs[args.history[0]][0]
+    print(f"  {f'events/s, 2 processes, {args.history[0]:,} stored':48} {two[0]:>10.0f} {'':>10} {'':>12}")
+    print(f"  {'2 processes / 1':48} {two[0] / one:>9.2f}x {'>= 1.7x':>10} {'':>12}")
+    cpus = [(f"{h:,} stored", cpu) for h, (_rate, cpu) in runs.items()]
+    for label, cpu in [*cpus, (f"{args.history[0]:,} stored, 2 processes", two[1])]:
+        print(f"  CPU, {label}: the analyzer {cpu.analyzer / cpu.wall:.2f} cores, the store (FerretDB, "
+              f"{args.store}) {cpu.store / cpu.wall:.2f}, the machine {cpu.machine / cpu.wall:.2f} of "
               f"{os.cpu_count()} busy over {cpu.wall:.1f} s")  # fmt: skip
     print(f"  {f'derived faults, {args.node_days} healthy node-days':48} {derived:>10} {'0':>10} {'':>12}"
           f"  ({records} records)")  # fmt: skip

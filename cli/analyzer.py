@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -33,6 +38,8 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 PRUNE_EVERY_S = 60.0  # between deletions of feed documents the analyzer has read
+PROCESS_ENV = "FAULTLINE_ANALYZER_PROCESS"  # "<id> <pid of process 0> <host:port,...>": a helper process
+CHUNKS_PER_WORKER = 4  # chunks a feed read is cut into, per worker (they go to workers at random)
 
 
 def _callback(ctx: typer.Context, **values: Any) -> None:
@@ -76,21 +83,31 @@ def run(cfg: config.AnalyzerConfig) -> None:
         raise ConfigError("no cluster patterns loaded (scope: cluster in the packs)")
     _scores(cfg)  # river missing: said before the lease is taken
     owner = cfg.owner or common.default_owner("analyzer")
+    if os.environ.get(PROCESS_ENV):
+        _helper(cfg, packs, owner, os.environ[PROCESS_ENV])
+        return
     m = Metrics()
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry, health=lambda: True)
     stop = threading.Event()
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     leader = cluster_flow.Leadership(st, owner, cfg.lease)
+    helpers = Helpers(cfg.processes)
+
+    def lost() -> None:
+        stop.set()
+        helpers.signal()  # their output is dropped from now on, as this process's is
+
     try:
         err.print(f"analyzer: {len(packs.patterns)} cluster patterns; waiting for the lease", markup=False)
         if not _acquire(leader, stop):
             return
         m.active.set(1)
-        leader.keep(on_lost=stop.set)
-        _active(cfg, packs, st, leader, stop, m)
+        leader.keep(on_lost=lost)
+        _active(cfg, packs, st, leader, stop, m, helpers)
     finally:
         m.active.set(0)
+        helpers.stop()
         leader.release()
         st.close()
     if leader.lost.is_set():
@@ -101,11 +118,40 @@ def run(cfg: config.AnalyzerConfig) -> None:
 
 def _active(
     cfg: config.AnalyzerConfig, packs: ClusterPacks, st: Store, leader: Leadership, stop: threading.Event,
-    m: Metrics,
+    m: Metrics, helpers: Helpers,
 ) -> None:  # fmt: skip
-    """What the replica holding the lease does: restore the checkpoints, run the flow, prune the feed."""
-    from dataflows import cluster as cluster_flow  # noqa: PLC0415
+    """What the replica holding the lease does: restore the checkpoints, run the flow (with its helper
+    processes), prune the feed."""
     from dataflows import runner  # noqa: PLC0415
+
+    uri, db = cfg.mongodb_uri.get_secret_value(), cfg.database
+    flow, labels, after = _flow(cfg, packs, st, stop, reader=True, owner=leader.owner, guard=leader.holding,
+                                on_fault=lambda d: m.derived.labels(pattern=d.pattern).inc(),
+                                on_lost=m.lost.inc)  # fmt: skip
+    pruner = threading.Thread(target=_prune, args=(uri, db, cfg, stop), name="feed-prune", daemon=True)
+    pruner.start()
+    err.print(f"analyzer: active as {leader.owner}, reading the feed after {sum(after.values())} documents "
+              f"of {len(after)} writers", markup=False)  # fmt: skip
+    try:
+        helpers.start()
+        runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=0 if helpers.addresses else None,
+                   addresses=helpers.addresses or None)  # fmt: skip
+    finally:
+        stop.set()
+        pruner.join()
+        if labels is not None:
+            labels.close()
+
+
+def _flow(
+    cfg: config.AnalyzerConfig, packs: ClusterPacks, st: Store, stop: threading.Event, *, reader: bool,
+    owner: str, guard: Callable[[], bool], on_fault: Callable[[Any], None] = lambda _d: None,
+    on_lost: Callable[[int], None] = lambda _n: None,
+) -> tuple[Any, Any, dict[str, int]]:  # fmt: skip
+    """The flow every process of the active replica runs (the same in each: Bytewax's cluster mode),
+    from the checkpoints in the store; `reader`: this process reads the feed. Returns the flow, the node
+    labels' reader (None: off; close it after) and the feed position reading starts after."""
+    from dataflows import cluster as cluster_flow  # noqa: PLC0415
     from faultline import store  # noqa: PLC0415
     from patterns import cluster  # noqa: PLC0415
     from sinks.analyzer import AnalyzerSink  # noqa: PLC0415
@@ -114,7 +160,8 @@ def _active(
 
     uri, db = cfg.mongodb_uri.get_secret_value(), cfg.database
     with store.unreachable_is_transient("reading the analyzer's checkpoints"):
-        st.ensure_indexes()
+        if reader:
+            st.ensure_indexes()
         checkpoints = st.analyzer_checkpoints()
         marks = st.analyzer_positions(cluster.PARTITIONS)
     labels = None
@@ -129,26 +176,102 @@ def _active(
     ]
     watermark = max((float(s["watermark"]) for s in behind if s.get("watermark") is not None),
                     default=float("-inf"))  # fmt: skip
+    workers = cfg.workers * cfg.processes
     source = FeedSource(
-        lambda: store.connect(uri, db), marks, labels=labels.get if labels else lambda _n: node_labels.NONE,
-        poll=cfg.poll, batch=cfg.batch, stop=stop, on_lost=m.lost.inc, watermark=watermark,
+        lambda: store.connect(uri, db), marks, poll=cfg.poll, batch=cfg.batch, stop=stop, on_lost=on_lost,
+        watermark=watermark, reader=reader, chunks=1 if workers == 1 else workers * CHUNKS_PER_WORKER,
     )  # fmt: skip
-    sink = AnalyzerSink(lambda: store.connect(uri, db), leader.owner, guard=leader.holding,
-                        on_fault=lambda d: m.derived.labels(pattern=d.pattern).inc())  # fmt: skip
+    sink = AnalyzerSink(lambda: store.connect(uri, db), owner, guard=guard, on_fault=on_fault)
     flow = cluster_flow.build(packs, source, sink, checkpoints=checkpoints,
-                              checkpoint_interval=cfg.checkpoint_interval, scores=_scores(cfg))  # fmt: skip
-    pruner = threading.Thread(target=_prune, args=(uri, db, cfg, stop), name="feed-prune", daemon=True)
-    pruner.start()
-    after = sum(marks[0][1].values())
-    err.print(f"analyzer: active as {leader.owner}, reading the feed after {after} documents of "
-              f"{len(marks[0][1])} writers", markup=False)  # fmt: skip
+                              checkpoint_interval=cfg.checkpoint_interval, scores=_scores(cfg),
+                              labels=labels.get if labels else lambda _n: node_labels.NONE)  # fmt: skip
+    return flow, labels, marks[0][1]
+
+
+class Helpers:
+    """The active replica's other processes (setting `processes`): each runs `faultline analyzer` again
+    (the same command line) as process i of a Bytewax cluster on this machine, with `PROCESS_ENV` set.
+    They hold no lease: process 0 does, reads the feed, and signals them when it loses the lease (their
+    output is dropped from then on); if it dies they stop, and if one of them fails process 0 stops
+    (exit 1) rather than wait for it: the replica starts again from the checkpoints."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self.addresses: list[str] = []
+        self.popen: list[subprocess.Popen[bytes]] = []
+        self._done = threading.Event()
+
+    def start(self) -> None:
+        if self.processes < 2:
+            return
+        self.addresses = [f"127.0.0.1:{_free_port()}" for _ in range(self.processes)]
+        command = [sys.executable, *sys.orig_argv[1:]]  # as this process was started
+        for i in range(1, self.processes):
+            env = {**os.environ, PROCESS_ENV: f"{i} {os.getpid()} {','.join(self.addresses)}"}
+            self.popen.append(subprocess.Popen(command, env=env))  # noqa: S603 - this program, again
+        threading.Thread(target=self._watch, name="analyzer-helpers", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.5):
+            for i, p in enumerate(self.popen, start=1):
+                if p.poll() not in (None, 0) and not self._done.is_set():
+                    err.print(f"analyzer: process {i} of {self.processes} exited with {p.returncode}: "
+                              "stopping", markup=False)  # fmt: skip
+                    os._exit(1)  # the cluster cannot go on without it, nor end in order
+
+    def signal(self) -> None:
+        for p in self.popen:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """After the flow ended (they end with it): wait for them, then kill what is left."""
+        self._done.set()
+        for p in self.popen:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _helper(cfg: config.AnalyzerConfig, packs: ClusterPacks, owner: str, spec: str) -> None:
+    """Process i (> 0) of the active replica: the same flow without the reader, until it ends (process
+    0 ends it) or process 0 is gone; its output is dropped once it is signalled (the lease lost)."""
+    from dataflows import runner  # noqa: PLC0415
+    from faultline import store  # noqa: PLC0415
+
+    index, parent, addresses = spec.split(" ")
+    stop = threading.Event()
+
+    def orphaned() -> None:
+        while not stop.wait(1.0):
+            if os.getppid() != int(parent):
+                err.print(f"analyzer: process {index}: process 0 is gone: stopping", markup=False)
+                os._exit(1)
+
+    threading.Thread(target=orphaned, name="analyzer-parent", daemon=True).start()
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
-        runner.run(flow, workers=cfg.workers, on_stop=stop.set)
+        flow, labels, _after = _flow(cfg, packs, st, stop, reader=False, owner=owner,
+                                     guard=lambda: not stop.is_set())  # fmt: skip
+        err.print(f"analyzer: process {index} of {len(addresses.split(','))} of {owner} joining",
+                  markup=False)  # fmt: skip
+        try:
+            runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=int(index),
+                       addresses=addresses.split(","))  # fmt: skip
+        finally:
+            stop.set()
+            if labels is not None:
+                labels.close()
     finally:
-        stop.set()
-        pruner.join()
-        if labels is not None:
-            labels.close()
+        st.close()
 
 
 def _scores(cfg: config.AnalyzerConfig) -> Any:

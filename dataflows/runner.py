@@ -36,11 +36,15 @@ def run(
     recovery: RecoveryConfig | None = None,
     handle_signals: bool = True,
     on_stop: Callable[[], None] | None = None,
+    process_id: int | None = None,
+    addresses: list[str] | None = None,
 ) -> bool:
     """Run `flow` in this process with `workers` worker threads until its inputs end or, with
     `handle_signals` (only in the main thread, where handlers can be installed), a stop signal arrives;
-    returns whether it was stopped by a signal. `on_stop`: called (in the signal handler: it must only
-    set flags) on the first signal instead of aborting the flow. Other errors propagate."""
+    returns whether it was stopped by a signal. With `addresses` (every process's host:port), this
+    process is process `process_id` of a Bytewax cluster, each of whose processes runs the same flow.
+    `on_stop`: called (in the signal handler: it must only set flags) on the first signal instead of
+    aborting the flow. Other errors propagate."""
     stopped = threading.Event()
     handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
 
@@ -57,7 +61,12 @@ def run(
         previous[sig] = signal.signal(sig, stop)
     try:
         cli_main(  # type: ignore[no-untyped-call]
-            flow, workers_per_process=workers, epoch_interval=epoch_interval, recovery_config=recovery
+            flow,
+            workers_per_process=workers,
+            process_id=process_id,
+            addresses=addresses,
+            epoch_interval=epoch_interval,
+            recovery_config=recovery,
         )
     except (BytewaxRuntimeError, Stopped):
         if not stopped.is_set():

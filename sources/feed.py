@@ -1,14 +1,19 @@
 """The cluster analyzer's input: the store's feed (`faultline.store.feed`), every writer's sequence read
-from a position (a number per writer) and merged, as `patterns.cluster.Record`s with their node's labels.
+from a position (a number per writer) and merged, handed on as feed documents for the analyzer's
+workers to decode into `patterns.cluster.Record`s with their node's labels (`chunk_records`).
 
 One partition (the merge is one reader): it polls `feed_after` every `poll` seconds while caught up
-and at once while there is more. Its items are `(record, watermark)` for each record and, after each
-read, `(None, (position, watermark, feed))`, a tick: everything up to `position` has been handed on,
-`feed` the same place as `{writer, n}` documents (the partitions' checkpoint says how far they are;
-see `dataflows.cluster`). `position` counts the feed documents handed on (times 2**16, plus a record's
-index in its document), one order for the windows and the derived faults' revisions. The watermark is
-the newest event time read so far, never ahead of this machine's clock by more than MAX_AHEAD (a node
-whose clock runs ahead must not age every window out).
+and, while there is more, reads on in a thread of its own while the flow decodes what it read. After
+each read it hands on the documents read, undecoded, cut into at most `chunks` `Chunk`s (so that the
+workers of every process share the decoding, which is most of the analyzer's work:
+`dataflows.cluster`), then a `Tick`: everything up to `position` has been handed on in that read's
+chunks, `feed` the same place as `{writer, n}` documents (the partitions' checkpoint says how far they
+are). `position` counts the feed documents handed on (times 2**16, plus a record's index in its
+document), one order for the windows and the derived faults' revisions. The watermark is the newest
+event time read so far (each document's `newest`, so the reader need not decode it), never ahead of
+this machine's clock by more than MAX_AHEAD (a node whose clock runs ahead must not age every window
+out); each document in a chunk carries the watermark before it, so a record's watermark is the one it
+would have in a single reading.
 
 The merged order is the documents' stored time, ties by writer and number, each writer's in its own
 order: not event time, which would hold every writer back until the slowest had shown it is past that
@@ -32,18 +37,42 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
 from faultline import store
 from faultline.errors import TransientError
+from faultline.store.feed import epoch as _epoch
 from patterns.cluster import Record
 
 log = logging.getLogger(__name__)
 MAX_AHEAD = 300.0  # seconds an event time may run ahead of this clock before it stops moving the watermark
-Item = tuple[Record | None, Any]  # (record, watermark) or (None, (position, watermark, feed)): a tick
 NO_LABELS: Mapping[str, str] = {}
+Doc = tuple[int, float, float, store.FeedBatch]  # (place in the reading, watermark before it, ceiling, it)
+
+
+class Chunk(NamedTuple):
+    """Part `part` of read `read`'s feed documents, undecoded (decoded by `chunk_records`)."""
+
+    read: int
+    part: int
+    docs: tuple[Doc, ...]
+
+
+class Tick(NamedTuple):
+    """Read `read` is handed on whole in `chunks` chunks: every feed document up to `position`, `feed`
+    the same place as `{writer, n}` documents; `watermark` the newest event time read up to there."""
+
+    read: int
+    chunks: int
+    position: int
+    watermark: float
+    feed: list[dict[str, Any]]
+
+
+Item = Chunk | Tick
 
 
 def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]], seq: int) -> list[Record]:
@@ -72,8 +101,15 @@ def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]], 
     return out
 
 
-def _epoch(t: dt.datetime) -> float:
-    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).timestamp()
+def chunk_records(chunk: Chunk, labels: Callable[[str], Mapping[str, str]]) -> list[tuple[Record, float]]:
+    """A chunk's records in its order, each with the watermark up to it (its own time included)."""
+    out = []
+    for seq, before, ceiling, batch in chunk.docs:
+        watermark = before
+        for r in records(batch, labels, seq):
+            watermark = max(watermark, min(r.t, ceiling))
+            out.append((r, watermark))
+    return out
 
 
 class _FeedPartition(StatefulSourcePartition[Item, None]):
@@ -88,14 +124,25 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
         self.awake: dt.datetime | None = None
         self.down_since: float | None = None
         self.slot: int | None = None  # the feed's slot the next read starts at (`Store.feed_after`)
+        self.read = 0  # the reads handed on (a tick each), this run
+        self.ahead: Future[store.FeedRead] | None = None  # the next read, under way while the flow decodes
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="feed-read")
+
+    def _read(
+        self, position: store.Position, upto: store.Position | None, slot: int | None
+    ) -> store.FeedRead:
+        with store.unreachable_is_transient("reading the feed"):
+            return self.store.feed_after(position, self.src.batch, upto=upto, slot=slot)
 
     def next_batch(self) -> list[Item]:
         if self.src.stop is not None and self.src.stop.is_set():
             raise StopIteration
-        upto = self.stages[0][1] if self.stages else None
         try:
-            with store.unreachable_is_transient("reading the feed"):
-                got = self.store.feed_after(self.position, self.src.batch, upto=upto, slot=self.slot)
+            if self.ahead is not None:
+                ahead, self.ahead = self.ahead, None
+                got = ahead.result()
+            else:
+                got = self._read(dict(self.position), self._upto(), self.slot)
         except TransientError as exc:
             if self.down_since is None:
                 self.down_since = time.monotonic()
@@ -114,25 +161,35 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
             self.src.on_lost(last - first + 1)
             self.seq += 1  # a place of its own in the merged reading, so the tick after it moves on
             self.position[writer] = last
-        out: list[Item] = []
+        docs: list[Doc] = []
         ceiling = time.time() + MAX_AHEAD
         for batch in got.batches:
             self.seq += 1
-            for r in records(batch, self.src.labels, self.seq):
-                self.watermark = max(self.watermark, min(r.t, ceiling))
-                out.append((r, self.watermark))
+            docs.append((self.seq, self.watermark, ceiling, batch))
+            self.watermark = max(self.watermark, min(batch.newest, ceiling))
             self.position[batch.writer] = batch.n
         staged = False
         while self.stages and all(self.position.get(w, 0) >= n for w, n in self.stages[0][1].items()):
             # what the partitions at this checkpoint took in is handed on again: on from their position
             self.seq = max(self.seq, self.stages.pop(0)[0])
             staged = True
-        if not out and not got.lost and not staged:
+        if not docs and not got.lost and not staged:
             self._sleep(self.src.poll)
             return []
         self.awake = None
-        out.append((None, (self.seq << 16 | 0xFFFF, self.watermark, store.position_doc(self.position))))
+        # the next read while the workers decode this one (the store's time and the decoding overlap)
+        self.ahead = self.reader.submit(self._read, dict(self.position), self._upto(), self.slot)
+        size = max(1, -(-len(docs) // self.src.chunks))  # documents a chunk, rounded up
+        out: list[Item] = [Chunk(self.read, i, tuple(docs[start : start + size]))
+                           for i, start in enumerate(range(0, len(docs), size))]  # fmt: skip
+        out.append(Tick(self.read, len(out), self.seq << 16 | 0xFFFF, self.watermark,
+                        store.position_doc(self.position)))  # fmt: skip
+        self.read += 1
         return out
+
+    def _upto(self) -> store.Position | None:
+        """How far the next read may go: up to the next checkpoint's position while one is staged."""
+        return dict(self.stages[0][1]) if self.stages else None
 
     def _sleep(self, seconds: float) -> None:
         self.awake = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
@@ -144,6 +201,7 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
         return None  # progress lives in the store's checkpoints, written after the windows took it in
 
     def close(self) -> None:
+        self.reader.shutdown(wait=True, cancel_futures=True)  # a read under way ends before its client does
         self.store.close()
 
 
@@ -151,26 +209,31 @@ class FeedSource(FixedPartitionedSource[Item, None]):
     """`connect` makes the partition's store (in the worker: Bytewax may fork); `start` the partitions'
     checkpoints as `(position, feed position)` (`Store.analyzer_positions`; empty: the feed from its
     beginning) and `watermark` the newest event time read before the lowest (its checkpoints'), so a
-    restart judges late records as the run before it did; `labels(node)` gives a node's labels; setting `stop`
-    ends the input."""
+    restart judges late records as the run before it did; setting `stop` ends the input. `chunks`: the
+    most chunks a read is cut into (the flow's workers, over every process, times a few). `reader`:
+    whether this process has the partition (in Bytewax's cluster mode one process reads: the one
+    holding the lease)."""
 
     def __init__(
         self, connect: Callable[[], store.Store], start: Sequence[tuple[int, store.Position]], *,
-        labels: Callable[[str], Mapping[str, str]], poll: float = 0.5, batch: int = 256,
+        poll: float = 0.5, batch: int = 256,
         stop: threading.Event | None = None, on_lost: Callable[[int], None] = lambda _n: None,
-        watermark: float = float("-inf"),
+        watermark: float = float("-inf"), chunks: int = 1, reader: bool = True,
     ) -> None:  # fmt: skip
+        if chunks < 1:
+            raise ValueError(f"chunks must be at least 1, not {chunks}")
         self.connect = connect
+        self.chunks = chunks
+        self.reader = reader
         self.start = start
         self.watermark = watermark
-        self.labels = labels
         self.poll = poll
         self.batch = batch
         self.stop = stop
         self.on_lost = on_lost
 
     def list_parts(self) -> list[str]:
-        return ["feed"]
+        return ["feed"] if self.reader else []
 
     def build_part(self, step_id: str, for_part: str, resume_state: None) -> _FeedPartition:
         return _FeedPartition(self)

@@ -90,8 +90,14 @@ class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields):
         default=1,
         ge=1,
         le=64,
-        description="Bytewax worker threads (the windows' partitions are spread over them)",
+        description="Bytewax worker threads per process (the decoding of the feed and the windows' "
+        "partitions are spread over them)",
     )
+    processes: int = Field(
+        default=1, ge=1, le=16,
+        description="processes of the active replica (Bytewax's cluster mode on this machine: the first "
+        "reads the feed and holds the lease, every one decodes and keeps windows; use one per core)",
+    )  # fmt: skip
     anomaly: bool = Field(
         default=False, description="score each GPU's health fields with online models (river: needs the "
         "faultline[anomaly] extra) and raise non-fatal GPU-ANOMALY-<FIELD> faults that never cordon",

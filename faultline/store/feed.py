@@ -5,7 +5,8 @@ replica sets; DocumentDB per collection).
 Each write of the detection side (`record_batch`) stores its events and faults as before and then
 inserts one feed document holding what the batch added (the events that were new and the fault writes
 that applied, as stored, in one BSON binary `records`: FerretDB converts one field instead of every
-field of every record; measured, the analyzer took in 20,000 events in 4.2 s instead of 8.1 s),
+field of every record; measured, the analyzer took in 20,000 events in 4.2 s instead of 8.1 s), and
+`newest`, the time of its newest record (the reader's watermark without decoding the records),
 numbered 1, 2, 3, ... in its writer's own sequence: `_id` is `<writer>/<n in 18 zero-padded digits>`,
 and `slot` the second of its stored time `at` (how the reader finds documents in bulk: below). A writer
 is the agent of one node (by default the node of the batch's first record), so no two processes race
@@ -57,6 +58,7 @@ import heapq
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import bson
@@ -110,19 +112,54 @@ def position_from(doc: Any) -> dict[str, int]:
 @dataclass(frozen=True)
 class FeedBatch:
     """One feed document: writer `writer`'s number `n`, `events` as stored in `health_events` (`_id`
-    the event id) and `faults` as stored in `faults` (`_id` the fault id, with their `revision`)."""
+    the event id) and `faults` as stored in `faults` (`_id` the fault id, with their `revision`).
+
+    `body` is the document's `records` as stored (a v1 document: the document), decoded on first use of
+    `events` or `faults`: the analyzer's reader hands documents on undecoded and its workers decode them
+    (`dataflows.cluster`). `newest`: the time of its newest record (an event's `observed_at`, a fault's
+    `last_seen`) in epoch seconds, stored beside the records so the reader knows it without decoding
+    them (a document from before it was stored: found by decoding)."""
 
     n: int
     at: dt.datetime
-    events: list[dict[str, Any]]
-    faults: list[dict[str, Any]]
+    body: Any
     writer: str = ""
+    stored_newest: float | None = None
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> FeedBatch:
-        body = bson.decode(doc["records"], codec_options=CODEC) if "records" in doc else doc  # else: v1
-        return cls(int(doc["n"]), doc["at"], list(body.get("events") or []), list(body.get("faults") or []),
-                   str(doc["writer"]))  # fmt: skip
+        newest = doc.get("newest")
+        return cls(int(doc["n"]), doc["at"], doc.get("records", doc), str(doc["writer"]),
+                   float(newest) if isinstance(newest, int | float) else None)  # fmt: skip
+
+    @cached_property
+    def _decoded(self) -> Mapping[str, Any]:
+        return bson.decode(self.body, codec_options=CODEC) if isinstance(self.body, bytes) else self.body
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return list(self._decoded.get("events") or [])
+
+    @property
+    def faults(self) -> list[dict[str, Any]]:
+        return list(self._decoded.get("faults") or [])
+
+    @property
+    def newest(self) -> float:
+        if self.stored_newest is not None:
+            return self.stored_newest
+        return newest_of(self.events, self.faults)
+
+
+def epoch(t: dt.datetime) -> float:
+    """A stored time in epoch seconds (a naive one is UTC, as pymongo reads them)."""
+    return _aware(t).timestamp()
+
+
+def newest_of(events: Sequence[Mapping[str, Any]], faults: Sequence[Mapping[str, Any]]) -> float:
+    """The newest record time of a feed document's events and fault writes (-inf: none)."""
+    return max([epoch(d["observed_at"]) for d in events] + [epoch(d["last_seen"]) for d in faults],
+               default=float("-inf"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -217,13 +254,14 @@ class Feed(Faults):
         for start in range(0, len(records), FEED_CHUNK):
             chunk = records[start : start + FEED_CHUNK]
             at = self.now()
+            chunk_events = [d for kind, d in chunk if kind == "events"]
+            chunk_faults = [d for kind, d in chunk if kind == "faults"]
             body: dict[str, Any] = {
                 "at": at,
                 "slot": slot_of(at),
-                "records": bson.Binary(bson.encode({
-                    "events": [d for kind, d in chunk if kind == "events"],
-                    "faults": [d for kind, d in chunk if kind == "faults"],
-                }, codec_options=CODEC)),
+                "records": bson.Binary(bson.encode({"events": chunk_events, "faults": chunk_faults},
+                                                   codec_options=CODEC)),
+                "newest": newest_of(chunk_events, chunk_faults),
                 "keys": [d["_id"] if kind == "events" else fault_feed_key(d["_id"], d["revision"])
                          for kind, d in chunk],
             }  # fmt: skip

@@ -6,6 +6,7 @@ event exactly once."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import signal
 import subprocess
 import sys
@@ -118,8 +119,9 @@ def analyzers(mongo: LocalMongo, mongo_db: Any, tmp_path: Path) -> Iterator[Any]
     pack.write_text(PACK + ZONE_PATTERN)
     started: list[Analyzer] = []
 
-    def start(name: str, *extra: str) -> Analyzer:
-        a = Analyzer(mongo, mongo_db.name, pack, tmp_path / f"{name}.log", name, *extra)
+    def start(name: str, *extra: str, processes: int = 1) -> Analyzer:
+        more = ("--processes", str(processes)) if processes > 1 else ()
+        a = Analyzer(mongo, mongo_db.name, pack, tmp_path / f"{name}.log", name, *extra, *more)
         started.append(a)
         return a
 
@@ -163,14 +165,20 @@ def wait(what: str, check: Any, a: Analyzer | None = None, timeout: float = 60) 
     raise AssertionError(f"timed out waiting for {what}" + (f":\n{a.path.read_text()[-3000:]}" if a else ""))
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeover(
-    analyzers: Any, mongo_db: Any
+    analyzers: Any, mongo_db: Any, processes: int
 ) -> None:
+    """With `--processes 2` each replica is two processes (Bytewax's cluster mode): the second decodes
+    and keeps windows too, ends with the first, and dies with it."""
     st = store.Store(mongo_db)
     st.record_batch([xid("n1", 0)], [])  # GPU-1 on n1; before the analyzer ever ran: read at its first start
     st.record_batch([xid("n1", 5, uuid="GPU-2")], [])  # another GPU: never counted for GPU-1
+    analyzers = functools.partial(analyzers, processes=processes)
     a = analyzers("a")
     wait("the analyzer taking the lease", lambda: a.says("analyzer: active as a"), a)
+    if processes == 2:
+        wait("its second process", lambda: a.says("analyzer: process 1 of 2 of a joining"), a)
     st.record_batch([xid("n2", 10, code="XID-95")], [])  # the same GPU, moved to n2, fails again
     wait("the derived fault", lambda: count(mongo_db, "n2") == 2, a)
     fault = st.faults.find_one({"node": "n2"})
@@ -213,6 +221,22 @@ def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeove
     time.sleep(1)  # a record counted twice would show by now
     assert [count(mongo_db, n) for n in ("n1", "n2", "n3")] == [6, 3, 5]
     assert standby.stop() == 0
+    # no process of any replica is left: the second processes end with their first, or die with it
+    wait("every analyzer process gone", lambda: not helpers(), None, 10)
+
+
+def helpers() -> list[str]:
+    """The command lines of analyzer processes of this test run still alive (a replica's second ones)."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+            environ = (cmdline.parent / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"FAULTLINE_ANALYZER_PROCESS=" in environ and b"analyzer" in argv:
+            out.append(b" ".join(argv).decode(errors="replace"))
+    return out
 
 
 def test_windows_keyed_by_a_node_label_read_from_the_api_server(

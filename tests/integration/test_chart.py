@@ -390,7 +390,7 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of
         assert "analyzer_feed" not in plain[component]
     assert not {n for _, n in kinds(render()) if "analyzer" in n}
     values = _analyzer_values(
-        tmp_path, replicas=2, packs={"gpu.yaml": ANALYZER_PACK}, packsConfigMap="site-packs"
+        tmp_path, replicas=2, processes=2, packs={"gpu.yaml": ANALYZER_PACK}, packsConfigMap="site-packs"
     )
     docs = render(
         "networkPolicy.enabled=true", "podMonitor.enabled=true", f"image.digest={DIGEST}", *monitors,
@@ -419,13 +419,18 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of
 
     analyzer_file = settings_files(docs)["analyzer"]
     assert analyzer_file["packs"] == ["/etc/faultline/packs/values", "/etc/faultline/packs/configmap"]
-    assert (analyzer_file["builtin"], analyzer_file["node_labels"]) == (True, True)
+    assert (analyzer_file["builtin"], analyzer_file["node_labels"], analyzer_file["processes"]) == (
+        True,
+        True,
+        2,
+    )
     path = tmp_path / "analyzer.yaml"
     path.write_text(yaml.safe_dump(analyzer_file))
     resolved = settings.resolve(
         config.AnalyzerConfig, config_file=path, environ={"MONGODB_URI": "mongodb://m"}
     )
     assert resolved.config.metrics_port == 9400  # type: ignore[attr-defined]
+    assert resolved.config.processes == 2  # type: ignore[attr-defined]
     # the pack file as the pod sees it in its directory, loaded as the analyzer loads it
     (packs,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "fl-analyzer-packs"]
     (tmp_path / "packs").mkdir()

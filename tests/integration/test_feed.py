@@ -32,7 +32,7 @@ from faultline.models import (
 )
 from faultline.store.feed import FEED_CHUNK, JUMP_AFTER, slot_of
 from sinks.mongo import MongoSink
-from sources.feed import NO_LABELS, FeedSource
+from sources.feed import NO_LABELS, FeedSource, Tick, chunk_records
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
@@ -274,21 +274,18 @@ def test_the_analyzers_source_skips_what_was_pruned_unread_then_reads_on(
         st.record_batch([event("n1", i)], [])
     st.feed.delete_many({"n": {"$lte": 2}})  # retention ran while the analyzer was away
     lost: list[int] = []
-    src = FeedSource(lambda: store.connect(mongo.uri, mongo_db.name), [], labels=lambda n: {"zone": f"z-{n}"},
-                     on_lost=lost.append)  # fmt: skip
+    src = FeedSource(lambda: store.connect(mongo.uri, mongo_db.name), [], on_lost=lost.append)
     part = src.build_part("feed", "feed", None)
     try:
-        assert part.next_batch() == [
-            (None, (1 << 16 | 0xFFFF, float("-inf"), [{"writer": "n1", "n": 2}]))
-        ] and lost == [2]
-        *records, tick = part.next_batch()
-        assert [(r.id, r.node, r.labels, r.position) for r, _ in records] == [
+        assert part.next_batch() == [Tick(0, 0, 1 << 16 | 0xFFFF, float("-inf"), [{"writer": "n1", "n": 2}])]
+        assert lost == [2]
+        *chunks, tick = part.next_batch()
+        records = [r for c in chunks for r, _ in chunk_records(c, lambda n: {"zone": f"z-{n}"})]
+        assert [(r.id, r.node, r.labels, r.position) for r in records] == [
             (event("n1", 2).id, "n1", {"zone": "z-n1"}, 2 << 16)
         ]  # fmt: skip
-        assert tick == (
-            None,
-            (2 << 16 | 0xFFFF, event("n1", 2).observed_at.timestamp(), [{"writer": "n1", "n": 3}]),
-        )
+        seen = event("n1", 2).observed_at.timestamp()
+        assert tick == Tick(1, 1, 2 << 16 | 0xFFFF, seen, [{"writer": "n1", "n": 3}])
         assert part.next_batch() == [] and part.next_awake() is not None  # caught up: it sleeps
     finally:
         part.close()
@@ -349,8 +346,11 @@ def drain_source(part: Any) -> tuple[list[Any], list[Any]]:
     """Everything a source partition hands on until it is caught up: its records and ticks."""
     records, ticks = [], []
     while batch := part.next_batch():
-        records += [r for r, _ in batch if r is not None]
-        ticks += [t for r, t in batch if r is None]
+        for item in batch:
+            if isinstance(item, Tick):
+                ticks.append((item.position, item.watermark, item.feed))
+            else:
+                records += [r for r, _ in chunk_records(item, lambda _n: NO_LABELS)]
     return records, ticks
 
 
@@ -370,7 +370,7 @@ def test_an_analyzer_restarted_mid_stream_takes_each_record_once_across_writers(
     for i, (w, at) in enumerate([("a", 1), ("b", 2), ("c", 3), ("a", 4), ("b", 5), ("c", 6), ("a", 7)]):
         write(w, i, at)
     connect = lambda: store.connect(mongo.uri, mongo_db.name)  # noqa: E731
-    part = FeedSource(connect, [], labels=lambda _n: NO_LABELS, batch=2).build_part("feed", "feed", None)
+    part = FeedSource(connect, [], batch=2).build_part("feed", "feed", None)
     try:
         records, ticks = drain_source(part)
     finally:
@@ -382,7 +382,7 @@ def test_an_analyzer_restarted_mid_stream_takes_each_record_once_across_writers(
     for i, (w, at) in enumerate([("c", 2), ("d", 3), ("b", 8), ("a", 9), ("c", 10)], start=7):
         write(w, i, at)  # c's first ones slower than b's: stored before what was read already
     start = [(upto, store.position_from(fed)) for upto, fed in marks]
-    part = FeedSource(connect, start, labels=lambda _n: NO_LABELS, batch=2).build_part("feed", "feed", None)
+    part = FeedSource(connect, start, batch=2).build_part("feed", "feed", None)
     try:
         again, ticks2 = drain_source(part)
     finally:
@@ -418,7 +418,7 @@ def test_pruned_before_read_is_counted_lost_per_writer_while_the_others_read_on(
     assert sorted((d["writer"], d["n"]) for d in st.feed.find({})) == [("b", 2)]
     lost: list[int] = []
     part = FeedSource(lambda: store.connect(mongo.uri, mongo_db.name), [(1 << 16 | 0xFFFF, {"a": 1})],
-                      labels=lambda _n: NO_LABELS, on_lost=lost.append).build_part("feed", "feed", None)  # fmt: skip
+                      on_lost=lost.append).build_part("feed", "feed", None)  # fmt: skip
     try:
         records, ticks = drain_source(part)
     finally:

@@ -17,6 +17,7 @@ from faultline.errors import ConfigError
 from faultline.models import Action, FaultState
 from patterns import anomaly, cluster, loader
 from patterns.cluster import Record
+from tests.unit.feeding import feed_items
 from workers import rules
 
 T = 1_800_000_000.0
@@ -159,15 +160,6 @@ def health_record(i: int, counter: float, gpu: str = "G1") -> Record:
                   code="GPU-HEALTH", healthy=True, metadata=meta)  # fmt: skip
 
 
-def items(records: list[Record], per_read: int = 10) -> list[Any]:
-    out: list[Any] = []
-    for start in range(0, len(records), per_read):
-        read = records[start : start + per_read]
-        out += [(r, r.t) for r in read]
-        out.append((None, (read[-1].position | 0xFFFF, read[-1].t)))
-    return out
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_dataflow_scores_and_keeps_its_models_across_a_restart(workers: int) -> None:
     packs = cluster.ClusterPacks(loader.PackSet())
@@ -176,7 +168,7 @@ def test_the_dataflow_scores_and_keeps_its_models_across_a_restart(workers: int)
         counter += 1 / 60 if i < 100 else 10.0  # 1/h, then 600/h from sample 100
         records.append(health_record(i, counter))
     got: list[Any] = []
-    f = flow.build(packs, TestingSource(items(records[:90])), TestingSink(got), checkpoints={},
+    f = flow.build(packs, TestingSource(feed_items(records[:90], per_read=10)), TestingSink(got), checkpoints={},
                    checkpoint_interval=0.0, scores=SETTINGS)  # fmt: skip
     if workers == 1:
         run_main(f)
@@ -189,7 +181,7 @@ def test_the_dataflow_scores_and_keeps_its_models_across_a_restart(workers: int)
 
     # restarted from the checkpoints, the feed read again from the start: the models go on from 89
     again: list[Any] = []
-    f = flow.build(packs, TestingSource(items(records)), TestingSink(again), checkpoints=checkpoints,
+    f = flow.build(packs, TestingSource(feed_items(records, per_read=10)), TestingSink(again), checkpoints=checkpoints,
                    checkpoint_interval=0.0, scores=SETTINGS)  # fmt: skip
     run_main(f)
     faults = [v.fault() for k, v in again if k == "fault"]

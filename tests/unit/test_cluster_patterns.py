@@ -17,6 +17,7 @@ from faultline.errors import PackError
 from faultline.models import Action, Component
 from patterns import cluster, loader
 from patterns.cluster import ClusterPacks, Record, Windows
+from tests.unit.feeding import feed_items
 
 T = 1_800_000_000.0
 
@@ -218,19 +219,6 @@ def test_node_patterns_and_cluster_patterns_live_in_one_pack_apart(
         loader.load([dup], builtin=False)
 
 
-def items(records: list[Record], per_read: int = 2) -> list[Any]:
-    """What the feed source gives: each read's records, then its tick."""
-    out: list[Any] = []
-    wm = float("-inf")
-    for start in range(0, len(records), per_read):
-        read = records[start : start + per_read]
-        for r in read:
-            wm = max(wm, r.t)
-            out.append((r, wm))
-        out.append((None, (read[-1].position | 0xFFFF, wm)))
-    return out
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
@@ -240,15 +228,15 @@ class Clock:
         return self.now
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("workers", "chunks"), [(1, 1), (2, 1), (2, 3)])
 def test_the_dataflow_derives_and_checkpoints_in_one_worker_and_in_two(
-    packs: ClusterPacks, workers: int
+    packs: ClusterPacks, workers: int, chunks: int
 ) -> None:
+    """Two workers decode a read's chunks each; either way the same faults and checkpoints."""
     records = [rec(1, "n1"), rec(2, "n1", t=60), rec(3, "n2", t=120), rec(4, "n3", t=180)]
     got: list[Any] = []
-    f = flow.build(
-        packs, TestingSource(items(records)), TestingSink(got), checkpoints={}, checkpoint_interval=0.0
-    )
+    f = flow.build(packs, TestingSource(feed_items(records, per_read=3, chunks=chunks)), TestingSink(got),
+                   checkpoints={}, checkpoint_interval=0.0)  # fmt: skip
     if workers == 1:
         run_main(f)
     else:
@@ -261,7 +249,7 @@ def test_the_dataflow_derives_and_checkpoints_in_one_worker_and_in_two(
 
     # restarted from those checkpoints and fed again from the start (as after a crash): nothing twice
     again: list[Any] = []
-    f = flow.build(packs, TestingSource(items([*records, rec(5, "n4", t=240)])), TestingSink(again),
+    f = flow.build(packs, TestingSource(feed_items([*records, rec(5, "n4", t=240)], per_read=3)), TestingSink(again),
                    checkpoints=checkpoints, checkpoint_interval=0.0)  # fmt: skip
     run_main(f)
     assert [(v.node, v.count) for k, v in again if k == "fault"] == [("n4", 5)]
@@ -270,14 +258,38 @@ def test_the_dataflow_derives_and_checkpoints_in_one_worker_and_in_two(
 def test_a_partition_checkpoints_when_its_interval_passed_or_the_feed_went_quiet(packs: ClusterPacks) -> None:
     clock = Clock()
     logic = flow.PartitionLogic(packs, {}, interval=5.0, clock=clock)
-    tick = ("t", 3, ((1 << 16) | 0xFFFF, T))
+    tick = ("t", 3, (0, 0, (1 << 16) | 0xFFFF, T, []))  # read 0, in no chunk (nothing to wait for)
     assert logic.on_item(tick) == ([], False)  # 1 s since it started: not yet
     assert logic.notify_at() == dt.datetime(2026, 12, 1, 0, 0, 6, tzinfo=dt.UTC)
     out, _ = logic.on_notify()
     assert [(k, p, s["upto"]) for k, (p, s) in out] == [("checkpoint", 3, (1 << 16) | 0xFFFF)]
     assert logic.notify_at() is None  # nothing new since
-    assert logic.on_item(tick) == ([], False)  # a tick it has taken in already
+    again = ("t", 3, (1, 0, (1 << 16) | 0xFFFF, T, []))  # the next read, at the same place
+    assert logic.on_item(again) == ([], False) and logic.next_read == 2  # nothing new: no checkpoint
     assert logic.on_eof() == ([], False)
+
+
+def test_a_partition_takes_a_read_in_once_every_chunk_of_it_is_done_and_reads_in_order(
+    packs: ClusterPacks,
+) -> None:
+    """Chunks decoded on other workers may come after their read's tick, and a later read's tick before
+    an earlier one: `upto` moves only over reads whose every chunk is done there, in the reads' order."""
+    logic = flow.PartitionLogic(packs, {}, interval=0.0)
+    first = (1 << 16) | 0xFFFF
+    second = (3 << 16) | 0xFFFF
+
+    def upto() -> int:
+        return logic.windows.upto if logic.windows is not None else -1
+
+    assert logic.on_item(("t", 5, (1, 1, second, T + 60, [{"writer": "n1", "n": 3}]))) == ([], False)
+    assert logic.on_item(("t", 5, (0, 2, first, T, [{"writer": "n1", "n": 1}]))) == ([], False)
+    assert logic.on_item(("d", 5, 0)) == ([], False) and upto() == 0  # read 0 has one chunk to come
+    assert logic.on_item(("d", 5, 1)) == ([], False) and upto() == 0  # read 1's chunk: read 0 first
+    out, _ = logic.on_item(("d", 5, 0))  # read 0 whole: both reads are taken in, in order
+    assert [(p, s["upto"], s["feed"]) for _, (p, s) in out] == [
+        (5, first, [{"writer": "n1", "n": 1}]), (5, second, [{"writer": "n1", "n": 3}])
+    ]  # fmt: skip
+    assert upto() == second and logic.ticks == {} and logic.done == {}
 
 
 def test_windows_count_against_the_feeds_newest_time_so_partitions_and_expiry_change_nothing(
