@@ -216,7 +216,7 @@ class FeedSource(FixedPartitionedSource[Item, None]):
 
     def __init__(
         self, connect: Callable[[], store.Store], start: Sequence[tuple[int, store.Position]], *,
-        poll: float = 0.5, batch: int = 256,
+        poll: float = 0.5, batch: int = 1024,
         stop: threading.Event | None = None, on_lost: Callable[[int], None] = lambda _n: None,
         watermark: float = float("-inf"), chunks: int = 1, reader: bool = True,
     ) -> None:  # fmt: skip

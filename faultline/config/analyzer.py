@@ -72,7 +72,11 @@ class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields):
     poll: Seconds = Field(
         default=0.5, gt=0, le=60, description="between reads of the feed while caught up (duration)"
     )
-    batch: int = Field(default=256, ge=1, le=10_000, description="feed documents read at most at once")
+    batch: int = Field(
+        default=1024, ge=1, le=10_000,
+        description="feed documents read at most at once (a read fetches whole seconds of the feed; "
+        "with a limit below what a second holds, the next read fetches that second again)",
+    )  # fmt: skip
     checkpoint_interval: Seconds = Field(
         default=5.0, gt=0, le=600,
         description="between checkpoints of the windows (duration): what a restart reads again at most",

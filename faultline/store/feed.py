@@ -83,6 +83,7 @@ Position = Mapping[str, int]  # writer -> the last of its numbers read (absent: 
 SLOT_S = 1  # seconds of stored time a slot spans (feed documents are read a slot at a time)
 JUMP_AFTER = 8  # empty slots read in a row before the reader looks up where the writers' next ones are
 PROBES = 16  # writers whose next document is looked up (by `_id`) to find where to read from
+READ_FIELDS = {"keys": False, "nonce": False}  # what the reader leaves out (for writers and retention)
 
 
 def slot_of(at: dt.datetime) -> int:
@@ -323,7 +324,7 @@ class Feed(Faults):
         last = max([now, *(head_slot[w] for w in behind)])
         empty, s, wanted, total = 0, start, read.wanted, read.behind
         while s <= last and (s == start or len(read.found) < wanted):  # the first slot at least
-            got = read.add(self.feed.find({"slot": s}))
+            got = read.add(self.feed.find({"slot": s}, READ_FIELDS))
             empty = 0 if got else empty + 1
             s += 1
             if empty >= JUMP_AFTER and s <= last:  # a quiet stretch: on to where the next documents are
@@ -361,7 +362,9 @@ class Feed(Faults):
                 later = any(w == writer and k > n for w, k in read.found)
                 if not later and read.head_slot[writer] > scanned:
                     break  # in a slot not read yet
-                doc = self.feed.find_one({"_id": feed_id(writer, n)})  # stored late, or a clock off
+                doc = self.feed.find_one(
+                    {"_id": feed_id(writer, n)}, READ_FIELDS
+                )  # stored late, or a clock off
                 if doc is None:
                     if not run and writer not in read.lost:
                         read.lost[writer] = self._pruned(writer, n, read.heads[writer])
@@ -384,7 +387,7 @@ class Feed(Faults):
                 n += 1
             if n > read.heads[w] or w in read.lost:
                 continue
-            doc = self.feed.find_one({"_id": feed_id(w, n)})
+            doc = self.feed.find_one({"_id": feed_id(w, n)}, READ_FIELDS)
             if doc is None:
                 read.lost[w] = self._pruned(w, n, read.heads[w])
             else:
