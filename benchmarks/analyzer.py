@@ -6,10 +6,10 @@
 1. Throughput, and its cost as the stored history grows: `--history` health events are stored first (as
    old history: in `health_events` only, what a long-running cluster holds), then `--events` events are
    written as the agents write them (`Store.record_batch`, `--batch` events a write, from 8 threads; one
-   in ten an XID 79 of a GPU of its own, so windows are made) and a `faultline analyzer` process is
-   started; the time from its first checkpoint (its start-up, and its other processes', left out) until
-   every partition's checkpoint has passed the feed's head, and the events read in between, give
-   events/s (a checkpoint comes every second here: use tens of thousands of events). Done once per history size, so the per-event cost is printed at
+   in ten an XID 79 of a GPU of its own, so windows are made), between a first and a last write that
+   each complete a window of the benchmark's pack, and a `faultline analyzer` process is started (its
+   settings' defaults: a checkpoint every 5 s); the time from the first derived fault's write to the
+   last one's gives events/s (its start-up, and its other processes', left out). Done once per history size, so the per-event cost is printed at
    both ends.
 2. Latency: with an analyzer running, events are written at `--rate` events/s for `--seconds`, a write
    every 10 ms; every fifth write primes a fresh GPU with two XID 79s and the next carries its third,
@@ -103,6 +103,20 @@ def traffic(n: int, start: dt.datetime, nodes: int = 1000) -> list[HealthEvent]:
     ]  # fmt: skip
 
 
+MARK_NODE = "a-mark"  # the feed's first writer by name: its first document is read first (the reader
+# starts at the earliest of the first writers' next documents, and reads the others' earlier ones later)
+
+
+def marker(gpu: str, at: dt.datetime) -> list[HealthEvent]:
+    """Three XID 79s of GPU `gpu` on one node: the benchmark pack's window fires on the third, a derived
+    fault (`marked`) whose write says when the analyzer got there."""
+    return [ev(MARK_NODE, 10**9 + k, "XID-79", at + dt.timedelta(milliseconds=k), gpu) for k in range(3)]
+
+
+def marked(gpu: str) -> str:
+    return fault_id(MARK_NODE, "GPU-UUID", gpu, "BENCH-GPU-REPEAT")
+
+
 def write(st: store.Store, events: list[HealthEvent], batch: int, threads: int = 8) -> None:
     chunks = [events[i : i + batch] for i in range(0, len(events), batch)]
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
@@ -121,15 +135,10 @@ def analyzer(
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "faultline", "analyzer", "--mongodb-uri", mongo.uri, "--database", database,
-         "--pack", str(pack), "--no-node-labels", "--poll", "50ms", "--checkpoint-interval", "1s",
-         "--owner", "bench", "--processes", str(processes)],
+         "--pack", str(pack), "--no-node-labels", "--poll", "50ms", "--owner", "bench",
+         "--processes", str(processes)],
         stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-
-
-def caught_up(st: store.Store) -> bool:
-    position = st.analyzer_position(cluster.PARTITIONS)
-    return all(position.get(w, 0) >= n for w, n in st.feed_heads().items())
 
 
 @dataclass(frozen=True)
@@ -191,29 +200,29 @@ def throughput(
         st.ensure_indexes()
         now = dt.datetime.now(dt.UTC)
         history(st, stored, now - dt.timedelta(days=3))
-        write(st, traffic(events, now - dt.timedelta(hours=1)), batch)
+        start_at = now - dt.timedelta(hours=1)
+        write(st, marker("START", start_at - dt.timedelta(seconds=1)), batch)  # first in the feed
+        write(st, traffic(events, start_at), batch)
+        write(st, marker("END", start_at + dt.timedelta(milliseconds=events + 1000)), batch)  # last
         settle()
         log = work / f"throughput-{stored}-{processes}.log"
         proc = analyzer(mongo, database, pack, log, processes)
         try:
-            docs = sum(st.feed_heads().values())
-            while (first := sum(st.analyzer_position(cluster.PARTITIONS).values())) == 0:
-                if proc.poll() is not None:  # timed from its first checkpoint: not its start-up
-                    raise SystemExit(f"the analyzer exited: see {log}")
-                time.sleep(0.01)
-            start = time.monotonic()
-            cpu0 = (_proc_cpu(proc.pid), _self_cpu(), _ticks())
-            while not caught_up(st):
-                if proc.poll() is not None:
-                    raise SystemExit(f"the analyzer exited: see {log}")
-                time.sleep(0.25)  # each look reads every checkpoint: not too often
+            for gpu in ("START", "END"):  # timed from the first derived fault: not its start-up
+                while st.faults.find_one({"_id": marked(gpu)}, {"_id": 1}) is None:
+                    if proc.poll() is not None:
+                        raise SystemExit(f"the analyzer exited: see {log}")
+                    time.sleep(0.005)
+                if gpu == "START":
+                    start = time.monotonic()
+                    cpu0 = (_proc_cpu(proc.pid), _self_cpu(), _ticks())
             took = time.monotonic() - start
             cpu = Cpu(took, _proc_cpu(proc.pid) - cpu0[0], _self_cpu() - cpu0[1], _ticks() - cpu0[2])
         finally:
             proc.terminate()
             proc.wait(30)
         st.db.client.drop_database(database)
-        return events * (docs - first) / docs / took, cpu
+        return events / took, cpu
     finally:
         st.close()
 

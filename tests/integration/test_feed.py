@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import bson
 import pymongo
 import pytest
 
@@ -30,6 +31,8 @@ from faultline.models import (
     event_id,
     fault_id,
 )
+from faultline.store.base import CODEC
+from faultline.store.faults import event_doc
 from faultline.store.feed import FEED_CHUNK, JUMP_AFTER, slot_of
 from sinks.mongo import MongoSink
 from sources.feed import NO_LABELS, FeedSource, Tick, chunk_records
@@ -490,3 +493,33 @@ def test_a_quiet_feed_is_not_read_second_by_second(mongo: LocalMongo) -> None:
     finally:
         client.drop_database(db.name)
         client.close()
+
+
+def test_feed_documents_of_every_format_so_far_are_read_alike(mongo: LocalMongo, mongo_db: Any) -> None:
+    """Documents are written compressed with their newest time (`zrecords`, `newest`); those written
+    before, uncompressed (`records`) or with the records as fields (v1), without `newest`, are read the
+    same: the same records, and the same watermark from decoding them."""
+    now = [T0]
+    st = store.Store(mongo_db, clock=lambda: now[0])
+    st.record_batch([event("a", 0), event("a", 1)], [])  # today's format
+    (doc,) = st.feed.find({})
+    assert (
+        "zrecords" in doc and "records" not in doc and doc["newest"] == event("a", 1).observed_at.timestamp()
+    )
+    older = [event("b", 2), event("b", 3)]
+    body = {"events": [event_doc(e) for e in older], "faults": []}
+    for n, e in enumerate(older, start=1):
+        st.events.insert_one(event_doc(e))
+        now[0] += dt.timedelta(seconds=1)
+        one = {"events": [body["events"][n - 1]], "faults": []}
+        fields = {"records": bson.Binary(bson.encode(one, codec_options=CODEC))} if n == 1 else one  # then v1
+        st._insert_numbered("b", {"at": now[0], "slot": slot_of(now[0]), **fields, "keys": [e.id]})
+    part = FeedSource(lambda: store.connect(mongo.uri, mongo_db.name), []).build_part("feed", "feed", None)
+    try:
+        records, ticks = drain_source(part)
+    finally:
+        part.close()
+    assert [(r.id, r.node, r.t) for r in records] == [
+        (e.id, e.node, e.observed_at.timestamp()) for e in (event("a", 0), event("a", 1), *older)
+    ]
+    assert ticks[-1][1] == event("b", 3).observed_at.timestamp()  # the newest, found by decoding
