@@ -1,6 +1,6 @@
 """The cluster analyzer's speed on FerretDB, beside the goals and NVSentinel's published figures.
 
-    python benchmarks/analyzer.py                        # history 10k and 1M, 50k events each, PostgreSQL
+    python benchmarks/analyzer.py                        # history 10k and 1M, 200k events each, PostgreSQL
     python benchmarks/analyzer.py --history 10000 --events 5000 --store sqlite   # a quicker look
 
 1. Throughput, and its cost as the stored history grows: `--history` health events are stored first (as
@@ -25,7 +25,8 @@
 5. Scale-out: the throughput run of the first history size again with `faultline analyzer --processes
    2` (Bytewax's cluster mode on this machine: one process reads the feed, both decode, route and keep
    windows), and the ratio of the two. The CPU each run used is printed beside it (the analyzer's
-   processes, the store, the machine), as the store shares this machine's cores.
+   processes, the store, the machine), as the store shares this machine's cores
+   (`benchmarks/analyzer_scale.py` measures the analyzer's own work without a store).
 
 Each throughput run starts once the machine has settled after the writes (the store's own background
 work, e.g. PostgreSQL's autovacuum, would otherwise count against the run). NVSentinel's figures (its
@@ -364,7 +365,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--history", type=int, nargs="+", default=[10_000, 1_000_000])
-    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=16, help="events per agent write")
     parser.add_argument("--rate", type=float, default=1000.0, help="events/s in the latency run")
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the latency run")
@@ -401,6 +402,10 @@ def main() -> None:
     one = runs[args.history[0]][0]
     print(f"  {f'events/s, 2 processes, {args.history[0]:,} stored':48} {two[0]:>10.0f} {'':>10} {'':>12}")
     print(f"  {'2 processes / 1':48} {two[0] / one:>9.2f}x {'>= 1.7x':>10} {'':>12}")
+    first = runs[args.history[0]][1]
+    used = (first.analyzer + first.store) / first.wall
+    print(f"  {'  the most it can be here: cores / 1 run used':48} {os.cpu_count() / used:>9.2f}x {'':>10} "
+          f"{'':>12}  ({os.cpu_count()} cores / {used:.2f}: the analyzer's and the store's)")  # fmt: skip
     cpus = [(f"{h:,} stored", cpu) for h, (_rate, cpu) in runs.items()]
     for label, cpu in [*cpus, (f"{args.history[0]:,} stored, 2 processes", two[1])]:
         print(f"  CPU, {label}: the analyzer {cpu.analyzer / cpu.wall:.2f} cores, the store (FerretDB, "

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -104,7 +105,14 @@ def run(cfg: config.AnalyzerConfig) -> None:
             return
         m.active.set(1)
         leader.keep(on_lost=lost)
-        _active(cfg, packs, st, leader, stop, m, helpers)
+        try:
+            _active(cfg, packs, st, leader, stop, m, helpers)
+        except BaseException:  # Bytewax panics (a BaseException) when a process of its cluster is gone
+            failed = helpers.failed()
+            if failed is None:
+                raise
+            err.print(f"analyzer: {failed}: stopping", markup=False)
+            raise typer.Exit(1) from None
     finally:
         m.active.set(0)
         helpers.stop()
@@ -213,11 +221,21 @@ class Helpers:
 
     def _watch(self) -> None:
         while not self._done.wait(0.5):
+            failed = self.failed(wait=0)
+            if failed is not None and not self._done.is_set():
+                err.print(f"analyzer: {failed}: stopping", markup=False)
+                os._exit(1)  # the cluster cannot go on without it, nor end in order
+
+    def failed(self, wait: float = 2.0) -> str | None:
+        """Which process exited with an error (waiting up to `wait` s for one to be seen), or None."""
+        deadline = time.monotonic() + wait
+        while True:
             for i, p in enumerate(self.popen, start=1):
-                if p.poll() not in (None, 0) and not self._done.is_set():
-                    err.print(f"analyzer: process {i} of {self.processes} exited with {p.returncode}: "
-                              "stopping", markup=False)  # fmt: skip
-                    os._exit(1)  # the cluster cannot go on without it, nor end in order
+                if p.poll() not in (None, 0):
+                    return f"process {i} of {self.processes} exited with {p.returncode}"
+            if not self.popen or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def signal(self) -> None:
         for p in self.popen:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import os
 import signal
 import subprocess
 import sys
@@ -225,18 +226,41 @@ def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeove
     wait("every analyzer process gone", lambda: not helpers(), None, 10)
 
 
-def helpers() -> list[str]:
-    """The command lines of analyzer processes of this test run still alive (a replica's second ones)."""
+def helpers(parent: int | None = None) -> list[int]:
+    """The pids of analyzer processes still alive that are a replica's second ones (of `parent`)."""
     out = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")
             environ = (cmdline.parent / "environ").read_bytes()
-        except OSError:
+            ppid = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if b"FAULTLINE_ANALYZER_PROCESS=" in environ and b"analyzer" in argv:
-            out.append(b" ".join(argv).decode(errors="replace"))
+        if b"FAULTLINE_ANALYZER_PROCESS=" in environ and b"analyzer" in argv and parent in (None, ppid):
+            out.append(int(cmdline.parent.name))
     return out
+
+
+def test_a_replica_whose_second_process_dies_stops_and_a_standby_takes_over(
+    analyzers: Any, mongo_db: Any
+) -> None:
+    """The processes of a replica are one Bytewax cluster: without one of them it cannot go on, so the
+    first stops (exit 1) instead of hanging, and the standby takes the lease and counts what came."""
+    st = store.Store(mongo_db)
+    a = analyzers("a", processes=2)
+    wait("its second process", lambda: a.says("analyzer: process 1 of 2 of a joining"), a)
+    standby = analyzers("b")
+    st.record_batch([xid("n1", 0)], [])
+    wait("the feed read", lambda: caught_up(st), a)
+    (second,) = helpers(a.popen.pid)
+    os.kill(second, signal.SIGKILL)
+    assert a.popen.wait(20) == 1
+    a.log.close()
+    assert a.says("analyzer: process 1 of 2 exited with -9: stopping")
+    wait("the standby taking over", lambda: standby.says("active as b"), standby, 30)
+    st.record_batch([xid("n2", 10)], [])
+    wait("the event after counted", lambda: count(mongo_db, "n2") == 2, standby)
+    assert standby.stop() == 0
 
 
 def test_windows_keyed_by_a_node_label_read_from_the_api_server(
