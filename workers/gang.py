@@ -82,8 +82,9 @@ def identify(
 
 def lease_name(gang: str) -> str:
     """A DNS-1123 name for the gang's Lease: readable where it can be, unique by a hash."""
-    readable = _UNSAFE.sub("-", gang.split("=", 1)[-1].lower()).strip("-")[:40].strip("-")
     digest = hashlib.sha256(gang.encode()).hexdigest()[:10]
+    room = 63 - len("faultline-gang--") - len(digest)  # a Lease's name: at most 63 characters
+    readable = _UNSAFE.sub("-", gang.split("=", 1)[-1].lower()).strip("-")[:room].strip("-")
     return f"faultline-gang-{readable}-{digest}" if readable else f"faultline-gang-{digest}"
 
 
