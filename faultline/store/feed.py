@@ -142,8 +142,11 @@ class FeedBatch:
     @cached_property
     def _decoded(self) -> Mapping[str, Any]:
         if not isinstance(self.body, bytes):
-            return self.body  # a v1 document
-        return bson.decode(zlib.decompress(self.body) if self.compressed else self.body, codec_options=CODEC)
+            fields: Mapping[str, Any] = self.body  # a v1 document
+            return fields
+        raw = zlib.decompress(self.body) if self.compressed else self.body
+        decoded: Mapping[str, Any] = bson.decode(raw, codec_options=CODEC)
+        return decoded
 
     @property
     def events(self) -> list[dict[str, Any]]:
