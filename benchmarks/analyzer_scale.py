@@ -42,7 +42,7 @@ from faultline.store.base import CODEC
 from faultline.store.faults import event_doc
 from faultline.store.feed import ZLEVEL, newest_of
 from patterns import cluster
-from sources.feed import Chunk, Item, Tick
+from sources.feed import Doc, Item, handed_on
 
 BATCH = 16  # events a feed document (an agent's write)
 READ = 1024  # feed documents a read (the analyzer's default `batch`)
@@ -75,15 +75,12 @@ class _Reads(StatefulSourcePartition[Item, None]):
             raise StopIteration
         taken = self.docs[self.at : self.at + READ]
         self.at += len(taken)
-        docs = []
+        docs: list[Doc] = []
         for b in taken:
             self.seq += 1
             docs.append((self.seq, self.watermark, float("inf"), b))
             self.watermark = max(self.watermark, b.newest)
-        size = -(-len(docs) // self.chunks)
-        out: list[Item] = [Chunk(self.read, i, tuple(docs[s : s + size]))
-                           for i, s in enumerate(range(0, len(docs), size))]  # fmt: skip
-        out.append(Tick(self.read, len(out), self.seq << 16 | 0xFFFF, self.watermark, []))
+        out = handed_on(self.read, docs, self.chunks, self.seq, self.watermark, [])
         self.read += 1
         return out
 

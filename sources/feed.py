@@ -101,6 +101,18 @@ def records(batch: store.FeedBatch, labels: Callable[[str], Mapping[str, str]], 
     return out
 
 
+def handed_on(
+    read: int, docs: Sequence[Doc], chunks: int, seq: int, watermark: float, feed: list[dict[str, Any]]
+) -> list[Item]:
+    """Read `read` as the source hands it on: its documents in at most `chunks` chunks, then its tick
+    (everything up to `seq`, the place of its last document in the reading)."""
+    size = max(1, -(-len(docs) // chunks))  # documents a chunk, rounded up
+    out: list[Item] = [Chunk(read, i, tuple(docs[start : start + size]))
+                       for i, start in enumerate(range(0, len(docs), size))]  # fmt: skip
+    out.append(Tick(read, len(out), seq << 16 | 0xFFFF, watermark, feed))
+    return out
+
+
 def chunk_records(chunk: Chunk, labels: Callable[[str], Mapping[str, str]]) -> list[tuple[Record, float]]:
     """A chunk's records in its order, each with the watermark up to it (its own time included)."""
     out = []
@@ -179,11 +191,8 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
         self.awake = None
         # the next read while the workers decode this one (the store's time and the decoding overlap)
         self.ahead = self.reader.submit(self._read, dict(self.position), self._upto(), self.slot)
-        size = max(1, -(-len(docs) // self.src.chunks))  # documents a chunk, rounded up
-        out: list[Item] = [Chunk(self.read, i, tuple(docs[start : start + size]))
-                           for i, start in enumerate(range(0, len(docs), size))]  # fmt: skip
-        out.append(Tick(self.read, len(out), self.seq << 16 | 0xFFFF, self.watermark,
-                        store.position_doc(self.position)))  # fmt: skip
+        out = handed_on(self.read, docs, self.src.chunks, self.seq, self.watermark,
+                        store.position_doc(self.position))  # fmt: skip
         self.read += 1
         return out
 

@@ -5,11 +5,10 @@ documents cut into chunks, then the read's tick."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 from faultline import store
 from patterns.cluster import Record
-from sources.feed import Chunk, Item, Tick
+from sources.feed import Doc, Item, handed_on
 
 
 def document(r: Record) -> store.FeedBatch:
@@ -39,12 +38,9 @@ def feed_items(records: list[Record], per_read: int = 2, chunks: int = 1) -> lis
     watermark = float("-inf")
     ceiling = float("inf")
     for read, start in enumerate(range(0, len(records), per_read)):
-        docs: list[Any] = []
+        docs: list[Doc] = []
         for r in records[start : start + per_read]:
             docs.append((r.position >> 16, watermark, ceiling, document(r)))
             watermark = max(watermark, r.t)
-        size = -(-len(docs) // chunks)
-        parts = [Chunk(read, i, tuple(docs[s : s + size])) for i, s in enumerate(range(0, len(docs), size))]
-        out += parts
-        out.append(Tick(read, len(parts), docs[-1][0] << 16 | 0xFFFF, watermark, []))
+        out += handed_on(read, docs, chunks, docs[-1][0], watermark, [])
     return out
