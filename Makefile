@@ -10,6 +10,7 @@ BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
 .PHONY: setup system-deps tools test-tools replay check test demo bench bench-agent bench-quarantine bench-drain chaos sample cluster proto proto-check
+.PHONY: docs docs-gen
 .PHONY: image image-store image-analyzer lock image-tools sbom push verify-image registry
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
@@ -34,6 +35,7 @@ check: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(MAKE) --no-print-directory proto-check
+	$(MAKE) --no-print-directory docs
 
 # The gRPC modules generated from each proto are committed (faultline/api/health.proto, the ingest API;
 # faultline/api/nvsentinel.proto, NVSentinel's platform-connector service the agent also serves;
@@ -55,6 +57,19 @@ proto-check: setup
 	    cmp -s $$tmp/$$f $$f || { echo "error: $$f is out of date with $$proto: run make proto"; exit 1; }; \
 	  done; \
 	done
+
+# The documentation site (mkdocs.yml, docs/): the generated pages (the chart's values reference, the XID
+# catalogue) checked current, then a strict build into .cache/site, where a broken link or anchor fails.
+# Not --quiet: MkDocs 1.6 then drops the warnings strict mode counts (mkdocs/mkdocs#4126); INFO lines are
+# filtered instead. `docs-gen` rewrites the generated pages.
+docs: setup
+	@$(BIN)/python -m devtools.valuesref --check
+	@$(BIN)/python -m devtools.xidref --check
+	@set -o pipefail; NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict 2>&1 | { grep -v '^INFO ' || true; }
+
+docs-gen: setup
+	$(BIN)/python -m devtools.valuesref
+	$(BIN)/python -m devtools.xidref
 
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm and FerretDB, built from the
 # Go module proxy into .cache/bin (skipped when current; see tools/build.sh).

@@ -139,9 +139,9 @@ def main() -> None:
             with concurrent.futures.ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda f: st.write_fault(f, 1), ceiling_faults))
             handled = common.WorkerMetrics("ceiling")
-            loop = common.ClaimLoop(st, "quarantine", "ceiling", lambda _claim: store.DONE,
+            loop = common.ClaimLoop(st, store.Stage.QUARANTINE, "ceiling", lambda _claim: store.State.DONE,
                                     lease=dt.timedelta(seconds=30), threads=args.threads,
-                                    metrics=handled, every=3600, collection="queue")  # fmt: skip
+                                    metrics=handled, every=3600, collection=store.Work.QUEUE)  # fmt: skip
             start = time.monotonic()
             ceiling_threads = loop.start()
             while handled.claims._value.get() < len(ceiling_faults):  # counted here: a query would load it

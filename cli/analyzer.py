@@ -3,15 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -21,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from rich.console import Console
 from rich.table import Table
 
-from cli import options, settings
-from faultline import config
+from cli import analyzer_processes, options, settings
+from faultline import config, liveness
 from faultline.errors import ConfigError, FaultlineError
 
 if TYPE_CHECKING:
@@ -39,8 +35,8 @@ app = typer.Typer(
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 PRUNE_EVERY_S = 60.0  # between deletions of feed documents the analyzer has read
-PROCESS_ENV = "FAULTLINE_ANALYZER_PROCESS"  # "<id> <pid of process 0> <host:port,...>": a helper process
 CHUNKS_PER_WORKER = 4  # chunks a feed read is cut into, per worker (they go to workers at random)
+STANDBY_LOOP, LEASE_LOOP, FEED_LOOP = "standby", "analyzer-lease", "feed"  # the replica's loops (liveness)
 
 
 def _callback(ctx: typer.Context, **values: Any) -> None:
@@ -84,66 +80,85 @@ def run(cfg: config.AnalyzerConfig) -> None:
         raise ConfigError("no cluster patterns loaded (scope: cluster in the packs)")
     _scores(cfg)  # river missing: said before the lease is taken
     owner = cfg.owner or common.default_owner("analyzer")
-    if os.environ.get(PROCESS_ENV):
-        _helper(cfg, packs, owner, os.environ[PROCESS_ENV])
-        return
     m = Metrics()
-    if cfg.metrics_port:
-        metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry, health=lambda: True)
+    # liveness: the standby's wait, then the lease's renewal and the feed's reads; one silent past its
+    # limit (a flow whose epochs stopped) fails /healthz
+    alive = liveness.Liveness()
+    stall = cfg.stall_timeout.total_seconds()
     stop = threading.Event()
-    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
-    leader = cluster_flow.Leadership(st, owner, cfg.lease)
-    helpers = Helpers(cfg.processes)
+    with contextlib.ExitStack() as parts:  # closed in reverse: processes, lease, store, then the server
+        if cfg.metrics_port:
+            server = metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry,
+                                   health=alive)  # fmt: skip
+            parts.callback(server.close)
+        st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+        parts.callback(st.close)
+        leader = cluster_flow.Leadership(st, owner, cfg.lease, beat=lambda: alive.beat(LEASE_LOOP))
+        parts.callback(leader.release)
+        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set)
+        parts.callback(group.stop)
+        parts.callback(m.active.set, 0)
 
-    def lost() -> None:
-        stop.set()
-        helpers.signal()  # their output is dropped from now on, as this process's is
+        def lost() -> None:
+            stop.set()
+            group.signal()  # their output is dropped from now on, as this process's is
 
-    try:
         err.print(f"analyzer: {len(packs.patterns)} cluster patterns; waiting for the lease", markup=False)
-        if not _acquire(leader, stop):
+        # each loop's limit: `stall` beyond its own wait (the standby's poll, the renewal's period, the
+        # feed's poll)
+        if not _acquire(leader, stop, alive.loop(STANDBY_LOOP, stall + cluster_flow.ACQUIRE_POLL_S)):
             return
+        alive.forget(STANDBY_LOOP)
+        alive.loop(LEASE_LOOP, stall + cfg.lease.total_seconds() / 3)
         m.active.set(1)
         leader.keep(on_lost=lost)
         try:
-            _active(cfg, packs, st, leader, stop, m, helpers)
+            _active(cfg, packs, st, leader, stop, m, group, alive.loop(FEED_LOOP, stall + cfg.poll))
         except BaseException:  # Bytewax panics (a BaseException) when a process of its cluster is gone
-            failed = helpers.failed()
-            if failed is None:
+            if group.failed() is None:
                 raise
+        failed = group.failed(wait=0)
+        if failed is not None:
             err.print(f"analyzer: {failed}: stopping", markup=False)
-            raise typer.Exit(1) from None
-    finally:
-        m.active.set(0)
-        helpers.stop()
-        leader.release()
-        st.close()
+            raise typer.Exit(1)
     if leader.lost.is_set():
         err.print("analyzer: lease lost to another replica: stopped", markup=False)
         raise typer.Exit(1)
     err.print("analyzer: stopped", markup=False)
 
 
+def _acquire(leader: Leadership, stop: threading.Event, beat: Callable[[], None]) -> bool:
+    """Wait for the lease; SIGTERM or SIGINT while waiting ends the wait."""
+    import signal  # noqa: PLC0415
+
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return bool(leader.acquire(stop, beat=beat))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _active(
     cfg: config.AnalyzerConfig, packs: ClusterPacks, st: Store, leader: Leadership, stop: threading.Event,
-    m: Metrics, helpers: Helpers,
+    m: Metrics, group: analyzer_processes.ProcessGroup, beat: Callable[[], None],
 ) -> None:  # fmt: skip
-    """What the replica holding the lease does: restore the checkpoints, run the flow (with its helper
-    processes), prune the feed."""
+    """What the replica holding the lease does: restore the checkpoints, run the flow (with its other
+    processes), prune the feed. `beat`: at every read of the feed (the flow's liveness)."""
     from dataflows import runner  # noqa: PLC0415
 
     uri, db = cfg.mongodb_uri.get_secret_value(), cfg.database
     flow, labels, after = _flow(cfg, packs, st, stop, reader=True, owner=leader.owner, guard=leader.holding,
                                 on_fault=lambda d: m.derived.labels(pattern=d.pattern).inc(),
-                                on_lost=m.lost.inc)  # fmt: skip
+                                on_lost=m.lost.inc, beat=beat)  # fmt: skip
     pruner = threading.Thread(target=_prune, args=(uri, db, cfg, stop), name="feed-prune", daemon=True)
     pruner.start()
     err.print(f"analyzer: active as {leader.owner}, reading the feed after {sum(after.values())} documents "
               f"of {len(after)} writers", markup=False)  # fmt: skip
     try:
-        helpers.start()
-        runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=0 if helpers.addresses else None,
-                   addresses=helpers.addresses or None)  # fmt: skip
+        group.start()
+        runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=0 if group.addresses else None,
+                   addresses=group.addresses or None)  # fmt: skip
     finally:
         stop.set()
         pruner.join()
@@ -154,7 +169,7 @@ def _active(
 def _flow(
     cfg: config.AnalyzerConfig, packs: ClusterPacks, st: Store, stop: threading.Event, *, reader: bool,
     owner: str, guard: Callable[[], bool], on_fault: Callable[[Any], None] = lambda _d: None,
-    on_lost: Callable[[int], None] = lambda _n: None,
+    on_lost: Callable[[int], None] = lambda _n: None, beat: Callable[[], None] = lambda: None,
 ) -> tuple[Any, Any, dict[str, int]]:  # fmt: skip
     """The flow every process of the active replica runs (the same in each: Bytewax's cluster mode),
     from the checkpoints in the store; `reader`: this process reads the feed. Returns the flow, the node
@@ -188,6 +203,7 @@ def _flow(
     source = FeedSource(
         lambda: store.connect(uri, db), marks, poll=cfg.poll, batch=cfg.batch, stop=stop, on_lost=on_lost,
         watermark=watermark, reader=reader, chunks=1 if workers == 1 else workers * CHUNKS_PER_WORKER,
+        beat=beat,
     )  # fmt: skip
     sink = AnalyzerSink(lambda: store.connect(uri, db), owner, guard=guard, on_fault=on_fault)
     flow = cluster_flow.build(packs, source, sink, checkpoints=checkpoints,
@@ -196,94 +212,29 @@ def _flow(
     return flow, labels, marks[0][1]
 
 
-class Helpers:
-    """The active replica's other processes (setting `processes`): each runs `faultline analyzer` again
-    (the same command line) as process i of a Bytewax cluster on this machine, with `PROCESS_ENV` set.
-    They hold no lease: process 0 does, reads the feed, and signals them when it loses the lease (their
-    output is dropped from then on); if it dies they stop, and if one of them fails process 0 stops
-    (exit 1) rather than wait for it: the replica starts again from the checkpoints."""
-
-    def __init__(self, processes: int) -> None:
-        self.processes = processes
-        self.addresses: list[str] = []
-        self.popen: list[subprocess.Popen[bytes]] = []
-        self._done = threading.Event()
-
-    def start(self) -> None:
-        if self.processes < 2:
-            return
-        self.addresses = [f"127.0.0.1:{_free_port()}" for _ in range(self.processes)]
-        command = [sys.executable, *sys.orig_argv[1:]]  # as this process was started
-        for i in range(1, self.processes):
-            env = {**os.environ, PROCESS_ENV: f"{i} {os.getpid()} {','.join(self.addresses)}"}
-            self.popen.append(subprocess.Popen(command, env=env))  # noqa: S603 - this program, again
-        threading.Thread(target=self._watch, name="analyzer-helpers", daemon=True).start()
-
-    def _watch(self) -> None:
-        while not self._done.wait(0.5):
-            failed = self.failed(wait=0)
-            if failed is not None and not self._done.is_set():
-                err.print(f"analyzer: {failed}: stopping", markup=False)
-                os._exit(1)  # the cluster cannot go on without it, nor end in order
-
-    def failed(self, wait: float = 2.0) -> str | None:
-        """Which process exited with an error (waiting up to `wait` s for one to be seen), or None."""
-        deadline = time.monotonic() + wait
-        while True:
-            for i, p in enumerate(self.popen, start=1):
-                if p.poll() not in (None, 0):
-                    return f"process {i} of {self.processes} exited with {p.returncode}"
-            if not self.popen or time.monotonic() >= deadline:
-                return None
-            time.sleep(0.05)
-
-    def signal(self) -> None:
-        for p in self.popen:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """After the flow ended (they end with it): wait for them, then kill what is left."""
-        self._done.set()
-        for p in self.popen:
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _helper(cfg: config.AnalyzerConfig, packs: ClusterPacks, owner: str, spec: str) -> None:
-    """Process i (> 0) of the active replica: the same flow without the reader, until it ends (process
-    0 ends it) or process 0 is gone; its output is dropped once it is signalled (the lease lost)."""
+@app.command("process", hidden=True)
+def process() -> None:
+    """Process i (> 0) of the active replica (started by `analyzer_processes.ProcessGroup`, its settings
+    on standard input): the same flow without the reader, until process 0 ends it; the kernel kills it if
+    process 0 dies; its output is dropped once it is signalled (the lease lost)."""
     from dataflows import runner  # noqa: PLC0415
     from faultline import store  # noqa: PLC0415
+    from patterns import cluster  # noqa: PLC0415
 
-    index, parent, addresses = spec.split(" ")
+    spec = analyzer_processes.read_spec(sys.stdin.buffer)
+    analyzer_processes.die_with_parent(spec.parent)
+    cfg = spec.settings
+    packs = cluster.load(cfg.packs, builtin=cfg.builtin)
     stop = threading.Event()
-
-    def orphaned() -> None:
-        while not stop.wait(1.0):
-            if os.getppid() != int(parent):
-                err.print(f"analyzer: process {index}: process 0 is gone: stopping", markup=False)
-                os._exit(1)
-
-    threading.Thread(target=orphaned, name="analyzer-parent", daemon=True).start()
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
-        flow, labels, _after = _flow(cfg, packs, st, stop, reader=False, owner=owner,
+        flow, labels, _after = _flow(cfg, packs, st, stop, reader=False, owner=spec.owner,
                                      guard=lambda: not stop.is_set())  # fmt: skip
-        err.print(f"analyzer: process {index} of {len(addresses.split(','))} of {owner} joining",
+        err.print(f"analyzer: process {spec.index} of {len(spec.addresses)} of {spec.owner} joining",
                   markup=False)  # fmt: skip
         try:
-            runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=int(index),
-                       addresses=addresses.split(","))  # fmt: skip
+            runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=spec.index,
+                       addresses=list(spec.addresses))  # fmt: skip
         finally:
             stop.set()
             if labels is not None:
@@ -300,18 +251,6 @@ def _scores(cfg: config.AnalyzerConfig) -> Any:
 
     anomaly.river_stats()
     return anomaly.Settings(cfg.anomaly_fields, cfg.anomaly_warmup, cfg.anomaly_expire.total_seconds())
-
-
-def _acquire(leader: Leadership, stop: threading.Event) -> bool:
-    """Wait for the lease; SIGTERM or SIGINT while waiting ends the wait."""
-    import signal  # noqa: PLC0415
-
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return bool(leader.acquire(stop))
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _prune(uri: str, db: str, cfg: config.AnalyzerConfig, stop: threading.Event) -> None:

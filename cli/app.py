@@ -23,10 +23,12 @@ from faultline.errors import FaultlineError, PackError
 if TYPE_CHECKING:
     from bytewax.recovery import RecoveryConfig
 
+    from faultline.store import Store
     from patterns.compiler import CompiledPacks
     from sources import scheduled_events
     from sources.files import FileInfo
     from sources.gpu import GpuBackend
+    from sources.ingest import IngestSpool
     from sources.inputs import LogInput
 
 app = typer.Typer(
@@ -58,6 +60,9 @@ app.callback()(options.log_options)  # --log-format, --log-level: logging is con
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+STORE_REACH_S = 2.0  # the agent waits this long for an unreachable store, then its sink spools the writes
+AGENT_STORE_POOL = 4  # the agent's connections to the store at most: sink, spool drain, repairs, pollers
+GRPC_GRACE_S = 2.0  # a stopping agent lets the gRPC calls in progress finish this long
 
 
 class OutputFormat(StrEnum):
@@ -311,61 +316,86 @@ def agent(cfg: config.AgentConfig) -> None:
 
 
 def _run_agent(config: config.AgentConfig) -> None:
+    """The agent's composition root: every part it opens is entered on one stack, closed in reverse
+    order when the flow ends (however it ends); one store client for the whole process."""
     from dataflows import node as node_flow  # noqa: PLC0415
     from dataflows import runner  # noqa: PLC0415
+    from faultline import store  # noqa: PLC0415
     from sinks.kube import KubeSink  # noqa: PLC0415
-    from sinks.mongo import MongoSink  # noqa: PLC0415
-    from sources import ingest, simulator  # noqa: PLC0415
+    from sinks.mongo import CALL_TIMEOUT_S, MongoSink  # noqa: PLC0415
+    from sources import ingest  # noqa: PLC0415
     from sources.gpu_source import GpuPolling  # noqa: PLC0415
     from sources.inputs import LogInput  # noqa: PLC0415
     from sources.repairs import from_store as repair_notices  # noqa: PLC0415
 
     compiled = _compile(list(config.packs))
-    backend: GpuBackend
+    backend = _gpu_backend(config)
+    gpu_names = {d.pci: f"GPU {d.index} {d.uuid}" for d in backend.devices()}
+    with contextlib.ExitStack() as parts:
+        # the process's one store client: 2 s to reach the store before the sink spools, 15 s a call
+        st = store.connect(config.mongodb_uri.get_secret_value(), config.database, timeout=STORE_REACH_S,
+                           call_timeout=CALL_TIMEOUT_S, pool=AGENT_STORE_POOL)  # fmt: skip
+        parts.callback(st.close)
+        sinks = {
+            node_flow.STEP_MONGO: MongoSink(
+                config.mongodb_uri.get_secret_value(),
+                config.database,
+                spool=config.state_dir / "mongo-spool.jsonl",
+                feed=config.analyzer_feed,
+                shared=st,
+            ),
+            node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
+        }
+        polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after,
+                             config.repair_poll_interval, config.health_samples)  # fmt: skip
+        logs = _log_inputs(config, compiled)
+        spool = None
+        if config.ingest_socket or config.ingest_tcp or config.nvsentinel_socket:
+            spool = ingest.IngestSpool(config.state_dir / "ingest")
+            logs.append(LogInput("grpc", "grpc", ingest.IngestSource(spool)))
+        stop = threading.Event()  # set by SIGTERM: the flow ends in order (see dataflows.runner)
+        gpu_source = "dcgm" if config.gpu_backend == "dcgm" else "nvml"
+        flow = node_flow.build(
+            config.node, backend, compiled, sinks, logs=logs, polling=polling, gpu_source=gpu_source,
+            stop=stop, repairs=repair_notices(st, config.node),
+        )  # fmt: skip
+        if config.metrics_port:
+            from faultline import metrics  # noqa: PLC0415
+
+            silence = config.stall_timeout.total_seconds()  # the dataflow's heartbeat (sources wake it)
+            server = metrics.serve(config.metrics_port, host=config.metrics_address,
+                                   health=lambda: metrics.healthy(silence))  # fmt: skip
+            parts.callback(server.close)
+        recovery = _recovery(config.state_dir / "recovery")
+        if spool is not None:
+            _ingest_servers(config, spool, parts)
+        _node_links(config, backend, st, parts)
+        err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
+        epoch = dt.timedelta(seconds=config.snapshot_interval)
+        if runner.run(flow, epoch_interval=epoch, recovery=recovery, on_stop=lambda: _stop_inputs(stop)):
+            err.print("agent: stopped by signal", markup=False)
+
+
+def _gpu_backend(config: config.AgentConfig) -> GpuBackend:
     if config.gpu_backend == "nvml":
         from sources.nvml import NvmlBackend  # noqa: PLC0415
 
-        backend = NvmlBackend()
-    elif config.gpu_backend == "dcgm":
+        return NvmlBackend()
+    if config.gpu_backend == "dcgm":
         from sources.dcgm import DcgmBackend  # noqa: PLC0415
 
-        backend = DcgmBackend(config.dcgm_host)
-    else:
-        scenario = simulator.load_scenario(config.sim_scenario) if config.sim_scenario else None
-        backend = simulator.SimulatorBackend(
-            config.node, directory=config.sim_dir, gpus=config.gpus, scenario=scenario
-        )
-    gpu_names = {d.pci: f"GPU {d.index} {d.uuid}" for d in backend.devices()}
-    sinks = {
-        node_flow.STEP_MONGO: MongoSink(
-            config.mongodb_uri.get_secret_value(),
-            config.database,
-            spool=config.state_dir / "mongo-spool.jsonl",
-            feed=config.analyzer_feed,
-        ),
-        node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
-    }
-    polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after,
-                         config.repair_poll_interval, config.health_samples)  # fmt: skip
-    repairs = repair_notices(config.mongodb_uri.get_secret_value(), config.database, config.node)
-    logs = _log_inputs(config, compiled)
-    spool = None
-    if config.ingest_socket or config.ingest_tcp or config.nvsentinel_socket:
-        spool = ingest.IngestSpool(config.state_dir / "ingest")
-        logs.append(LogInput("grpc", "grpc", ingest.IngestSource(spool)))
-    stop = threading.Event()  # set by SIGTERM: the flow ends in order (see dataflows.runner)
-    gpu_source = "dcgm" if config.gpu_backend == "dcgm" else "nvml"
-    flow = node_flow.build(
-        config.node, backend, compiled, sinks, logs=logs, polling=polling, gpu_source=gpu_source, stop=stop,
-        repairs=repairs,
-    )  # fmt: skip
-    if config.metrics_port:
-        from faultline import metrics  # noqa: PLC0415
+        return DcgmBackend(config.dcgm_host)
+    from sources import simulator  # noqa: PLC0415
 
-        metrics.serve(config.metrics_port, host=config.metrics_address)
-    recovery = _recovery(config.state_dir / "recovery")
-    server = None
-    if spool is not None and (config.ingest_socket or config.ingest_tcp):
+    scenario = simulator.load_scenario(config.sim_scenario) if config.sim_scenario else None
+    return simulator.SimulatorBackend(
+        config.node, directory=config.sim_dir, gpus=config.gpus, scenario=scenario
+    )
+
+
+def _ingest_servers(config: config.AgentConfig, spool: IngestSpool, parts: contextlib.ExitStack) -> None:
+    """The gRPC servers that are switched on (faultline's ingest API; NVSentinel's), stopped on `parts`."""
+    if config.ingest_socket or config.ingest_tcp:
         from sources import ingest_server  # noqa: PLC0415 - grpc only when ingest is on
 
         tls = None
@@ -376,43 +406,36 @@ def _run_agent(config: config.AgentConfig) -> None:
         server = ingest_server.serve(
             config.node, spool, socket=config.ingest_socket, tcp=config.ingest_tcp, tls=tls
         )
-    nvsentinel = None
-    if spool is not None and config.nvsentinel_socket is not None:
+        parts.callback(lambda: server.stop(grace=GRPC_GRACE_S).wait())
+    if config.nvsentinel_socket is not None:
         from sources import nvsentinel_server  # noqa: PLC0415 - grpc only when it is on
 
         nvsentinel = nvsentinel_server.serve(config.node, spool, config.nvsentinel_socket)
-    gpu_pods = None
-    if config.pod_resources_socket is not None:  # for the drainer's partial GPU drains
+        parts.callback(lambda: nvsentinel.stop(grace=GRPC_GRACE_S).wait())
+
+
+def _node_links(
+    config: config.AgentConfig, backend: GpuBackend, st: Store, parts: contextlib.ExitStack
+) -> None:
+    """The pollers that are switched on (GPU pods for partial drains; Azure's Scheduled Events, which
+    only the node can read), started now and closed on `parts`."""
+    if config.pod_resources_socket is not None:
         from sources import pod_resources  # noqa: PLC0415 - grpc only when it is on
 
         socket = config.pod_resources_socket
         gpu_pods = pod_resources.GpuPodsWatch(
             config.node, backend.devices(), lambda: pod_resources.list_devices(socket),
-            pod_resources.store_link(config.mongodb_uri.get_secret_value(), config.database, config.node),
-            interval=config.pod_resources_interval,
+            pod_resources.store_link(st, config.node), interval=config.pod_resources_interval,
         )  # fmt: skip
         gpu_pods.start()
-    relay = None
-    if config.scheduled_events:  # Azure's, which only the node can read (the maintenance monitor's)
-        relay = _scheduled_events(config)
+        parts.callback(gpu_pods.close)
+    if config.scheduled_events:
+        relay = _scheduled_events(config, st)
         relay.start()
-    err.print(f"agent: watching {len(gpu_names)} GPUs on {config.node}", markup=False)
-    try:
-        epoch = dt.timedelta(seconds=config.snapshot_interval)
-        if runner.run(flow, epoch_interval=epoch, recovery=recovery, on_stop=lambda: _stop_inputs(stop)):
-            err.print("agent: stopped by signal", markup=False)
-    finally:
-        if gpu_pods is not None:
-            gpu_pods.close()
-        if relay is not None:
-            relay.close()
-        if server is not None:
-            server.stop(grace=2).wait()
-        if nvsentinel is not None:
-            nvsentinel.stop(grace=2).wait()
+        parts.callback(relay.close)
 
 
-def _scheduled_events(config: config.AgentConfig) -> scheduled_events.Relay:
+def _scheduled_events(config: config.AgentConfig, st: Store) -> scheduled_events.Relay:
     from faultline.kube import lite  # noqa: PLC0415
     from sources import scheduled_events  # noqa: PLC0415
 
@@ -424,7 +447,7 @@ def _scheduled_events(config: config.AgentConfig) -> scheduled_events.Relay:
             client.close()
         return str((node.get("spec") or {}).get("providerID", ""))
 
-    link = scheduled_events.store_link(config.mongodb_uri.get_secret_value(), config.database, config.node)
+    link = scheduled_events.store_link(st, config.node)
     return scheduled_events.Relay(config.node, scheduled_events.Imds(config.imds_endpoint), link, provider_id,
                                   interval=config.scheduled_events_interval)  # fmt: skip
 

@@ -66,23 +66,31 @@ def webhook(cfg: config.WebhookConfig) -> None:
             validity=validity,
         )
         certificates = server.Certificates(keeper=keeper)
+    stop = threading.Event()
+    labels = server.NamespaceLabels(client, cfg.namespace_ttl)
+    stall = cfg.stall_timeout.total_seconds()
+    running = server.serve(
+        (cfg.address, cfg.port),
+        settings,
+        labels,
+        certificates,
+        check_interval=cfg.check_interval,
+        stall=stall,
+    )
+    metrics_server = None
     if cfg.metrics_port:
         from faultline import metrics  # noqa: PLC0415
 
-        metrics.serve(
-            cfg.metrics_port, host=cfg.metrics_address, health=lambda: True, registry=server.REGISTRY
+        metrics_server = metrics.serve(
+            cfg.metrics_port, host=cfg.metrics_address, health=running.alive, registry=server.REGISTRY
         )
-    stop = threading.Event()
-    labels = server.NamespaceLabels(client, cfg.namespace_ttl)
-    running = server.serve(
-        (cfg.address, cfg.port), settings, labels, certificates, check_interval=cfg.check_interval, stop=stop
-    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     err.print(f"webhook: serving https://{cfg.address}:{running.server_address[1]}/mutate", markup=False)
     stop.wait()
-    running.shutdown()
-    running.server_close()
+    running.close()
+    if metrics_server is not None:
+        metrics_server.close()
     err.print("webhook: stopped", markup=False)
 
 

@@ -49,7 +49,7 @@ from bytewax.dataflow import Dataflow
 from bytewax.inputs import FixedPartitionedSource
 from bytewax.outputs import DynamicSink
 
-from faultline import store
+from faultline import renewal, store
 from faultline.errors import LeaseLostError, TransientError
 from patterns import anomaly
 from patterns.cluster import PARTITIONS, ClusterPacks, Routed, Windows, field_value, partition
@@ -63,6 +63,7 @@ STEP_SPREAD = "spread"
 STEP_ROUTE = "route"
 STEP_WINDOWS = "windows"
 STEP_OUTPUT = "analyzer_out"
+ACQUIRE_POLL_S = 1.0  # a standby replica tries to take the lease this often
 
 Routed_ = tuple[str, int, Any]  # ("w", partition, Routed as a tuple) | ("d", partition, read): a chunk
 # of that read is done | ("t", partition, (read, chunks, position, watermark, feed)): a read's tick
@@ -228,28 +229,34 @@ def build(
 
 class Leadership:
     """The analyzer's lease: the claim of the work item `analyzer/cluster` (stage `analyzer`), so one
-    replica is active. `acquire` waits for it; `keep` renews it in a thread at a third of the lease and
-    sets `lost` (and calls `on_lost`) when it cannot; `release` gives it back for a standby to take."""
+    replica is active. `acquire` waits for it; `keep` renews it (`faultline.renewal`, a third of the
+    lease) and sets `lost` (and calls `on_lost`) when it cannot: taken over, or not renewed while the
+    lease ran out; `release` gives it back for a standby to take. `beat`: the renewal's liveness."""
 
-    def __init__(self, st: store.Store, owner: str, lease: dt.timedelta) -> None:
+    def __init__(
+        self, st: store.Store, owner: str, lease: dt.timedelta, *, beat: Callable[[], None] = lambda: None
+    ) -> None:
         self.store = st
         self.owner = owner
         self.lease = lease
         self.claim: store.Claim | None = None
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._renewer = renewal.Renewer("analyzer-lease", lease.total_seconds() / 3, beat=beat)
 
     def try_acquire(self) -> bool:
         with store.unreachable_is_transient("taking the analyzer's lease"):
-            self.store.enqueue(store.ANALYZER, store.ANALYZER_ITEM, {})
-            self.store.reap(store.ANALYZER, 2**31, collection=store.QUEUE)  # an expired holder's lease
-            self.claim = self.store.claim(store.ANALYZER, self.owner, self.lease, collection=store.QUEUE)
+            stage, work = store.Stage.ANALYZER, store.Work.QUEUE
+            self.store.enqueue(stage, store.ANALYZER_ITEM, {})
+            self.store.reap(stage, 2**31, collection=work)  # an expired holder's lease
+            self.claim = self.store.claim(stage, self.owner, self.lease, collection=work)
         return self.claim is not None
 
-    def acquire(self, stop: threading.Event, poll: float = 1.0) -> bool:
-        """Wait until this replica holds the lease (True) or `stop` is set (False)."""
+    def acquire(
+        self, stop: threading.Event, poll: float = ACQUIRE_POLL_S, beat: Callable[[], None] = lambda: None
+    ) -> bool:
+        """Wait until this replica holds the lease (True) or `stop` is set (False); `beat` every turn."""
         while not stop.is_set():
+            beat()
             try:
                 if self.try_acquire():
                     log.info("analyzer lease taken", extra={"worker": self.owner})
@@ -262,42 +269,37 @@ class Leadership:
         return False
 
     def keep(self, on_lost: Callable[[], None]) -> None:
+        deadline = [time.monotonic() + self.lease.total_seconds()]
+
         def renew() -> None:
-            interval = self.lease.total_seconds() / 3
-            deadline = time.monotonic() + self.lease.total_seconds()
-            while not self._stop.wait(interval):
-                assert self.claim is not None
-                try:
-                    with store.unreachable_is_transient("renewing the analyzer's lease"):
-                        self.claim = self.store.renew(self.claim, self.lease)
-                    deadline = time.monotonic() + self.lease.total_seconds()
-                except LeaseLostError:
-                    break
-                except TransientError as exc:
-                    log.warning("store unreachable: analyzer lease not renewed", extra={"reason": str(exc)})
-                    if time.monotonic() < deadline - interval:
-                        continue  # still ours for a while: try again
-                    break
-            else:
-                return
+            assert self.claim is not None
+            try:
+                with store.unreachable_is_transient("renewing the analyzer's lease"):
+                    self.claim = self.store.renew(self.claim, self.lease)
+            except TransientError as exc:
+                log.warning("store unreachable: analyzer lease not renewed", extra={"reason": str(exc)})
+                if time.monotonic() >= deadline[0] - self._renewer.period:
+                    raise LeaseLostError("the analyzer's lease ran out while the store was away") from exc
+                return  # still ours for a while: tried again at the next period
+            deadline[0] = time.monotonic() + self.lease.total_seconds()
+
+        def lost() -> None:
             log.error("analyzer lease lost: stopping", extra={"worker": self.owner})
             self.lost.set()
             on_lost()
 
-        self._thread = threading.Thread(target=renew, name="analyzer-lease", daemon=True)
-        self._thread.start()
+        self._renewer.hold("analyzer", renew, lost)
+        self._renewer.start()
 
     def holding(self) -> bool:
         return self.claim is not None and not self.lost.is_set()
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._renewer.stop()
         if self.claim is None or self.lost.is_set():
             return
         try:
             with store.unreachable_is_transient("giving the analyzer's lease back"):
-                self.store.complete(self.claim, store.PENDING)
+                self.store.complete(self.claim, store.State.PENDING)
         except (LeaseLostError, TransientError) as exc:
             log.warning("analyzer lease not given back (it runs out by itself)", extra={"reason": str(exc)})

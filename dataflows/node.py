@@ -74,6 +74,7 @@ RESEND_S = 60.0  # the detector re-sends the node's state this often (see Detect
 RESTART_GAP = 1 << 32  # added to the match sequence on restore (see DetectLogic)
 SAMPLE_CODE = "GPU-HEALTH-SAMPLE"  # a health sample's code and check: no pattern's, no fault's
 SAMPLE_CHECK = "gpu-health-sample"
+EVENT_MESSAGE = 1024  # characters of the matched line a health event keeps (a line read may be 64 KiB)
 Matched = scan.Timed | HealthEvent  # what the match step hands the detector: matches, and health samples
 
 
@@ -123,7 +124,7 @@ def health_event(
         healthy=hit.kind != "fault",
         fatal=hit.fatal,
         action=Action(hit.action),
-        message=t.message[:1024],
+        message=t.message[:EVENT_MESSAGE],
         metadata=metadata,
         generated_at=dt.datetime.now(dt.UTC),
         observed_at=observed,

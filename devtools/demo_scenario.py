@@ -254,10 +254,11 @@ def run(stack: DemoStack, obs: Observer, say: Callable[[str], None], *, timeout:
             simulator.inject(node, gpu, kind="xid", value=13, directory=stack.sim_dir())
 
     def decided(_: dict[str, NodeView]) -> bool:  # every XID 13 fault seen and passed by the quarantine
-        faults = [r for rs in obs.store.faults_of(xid13.nodes, stage="quarantine").values() for r in rs
-                  if r.code == "XID-13"]  # fmt: skip
+        read = obs.store.faults_of(xid13.nodes, stage=store.Stage.QUARANTINE)
+        faults = [r for rs in read.values() for r in rs if r.code == "XID-13"]
+        open_ = (store.State.PENDING, store.State.CLAIMED)
         return len(faults) == 2 * len(xid13.nodes) and all(
-            r.work is not None and r.work.state not in ("pending", "claimed") for r in faults)  # fmt: skip
+            r.work is not None and r.work.state not in open_ for r in faults)  # fmt: skip
 
     obs.wait("the XID 13 faults decided by the quarantine", decided, left())
     cordoned = [n for n in xid13.nodes if obs.view[n].cordoned]

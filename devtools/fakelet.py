@@ -5,7 +5,10 @@ It registers Node objects that look like 8-GPU nodes, keeps them Ready (node sta
 not restart finish after `faultline.io/sim-run-seconds` with `faultline.io/sim-exit-code`), and finishes
 deleting terminating pods once their grace period has passed (the API server keeps pods with finalizers
 until those are removed). A node can be rebooted (NotReady for a while, then Ready with a new boot id)
-or killed (it stops heartbeating, as a dead kubelet would).
+or killed (it stops heartbeating, as a dead kubelet would). A janitor reboot Job's pod reboots its node
+when it starts: the fakelet knows it by the label the janitor puts on its repair pods for the drainer
+(`faultline.io/repair: reboot`); a test's pod annotation `faultline.io/sim-action` (`none`, `reboot`)
+says otherwise.
 
 Why our own and not kubemark or kwok: it is one small Python module with no extra build, reboot and kill
 are plain method calls that tests drive directly, and it runs inside the test process or `faultline dev
@@ -25,11 +28,12 @@ from typing import Any
 
 from faultline import kube
 from faultline.errors import ConflictError, NotFoundError
+from workers import janitor
 
 log = logging.getLogger(__name__)
 
 RUN_SECONDS = "faultline.io/sim-run-seconds"
-SIM_ACTION = "faultline.io/sim-action"  # "reboot": running this pod reboots its node (a janitor reboot Job)
+SIM_ACTION = "faultline.io/sim-action"  # a test's word on what running this pod does: "reboot" or "none"
 EXIT_CODE = "faultline.io/sim-exit-code"
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 LEASE_SECONDS = 40
@@ -102,7 +106,7 @@ class Fakelet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._finishing: dict[str, float] = {}  # pod uid -> monotonic time it finishes running
-        self._acted: set[str] = set()  # pods whose SIM_ACTION was carried out
+        self._acted: set[str] = set()  # pods whose reboot was carried out
         self._lock = threading.Lock()
         self.errors = 0
 
@@ -279,7 +283,8 @@ class Fakelet:
                 continue
             if phase != "Running":
                 self._set_running(pod, node)
-                action = (meta.annotations or {}).get(SIM_ACTION)
+                repair = (meta.labels or {}).get(janitor.REPAIR_LABEL)  # what a janitor Job's pod carries out
+                action = (meta.annotations or {}).get(SIM_ACTION) or repair
                 if action == "reboot" and meta.uid not in self._acted:
                     self._acted.add(meta.uid)
                     self.reboot(node.name)

@@ -32,7 +32,7 @@ CONDITION_TYPES = {
     Component.MONITOR: "GpuMonitorHealthy",  # faultline's own view of the GPUs, not the GPUs' health
 }
 OWNED_TYPES = frozenset(CONDITION_TYPES.values())
-MESSAGE_LIMIT = 512
+MESSAGE_LIMIT = 512  # characters of a condition's message: no API limit, but `kubectl describe node` shows it
 HEARTBEAT_S = 240.0  # rewrite a condition older than this (the detector re-sends the state every 60 s)
 STALE_REASON = "AgentNotReporting"
 _SEVERITY = {a: i for i, a in enumerate(Action)}

@@ -13,6 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from faultline import liveness
+
 REGISTRY = CollectorRegistry()
 EVENTS = Counter("faultline_events", "Matches by fault code", ["code"], registry=REGISTRY)
 FAULTS_OPEN = Gauge("faultline_faults_open", "Open faults by component", ["component"], registry=REGISTRY)
@@ -44,10 +46,12 @@ def serve(
     port: int,
     *,
     host: str = "0.0.0.0",  # noqa: S104 - a pod's probes and scrapes come to its IP, not to loopback
-    health: Callable[[], bool] | None = None,
+    health: Callable[[], bool] | liveness.Liveness | None = None,
     registry: CollectorRegistry = REGISTRY,
-) -> ThreadingHTTPServer:
-    """Serve `/metrics` and `/healthz` on a daemon thread; returns the server (call `shutdown()`).
+) -> MetricsServer:
+    """Serve `/metrics` and `/healthz` on a thread the returned server owns (`close()` stops and joins
+    it). `health`: what `/healthz` answers; a `Liveness` names its stalled loops in the 503's body;
+    default: the agent's dataflow heartbeat within 30 s.
     `host`: the address to listen on; 0.0.0.0 (every IPv4 interface) by default, so a kubelet's probe to
     the pod IP is answered (bound to 127.0.0.1 it was refused and the pod restarted); an IPv6 address
     (e.g. "::", which also accepts IPv4 where the host allows) listens on IPv6."""
@@ -59,7 +63,10 @@ def serve(
                 self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
             elif self.path == "/healthz":
                 ok = check()
-                self._send(200 if ok else 503, b"ok\n" if ok else b"stalled\n", "text/plain")
+                body = "ok\n" if ok else "stalled\n"
+                if not ok and isinstance(health, liveness.Liveness):
+                    body = "".join(f"stalled: {stall}\n" for stall in health.stalls()) or body
+                self._send(200 if ok else 503, body.encode(), "text/plain")
             else:
                 self._send(404, b"not found\n", "text/plain")
 
@@ -73,11 +80,29 @@ def serve(
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
+    server_class = _IPv6Server if ":" in host else MetricsServer
     server = server_class((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    server.start()
     return server
 
 
-class _IPv6Server(ThreadingHTTPServer):
+class MetricsServer(ThreadingHTTPServer):
+    """The `/metrics` and `/healthz` server with the thread that serves it."""
+
+    daemon_threads = True  # a scrape in progress never holds the process open
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.serve_forever, name="metrics", daemon=True)
+        self.thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop serving, join the serving thread, close the socket."""
+        self.shutdown()
+        if self.thread is not None:
+            self.thread.join(timeout)
+        self.server_close()
+
+
+class _IPv6Server(MetricsServer):
     address_family = socket.AF_INET6

@@ -27,6 +27,26 @@ class Action(StrEnum):
     CONTACT_SUPPORT = "CONTACT_SUPPORT"
 
 
+class RepairStep(StrEnum):
+    """A round of repair (remediation's ladder, a person's RemediationRequest): what the janitor does."""
+
+    GPU_RESET = "GPU_RESET"
+    REBOOT = "REBOOT"
+    REPLACE = "REPLACE"
+    CONTACT_SUPPORT = "CONTACT_SUPPORT"  # no automatic repair left: a person takes over
+
+
+class RepairOutcome(StrEnum):
+    """How a round of repair ended, as the janitor (or remediation, for contact support) recorded it."""
+
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    TIMED_OUT = "TimedOut"
+    NOT_CLEARED = "NotCleared"  # it ran, but the faults did not clear within validation
+    CONTACT_SUPPORT = "ContactSupport"
+    CANCELLED = "Cancelled"  # a person's request deleted before the janitor started it: no repair
+
+
 class Component(StrEnum):
     GPU = "GPU"
     NVSWITCH = "NVSWITCH"

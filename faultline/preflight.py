@@ -37,6 +37,9 @@ GANG = "faultline.io/gang"  # label or annotation: names the pod's gang explicit
 GANG_SIZE = "faultline.io/gang-size"  # annotation: how many pods the gang has
 CONTAINER = "faultline-preflight"  # the init container's name
 GPU_RESOURCE = "nvidia.com/gpu"
+# characters of the preflight's termination message: the kubelet keeps 4096 bytes of /dev/termination-log,
+# and `kubectl describe pod` prints it whole
+TERMINATION_MESSAGE = 1024
 
 # What the webhook puts in the init container's environment (the preflight settings' names)
 ENV_CHECKS = "FAULTLINE_CHECKS"
@@ -75,7 +78,7 @@ class Finding:
     node_fault: bool = True
 
 
-def reason(findings: list[Finding], *, limit: int = 1024) -> str:
+def reason(findings: list[Finding], *, limit: int = TERMINATION_MESSAGE) -> str:
     """The termination message: one line per finding, most severe first, cut to `limit` characters
     (the kubelet keeps at most 4096 bytes of /dev/termination-log)."""
     order = list(Action)

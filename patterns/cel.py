@@ -31,6 +31,7 @@ NAMES = frozenset({"object", "params", "now"})
 _MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 _ENV = celpy.Environment()
 MAX_MESSAGE = 300
+QUOTED_VALUE = 60  # characters of a value quoted in the error that refuses it
 
 Value = celtypes.Value
 
@@ -100,7 +101,7 @@ def as_time(result: Value) -> dt.datetime:
         try:
             result = celtypes.TimestampType(str(result))
         except ValueError as exc:
-            raise CelError(f"{str(result)[:60]!r} is not an RFC 3339 time") from exc
+            raise CelError(f"{str(result)[:QUOTED_VALUE]!r} is not an RFC 3339 time") from exc
     if not isinstance(result, dt.datetime):
         raise CelError(f"gave {_type(result)}, not a timestamp")
     return result.astimezone(dt.UTC) if result.tzinfo else result.replace(tzinfo=dt.UTC)

@@ -22,6 +22,7 @@ from patterns.compiler import CompiledPacks, Hit
 from patterns.schema import SuppressedBy
 
 RECENT_CAP = 128  # timestamps kept per fault for window rules
+FAULT_MESSAGE = 512  # characters of a fault's message (its latest matching line) in its record
 BOOT_JITTER = 5.0  # boot times derived from (wall clock - uptime) that differ by less are one boot
 _SEVERITY = {a.value: i for i, a in enumerate(Action)}
 
@@ -362,7 +363,7 @@ class NodeDetector:
                     state=FaultState.RESOLVED if f.resolved_at is not None else FaultState.OPEN,
                     resolved_at=utc_from_epoch(f.resolved_at) if f.resolved_at is not None else None,
                     description=f.description,
-                    message=f.message[:512],
+                    message=f.message[:FAULT_MESSAGE],
                     pattern=self.compiled.patterns[f.pattern].id,
                 )
             )

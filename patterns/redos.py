@@ -21,6 +21,9 @@ import regex
 
 PROBE_RUN = 1000
 PROBE_TIMEOUT = 0.2
+PROBED_EXAMPLES = 2  # positive examples whose prefixes make probes (each adds some 10 to 20 of them)
+SHOWN_PROBE = 60  # characters of a probe shown whole in the refusal; a longer one by its first SHOWN_START
+SHOWN_START = 40
 _FILLERS = ("a", "0", " ", "A", ":", ".", "x ", "a0", "-", "\t")
 MAX_EXPANSION = 100_000
 # A count as the compiler may read it: in verbose mode (?x) blanks inside the braces do not count
@@ -30,7 +33,7 @@ _VERBOSE = re.compile(r"\(\?[a-zA-Z^-]*x")
 
 def probes(examples: list[str]) -> Iterator[str]:
     yield from (f * PROBE_RUN + "\x01" for f in _FILLERS)
-    for example in examples[:2]:
+    for example in examples[:PROBED_EXAMPLES]:
         step = max(1, len(example) // 8)
         for i in range(0, len(example) + 1, step):
             prefix = example[:i]
@@ -47,7 +50,7 @@ def catastrophic_probe(compiled: regex.Pattern[str], examples: list[str]) -> str
         try:
             compiled.search(probe, timeout=PROBE_TIMEOUT)
         except TimeoutError:
-            return probe if len(probe) < 60 else f"{probe[:40]!r}... ({len(probe)} chars)"
+            return probe if len(probe) < SHOWN_PROBE else f"{probe[:SHOWN_START]!r}... ({len(probe)} chars)"
     return None
 
 

@@ -149,9 +149,17 @@ def drain(spool: Spool, st: store.Store, feed: bool = False) -> None:
 
 class _Partition(StatelessSinkPartition[NodeUpdate]):
     def __init__(
-        self, uri: str, database: str, spool: Spool, timeouts: tuple[float, float], retry: float, feed: bool
+        self,
+        uri: str,
+        database: str,
+        spool: Spool,
+        timeouts: tuple[float, float],
+        retry: float,
+        feed: bool,
+        shared: store.Store | None = None,
     ) -> None:
-        self.store = store.connect(uri, database, timeout=timeouts[0], call_timeout=timeouts[1])
+        self.owned = shared is None  # a store given is its owner's to close
+        self.store = shared or store.connect(uri, database, timeout=timeouts[0], call_timeout=timeouts[1])
         self.spool = spool
         self.feed = feed
         self.indexed = False
@@ -199,18 +207,22 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
     def close(self) -> None:
         self.stop.set()
         self.drainer.join()
-        self.store.close()
+        if self.owned:
+            self.store.close()
 
 
 class MongoSink(DynamicSink[NodeUpdate]):
     def __init__(
         self, uri: str, database: str = "faultline", *, spool: Path, timeout: float = 2.0,
         call_timeout: float = CALL_TIMEOUT_S, retry: float = DRAIN_RETRY_S, feed: bool = False,
+        shared: store.Store | None = None,
     ) -> None:  # fmt: skip
         """`timeout`: how long a store that cannot be reached is waited for before the writes are
         spooled; `call_timeout`: how long a call to a store that was reached may take (see the module's
         doc). `feed`: also write the cluster analyzer's feed (only where an analyzer reads it), in this
-        node's own numbered sequence (the node of each batch's first record), so agents do not race."""
+        node's own numbered sequence (the node of each batch's first record), so agents do not race.
+        `shared`: the process's one store client, made with those timeouts by its owner (who closes it);
+        without it the sink makes its own from `uri`."""
         self.uri = uri
         self.database = database
         self.spool_path = spool
@@ -218,8 +230,9 @@ class MongoSink(DynamicSink[NodeUpdate]):
         self.call_timeout = call_timeout
         self.retry = retry
         self.feed = feed
+        self.shared = shared
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
         spool = Spool(self.spool_path)
         return _Partition(self.uri, self.database, spool, (self.timeout, self.call_timeout), self.retry,
-                          self.feed)  # fmt: skip
+                          self.feed, self.shared)  # fmt: skip

@@ -34,6 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from faultline import bounds
 from faultline.errors import ConfigError
 from patterns.templates import pci_bus
 from sources.gpu import GpuDevice, GpuEvent, GpuInfo
@@ -279,7 +280,8 @@ def _failures(response: Any, s: ModuleType, by_id: dict[int, str], gpu_group: in
                 if int(error.entity.entityGroupId) == gpu_group
                 else ""
             )
-            out.append(DiagFailure(name, gpu, " ".join(_text(error.msg).split())[:300]))
+            said = " ".join(_text(error.msg).split())
+            out.append(DiagFailure(name, gpu, bounds.clip(said, bounds.ERROR_TEXT)))
     return Diagnosis(out)
 
 

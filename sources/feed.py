@@ -147,6 +147,7 @@ class _FeedPartition(StatefulSourcePartition[Item, None]):
             return self.store.feed_after(position, self.src.batch, upto=upto, slot=slot)
 
     def next_batch(self) -> list[Item]:
+        self.src.beat()
         if self.src.stop is not None and self.src.stop.is_set():
             raise StopIteration
         try:
@@ -221,13 +222,15 @@ class FeedSource(FixedPartitionedSource[Item, None]):
     restart judges late records as the run before it did; setting `stop` ends the input. `chunks`: the
     most chunks a read is cut into (the flow's workers, over every process, times a few). `reader`:
     whether this process has the partition (in Bytewax's cluster mode one process reads: the one
-    holding the lease)."""
+    holding the lease). `beat`: called at every read (the flow's liveness: Bytewax asks for the next
+    read only while the flow moves)."""
 
     def __init__(
         self, connect: Callable[[], store.Store], start: Sequence[tuple[int, store.Position]], *,
         poll: float = 0.5, batch: int = 1024,
         stop: threading.Event | None = None, on_lost: Callable[[int], None] = lambda _n: None,
         watermark: float = float("-inf"), chunks: int = 1, reader: bool = True,
+        beat: Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
         if chunks < 1:
             raise ValueError(f"chunks must be at least 1, not {chunks}")
@@ -240,6 +243,7 @@ class FeedSource(FixedPartitionedSource[Item, None]):
         self.batch = batch
         self.stop = stop
         self.on_lost = on_lost
+        self.beat = beat
 
     def list_parts(self) -> list[str]:
         return ["feed"] if self.reader else []

@@ -18,12 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from faultline import bounds
 from faultline.errors import InputError
 from sources import formats
 
 CHUNK = 4 << 20
 MAX_LINE = 64 << 10
 SNIFF = 64 << 10
+BINARY_SNIFF = 4096  # bytes at the file's start looked at for NULs and unprintable bytes (binary data)
 _ROTATION = re.compile(r"^(?P<base>.+?)(?:[.-](?P<n>\d{1,3}|\d{8}))?(?P<gz>\.gz)?$")
 
 
@@ -136,15 +138,16 @@ def sniff(
     notes: list[str] = []
     if not head:
         return FileInfo(index, path, "empty", ctx, _default_node(path), st.st_size, ("file is empty",))
-    if b"\x00" in head[:4096] and not head.startswith(b"__CURSOR="):
-        printable = sum(1 for b in head[:4096] if 32 <= b < 127 or b in (9, 10, 13))
-        if printable < 0.7 * min(len(head), 4096):
+    start = head[:BINARY_SNIFF]
+    if b"\x00" in start and not head.startswith(b"__CURSOR="):
+        printable = sum(1 for b in start if 32 <= b < 127 or b in (9, 10, 13))
+        if printable < 0.7 * len(start):
             raise InputError(f"{path}: binary data, not a text log (no known log format)")
     sample = head.decode("utf-8", "replace").splitlines()[:-1] or head.decode("utf-8", "replace").splitlines()
     fmt = force_format or formats.detect(sample, ctx)
     if fmt is None:
-        first = next((ln for ln in sample if ln.strip()), "")[:80]
-        raise InputError(f"{path}: unknown log format (first line: {first!r})")
+        first = next((ln for ln in sample if ln.strip()), "")
+        raise InputError(f"{path}: unknown log format (first line: {bounds.quote(first)})")
     if fmt in ("dmesg", "kmsg"):
         base = boot_time
         if base is None:

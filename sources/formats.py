@@ -54,6 +54,8 @@ class Parsed(NamedTuple):
 
 
 MAX_PREFIX = 64  # a driver prefix (`NVRM: `, `mlx5_core 0000:5e:00.0: `) is at most this long
+DETECT_LINES = 64  # non-empty lines at a file's start whose formats vote on the file's format
+EXPORT_LINES = 8  # of them, the first lines that are all FIELD=value in a journal export
 
 
 def driver_prefix(message: str) -> str:
@@ -389,11 +391,12 @@ def parse_line(fmt: str, line: str, ctx: Context) -> tuple[str, Parsed] | None:
 
 def detect(sample_lines: list[str], ctx: Context) -> str | None:
     """The format most of the sample's non-empty lines parse as (export detected by its fields)."""
-    lines = [ln for ln in sample_lines if ln.strip()][:64]
+    lines = [ln for ln in sample_lines if ln.strip()][:DETECT_LINES]
     if not lines:
         return None
     if lines[0].startswith("__CURSOR=") or (
-        all("=" in ln for ln in lines[:8]) and any(ln.startswith("__REALTIME_TIMESTAMP=") for ln in lines)
+        all("=" in ln for ln in lines[:EXPORT_LINES])
+        and any(ln.startswith("__REALTIME_TIMESTAMP=") for ln in lines)
     ):
         return "export"
     votes = dict.fromkeys(LINE_FORMATS, 0)

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from faultline import bounds
+
 
 @dataclass(frozen=True)
 class GpuDevice:
@@ -189,7 +191,7 @@ class MonitorWatch:
         if state == self.state:
             return []
         self.state = state
-        return [GpuEvent(ts, -1, "monitor", state, name=reason[:200])]
+        return [GpuEvent(ts, -1, "monitor", state, name=bounds.clip(reason, bounds.EXCERPT))]
 
 
 def message(event: GpuEvent, device: GpuDevice | None) -> str | None:

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
-from faultline import metrics, store
+from faultline import bounds, metrics, store
 from sources import gpu, repairs, wake
 from sources.follow import current_boot_id
 from sources.inputs import MAX_WAIT_S
 
 WAIT_S = 0.5  # the longest one backend wait for events blocks (the thread checks for stop between)
+JOIN_S = 5.0  # a closing source waits this long in all for its threads (a wait blocks WAIT_S at most)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
                 with metrics.FIELD_READ.time():
                     current = self.backend.read_fields()
             except Exception as exc:  # noqa: BLE001 - any backend failure is the monitor's health, reported
-                self.failure = f"{type(exc).__name__}: {exc}"[:200]
+                self.failure = bounds.clip(f"{type(exc).__name__}: {exc}", bounds.EXCERPT)
             else:
                 self.failure = None
                 now = time.time()
@@ -164,7 +165,13 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
         return self.position, self.fields, self.boot_id
 
     def close(self) -> None:
+        """Stop the threads and join them (a wait on the driver ends within its own timeout; a thread
+        still in a hung driver call after JOIN_S is left to the process's end, as the call cannot be
+        interrupted), then close the backend."""
         self.stop.set()
+        deadline = time.monotonic() + JOIN_S
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         self.backend.close()
 
 

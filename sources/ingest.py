@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 
+from faultline import bounds
 from faultline.models import Action
 from sources import formats, wake
 from sources.journal import Entry
@@ -38,6 +39,7 @@ MAX_ENTITIES = 16
 MAX_MESSAGE = 4096
 MAX_METADATA = 32
 MAX_METADATA_VALUE = 1024
+MAX_METADATA_KEY = 64  # characters of a metadata key (as _META_KEY says); a bad one is quoted cut to it
 MAX_FUTURE = dt.timedelta(minutes=5)
 MAX_AGE = dt.timedelta(days=7)
 COMPONENTS = ("GPU", "NVSWITCH", "NIC", "NODE")
@@ -67,7 +69,7 @@ def validate(batch: health_pb2.HealthEventBatch, node: str, now: dt.datetime) ->
     records = []
     for i, e in enumerate(batch.events):
         at = f"events[{i}]"
-        _require(e.node == node, f"{at}.node", f"{e.node[:80]!r} is not this agent's node {node!r}")
+        _require(e.node == node, f"{at}.node", f"{bounds.quote(e.node)} is not this agent's node {node!r}")
         _require(bool(_NAME.fullmatch(e.agent)), f"{at}.agent", "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")
         _require(bool(_NAME.fullmatch(e.check)), f"{at}.check", "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")
         _require(e.component in COMPONENTS, f"{at}.component", f"one of {', '.join(COMPONENTS)}")
@@ -84,7 +86,7 @@ def validate(batch: health_pb2.HealthEventBatch, node: str, now: dt.datetime) ->
         _require(len(e.message) <= MAX_MESSAGE, f"{at}.message", f"at most {MAX_MESSAGE} characters")
         _require(len(e.metadata) <= MAX_METADATA, f"{at}.metadata", f"at most {MAX_METADATA} entries")
         for key, value in e.metadata.items():
-            _require(bool(_META_KEY.fullmatch(key)), f"{at}.metadata[{key[:64]!r}]",
+            _require(bool(_META_KEY.fullmatch(key)), f"{at}.metadata[{bounds.quote(key, MAX_METADATA_KEY)}]",
                      "keys are 1-64 of A-Z a-z 0-9 _ - (no dots or $)")  # fmt: skip
             _require(len(value) <= MAX_METADATA_VALUE, f"{at}.metadata[{key!r}]",
                      f"values are at most {MAX_METADATA_VALUE} characters")  # fmt: skip

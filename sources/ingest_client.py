@@ -18,6 +18,10 @@ import grpc
 
 from faultline.api import health_pb2, health_pb2_grpc
 
+# characters of an event's message the agent accepts (sources.ingest.MAX_MESSAGE, not imported: that module
+# loads Bytewax, which a preflight container does not need)
+MAX_MESSAGE = 4096
+
 
 class IngestError(RuntimeError):
     """The agent did not keep the events (not reachable, refused, full): the message says which."""
@@ -44,7 +48,7 @@ def report(
     for e in events:
         msg = batch.events.add(
             node=node, agent=agent, check=check, component=e.component, code=e.code, healthy=False,
-            fatal=e.fatal, action=e.action, message=e.message[:4096], metadata=dict(e.metadata),
+            fatal=e.fatal, action=e.action, message=e.message[:MAX_MESSAGE], metadata=dict(e.metadata),
         )  # fmt: skip
         if e.entity is not None:
             msg.entities.add(type=e.entity[0], id=e.entity[1])

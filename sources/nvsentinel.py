@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from faultline import bounds
 from faultline.models import Action, Component
 from patterns import templates
 from sources import ingest
@@ -87,6 +88,7 @@ CODE_PREFIXES = {"SysLogsXIDError": "XID-", "SysLogsSXIDError": "SXID-"}  # bare
 VERSIONS = (0, 1)  # 0: unset
 MAX_CODES = 16
 MAX_ID = 128
+MAX_CODE = 64  # characters of a code (as _CODE says, and the ingest API's)
 _CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _NOT_CODE = re.compile(r"[^A-Z0-9_.-]")
 
@@ -118,14 +120,15 @@ def validate(batch: nvsentinel_pb2.HealthEvents, node: str, now: dt.datetime) ->
 
 def _event(e: nvsentinel_pb2.HealthEvent, at: str, node: str, now: dt.datetime) -> Report:
     _require(e.version in VERSIONS, f"{at}.version", f"{e.version} is not a version this agent reads (1)")
-    _require(e.nodeName == node, f"{at}.nodeName", f"{e.nodeName[:80]!r} is not this agent's node {node!r}")
+    _require(e.nodeName == node, f"{at}.nodeName",
+             f"{bounds.quote(e.nodeName)} is not this agent's node {node!r}")  # fmt: skip
     _require(bool(ingest._NAME.fullmatch(e.agent)), f"{at}.agent",
              "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")  # fmt: skip
     _require(bool(ingest._NAME.fullmatch(e.checkName)), f"{at}.checkName",
              "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")  # fmt: skip
     component = COMPONENTS.get(e.componentClass.upper())
     _require(component is not None, f"{at}.componentClass",
-             f"{e.componentClass[:80]!r} is not one of {', '.join(COMPONENTS)}")  # fmt: skip
+             f"{bounds.quote(e.componentClass)} is not one of {', '.join(COMPONENTS)}")  # fmt: skip
     assert component is not None
     _require(e.recommendedAction in ACTIONS, f"{at}.recommendedAction",
              f"{e.recommendedAction} is not one of {_names(ACTIONS)}")  # fmt: skip
@@ -155,7 +158,7 @@ def _event(e: nvsentinel_pb2.HealthEvent, at: str, node: str, now: dt.datetime) 
              f"at most {MAX_ID} characters")  # fmt: skip
     when = _when(e, at, now)
     if not codes and not e.isHealthy:
-        codes = (_NOT_CODE.sub("-", e.checkName.upper())[:64],)  # a failing check that names no code
+        codes = (bounds.clip(_NOT_CODE.sub("-", e.checkName.upper()), MAX_CODE),)  # a failing check, no code
     metadata.update(
         {"nvsentinel_component_class": e.componentClass, "nvsentinel_recommended_action": action_name,
          "nvsentinel_processing_strategy": strategy, "nvsentinel_fatal": str(e.isFatal).lower()}
@@ -189,7 +192,8 @@ def _codes(e: nvsentinel_pb2.HealthEvent, at: str) -> tuple[str, ...]:
         code = raw.upper()
         if prefix and code[0].isdigit():
             code = prefix + code
-            _require(len(code) <= 64, f"{at}.errorCode[{k}]", f"{code[:80]!r} is longer than 64 characters")
+            _require(len(code) <= MAX_CODE, f"{at}.errorCode[{k}]",
+                     f"{bounds.quote(code)} is longer than {MAX_CODE} characters")  # fmt: skip
         if code not in codes:
             codes.append(code)
     return tuple(codes)
@@ -223,7 +227,8 @@ def _metadata(e: nvsentinel_pb2.HealthEvent, at: str) -> dict[str, str]:
         len(e.metadata) <= ingest.MAX_METADATA, f"{at}.metadata", f"at most {ingest.MAX_METADATA} entries"
     )
     for key, value in e.metadata.items():
-        _require(bool(ingest._META_KEY.fullmatch(key)), f"{at}.metadata[{key[:64]!r}]",
+        _require(bool(ingest._META_KEY.fullmatch(key)),
+                 f"{at}.metadata[{bounds.quote(key, ingest.MAX_METADATA_KEY)}]",
                  "keys are 1-64 of A-Z a-z 0-9 _ - (no dots or $)")  # fmt: skip
         _require(len(value) <= ingest.MAX_METADATA_VALUE, f"{at}.metadata[{key!r}]",
                  f"values are at most {ingest.MAX_METADATA_VALUE} characters")  # fmt: skip

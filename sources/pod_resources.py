@@ -110,14 +110,12 @@ class StoreLink:
     close: Callable[[], None] = lambda: None
 
 
-def store_link(uri: str, database: str, node: str, *, timeout: float = 5.0) -> StoreLink:
-    """The node's episode and mapping in the store (connected on first use, from the watch's thread)."""
-    holder: list[store.Store] = []
+def store_link(st: store.Store, node: str) -> StoreLink:
+    """The node's episode and mapping in the store (the agent's one client: closing the link leaves it
+    open for its owner)."""
 
     def connected() -> store.Store:
-        if not holder:
-            holder.append(store.connect(uri, database, timeout=timeout))
-        return holder[0]
+        return st
 
     def episode() -> dt.datetime | None:
         with store.unreachable_is_transient("reading the node's quarantine"):
@@ -128,11 +126,7 @@ def store_link(uri: str, database: str, node: str, *, timeout: float = 5.0) -> S
         with store.unreachable_is_transient("recording the node's GPU pods"):
             connected().record_gpu_pods(node, read_at=at, episode=ep, assignments=rows, unmapped=bad)
 
-    def close() -> None:
-        while holder:
-            holder.pop().close()
-
-    return StoreLink(episode, record, close)
+    return StoreLink(episode, record, lambda: None)
 
 
 class GpuPodsWatch(Poller):

@@ -9,6 +9,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from faultline import bounds
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +35,7 @@ class Poller:
                 if not self.look():
                     return
             except Exception as exc:  # noqa: BLE001 - the local service or the store away: next time
-                why = f"{type(exc).__name__}: {exc}"[:300]
+                why = bounds.clip(f"{type(exc).__name__}: {exc}", bounds.ERROR_TEXT)
                 if why != self.failing:
                     log.warning("%s not read: %s", self.what, why, extra={"node": self.node})
                 self.failing = why

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from faultline import bounds
 from faultline.models import Action
 from faultline.preflight import CHECKS, Finding
 from patterns.compiler import CompiledPacks
@@ -148,7 +149,7 @@ def evaluate(readings: Readings, expect: Expect) -> list[Finding]:
                 Finding(
                     "xid",
                     f"PREFLIGHT-{hit.code}",
-                    f"in the kernel log since boot: {hit.line[:200]}",
+                    f"in the kernel log since boot: {bounds.clip(hit.line, bounds.EXCERPT)}",
                     hit.gpu,
                     _action(hit.action),
                 )
@@ -323,7 +324,7 @@ def journal_lines(
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise OSError(f"reading the journal ({' '.join(argv[:1])}): {exc}") from exc
     if done.returncode != 0:
-        error = done.stderr.decode("utf-8", "replace").strip()[:300]
+        error = bounds.clip(done.stderr.decode("utf-8", "replace").strip(), bounds.ERROR_TEXT)
         raise OSError(f"journalctl exited {done.returncode}: {error}")
     out = []
     for raw in done.stdout.splitlines():

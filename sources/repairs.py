@@ -72,15 +72,12 @@ class RepairWatch:
         return out
 
 
-def from_store(uri: str, database: str, node: str, *, timeout: float = 5.0) -> Notices:
-    """The node's verified repairs, read from the store (connected on first use, from the thread that
-    calls it). A failed read raises; the caller keeps the last answer and tries again later."""
-    holder: list[store.Store] = []
+def from_store(st: store.Store, node: str) -> Notices:
+    """The node's verified repairs, read from the store (the agent's one client). A failed read raises;
+    the caller keeps the last answer and tries again later."""
 
     def notices() -> list[store.RepairNotice]:
-        if not holder:
-            holder.append(store.connect(uri, database, timeout=timeout))
         with store.unreachable_is_transient("reading the node's repairs"):
-            return holder[0].repairs_to_confirm(node)
+            return st.repairs_to_confirm(node)
 
     return notices

@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from faultline import bounds
 from sources import formats, records
 from sources.files import MAX_LINE, Chunk
 
 MAX_DIAGS_PER_FILE = 5
 MAX_CONTINUATION = 16  # indented dmesg lines one record may have
+QUOTED_LINE = 120  # characters of a line that did not parse, quoted in its diagnostic
 
 
 class Matcher(Protocol):
@@ -173,7 +175,7 @@ def _scan_text(chunk: Chunk, matcher: Matcher, node_override: str | None, result
         parsed = formats.parse_line(fmt, text.rstrip("\r"), ctx)
         if parsed is None:
             stats.unparseable += 1
-            diags.add("unparseable", ls, f"not a {fmt} line, skipped: {text[:120]!r}")
+            diags.add("unparseable", ls, f"not a {fmt} line, skipped: {bounds.quote(text, QUOTED_LINE)}")
             continue
         line_fmt, written = parsed
         rec = formats.one_line(written)  # matched joined; reported as written

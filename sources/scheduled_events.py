@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from faultline import store
+from faultline import bounds, store
 from faultline.errors import TransientError
 from sources.poller import Poller
 
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 API_VERSION = "2020-07-01"
 COMPUTE_API_VERSION = "2021-02-01"
 DEFAULT_ENDPOINT = "http://169.254.169.254"
+DESCRIPTION = 1024  # characters of an event's Description (Azure's free text) kept in the store
 
 
 class Imds:
@@ -59,7 +60,7 @@ class Imds:
             with self.opener.open(request, timeout=self.timeout) as response:
                 text = response.read().decode()
         except urllib.error.HTTPError as exc:
-            said = exc.read().decode(errors="replace")[:300]
+            said = bounds.clip(exc.read().decode(errors="replace"), bounds.ERROR_TEXT)
             exc.close()
             raise TransientError(f"{what}: HTTP {exc.code}: {said}", delay=10.0) from exc
         except OSError as exc:
@@ -67,7 +68,9 @@ class Imds:
         try:
             return json.loads(text) if text.strip() else {}
         except ValueError as exc:
-            raise TransientError(f"{what}: not JSON: {text[:200]!r}", delay=10.0) from exc
+            raise TransientError(
+                f"{what}: not JSON: {bounds.quote(text, bounds.EXCERPT)}", delay=10.0
+            ) from exc
 
     def vm_name(self) -> str:
         return str(self._call("/metadata/instance/compute", COMPUTE_API_VERSION).get("name", ""))
@@ -96,7 +99,8 @@ def records(events: Iterable[Mapping[str, Any]]) -> list[store.ScheduledEvent]:
             event_id=str(e.get("EventId", "")), event_type=str(e.get("EventType", "")),
             status=str(e.get("EventStatus", "Scheduled")),
             resources=",".join(str(r) for r in resources) if isinstance(resources, list) else str(resources),
-            not_before=str(e.get("NotBefore") or ""), description=str(e.get("Description") or "")[:1024],
+            not_before=str(e.get("NotBefore") or ""),
+            description=bounds.clip(str(e.get("Description") or ""), DESCRIPTION),
             source=str(e.get("EventSource") or ""), duration_s=duration,
         ))  # fmt: skip
     return out
@@ -112,13 +116,12 @@ class StoreLink:
     close: Callable[[], None] = lambda: None
 
 
-def store_link(uri: str, database: str, node: str, *, timeout: float = 5.0) -> StoreLink:
-    holder: list[store.Store] = []
+def store_link(st: store.Store, node: str) -> StoreLink:
+    """The node's scheduled events in the store (the agent's one client: closing the link leaves it open
+    for its owner)."""
 
     def connected() -> store.Store:
-        if not holder:
-            holder.append(store.connect(uri, database, timeout=timeout))
-        return holder[0]
+        return st
 
     def record(at: dt.datetime, vm: str, incarnation: int, events: list[store.ScheduledEvent]) -> None:
         with store.unreachable_is_transient("recording the node's scheduled events"):
@@ -134,11 +137,7 @@ def store_link(uri: str, database: str, node: str, *, timeout: float = 5.0) -> S
         with store.unreachable_is_transient("recording the starts posted"):
             connected().record_started(node, ids, at)
 
-    def close() -> None:
-        while holder:
-            holder.pop().close()
-
-    return StoreLink(record, requested, started, close)
+    return StoreLink(record, requested, started)
 
 
 class Relay(Poller):

@@ -19,17 +19,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from faultline import kube, store
+from faultline import bounds, kube, liveness, renewal, store
 from faultline.errors import LeaseLostError, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 CANDIDATES = 256  # pending documents read at once for all of a worker's claimers
 CANDIDATES_MAX_AGE_S = 1.0  # read again after this, so new and others' work shows
+IDLE_MAX_S = 1.0  # the longest a claimer waits between turns (idle, or after a failed claim)
+READ_PAUSE_S = 1.0  # after a failed read of the candidates, the claimers idle this long before the next
 # A transient failure (the API server or the store away, throttling) parks its item only after this many
 # tries, once the back-off has reached its cap: about 14 minutes of failing, whatever the stage's own
 # cap, so an API server restart never leaves work parked for a person once it is back. (The chaos suite's
@@ -103,7 +105,7 @@ def post_event(
     try:
         kube.events.post_node(
             api, node, reason=reason, note=note, action=action, warning=warning,
-            controller=f"faultline.io/{worker}", instance=owner[:128],
+            controller=f"faultline.io/{worker}", instance=owner,
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - an Event is a record, never a reason to fail the action
         log.warning("could not post Event", extra={**fields, "error": str(exc)})
@@ -113,37 +115,39 @@ def post_event(
 class Wait:
     """A handler's "not yet" (a node still rebooting, a Job still running): the claim stays held (its
     lease renewed with every other waiting claim's, by one thread) and the handler looks again after
-    `seconds` on whichever claimer thread is free, with the document re-read; `also`: fields set on it
-    now (what the look found). A wait holds no thread, so a worker's threads bound the looks it makes at
-    once, not the waits it has open; and a look costs one read, not a claim and a completion (the
-    chaos suite's 10-minute store outage released 26 repairs at once onto a store catching up). A
-    stopping loop gives its waiting claims back (pending, for any replica); a dead one's run out and
-    are reaped."""
+    `seconds` on whichever claimer thread is free, with the document re-read; `also`: what the look
+    found, recorded on it now (`Store.record_look`). A wait holds no thread, so a worker's threads
+    bound the looks it makes at once, not the waits it has open; and a look costs one read, not a claim
+    and a completion (the chaos suite's 10-minute store outage released 26 repairs at once onto a store
+    catching up). A stopping loop gives its waiting claims back (pending, for any replica); a dead one's
+    run out and are reaped."""
 
     seconds: float
-    also: dict[str, Any] = field(default_factory=dict)
+    also: store.RoundLook | None = None
 
 
-# the stage's final state, and fields set with it (a hand-over); or a wait
-Outcome = str | tuple[str, dict[str, Any]] | Wait
+# what a handler makes of its claim: the stage's final state; that with a back-off or the next stage's
+# hand-over, written in the same update (`store.Completion`); or a wait
+Outcome = store.State | store.Completion | Wait
 
 
 class ClaimLoop:
-    """`threads` workers each claim the next pending fault of `stage`, call `handle(claim)` (which returns
-    the stage's final state, optionally with fields to set in the same write) while a renewer keeps the
-    lease, and complete it; a `Wait` gives it back to be looked at again later. Idle claimers back off
-    from 50 ms to 1 s. A lost lease drops the result:
-    whoever took over redoes it (actions are idempotent). A handler's error parks the item (permanent,
-    or its `max_attempts`-th claim failed) or gives it back with a `retry_after` (see the module
-    docstring); `api`: where the Warning Event of a parked item is posted (None: no Event)."""
+    """`threads` workers each claim the next pending item of `stage` in `collection`, call `handle(claim)`
+    (which returns the stage's final state, or a `store.Completion` with a hand-over or a back-off) while
+    a renewer keeps the lease, and complete it; a `Wait` gives it back to be looked at again later. Idle
+    claimers back off from 50 ms to 1 s. A lost lease drops the result: whoever took over redoes it
+    (actions are idempotent). A handler's error parks the item (permanent, or its `max_attempts`-th
+    claim failed) or gives it back with a `retry_after` (see the module docstring); `api`: where the
+    Warning Event of a parked item is posted (None: no Event)."""
 
     def __init__(
-        self, st: store.Store, stage: str, owner: str, handle: Callable[[store.Claim], Outcome], *,
-        lease: dt.timedelta, threads: int, metrics: WorkerMetrics, collection: str = "faults",
+        self, st: store.Store, stage: store.Stage, owner: str, handle: Callable[[store.Claim], Outcome], *,
+        lease: dt.timedelta, threads: int, metrics: WorkerMetrics, collection: store.Work,
         order: tuple[str, ...] = ("first_seen",), resync: Callable[[], None] | None = None,
         every: float = 5.0, max_attempts: int = 10,
         prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
         refresh: float = CANDIDATES_MAX_AGE_S, api: kube.ApiClient | None = None,
+        alive: liveness.Liveness | None = None, stall: float = liveness.DEFAULT_LIMIT_S,
     ) -> None:  # fmt: skip
         self.store = st
         self.api = api
@@ -164,57 +168,74 @@ class ClaimLoop:
         self.candidates: list[dict[str, Any]] = []
         self.candidates_lock = threading.Lock()
         self.candidates_at = 0.0
+        self.read_paused_until = 0.0  # after a failed read of the candidates (monotonic)
         self.running: list[threading.Thread] = []
         self.waiting: list[tuple[float, int, store.Claim]] = []  # a heap: (when to look again, n, claim)
         self.waiting_lock = threading.Lock()
         self.waiting_n = itertools.count()
+        # liveness: every claimer turn, maintenance pass and renewal pass beats; one silent for `stall`
+        # seconds beyond its own wait (a handler hung in a call) fails the worker's /healthz
+        self.alive = alive if alive is not None else liveness.Liveness()
+        self.stall = stall
+        # one thread renews every claim this loop holds, in hand or waiting, every third of the lease
+        period = lease.total_seconds() / 3
+        self.leases = renewal.Renewer(f"{stage}-leases", period,
+                                      beat=self.alive.loop(f"{stage}-leases", stall + period))  # fmt: skip
 
     def start(self) -> list[threading.Thread]:
-        """The claimers, one thread for the maintenance pass, one renewing the waiting claims' leases."""
+        """The claimers and one thread for the maintenance pass (the lease renewer is `leases`)."""
         out = [
-            threading.Thread(target=self._run, name=f"{self.stage}-{i}", daemon=True)
+            threading.Thread(
+                target=self._run, args=(f"{self.stage}-{i}",), name=f"{self.stage}-{i}", daemon=True
+            )
             for i in range(self.threads)
         ]
-        out.append(threading.Thread(target=self._maintain, name=f"{self.stage}-maintain", daemon=True))
-        out.append(threading.Thread(target=self._renew_waiting, name=f"{self.stage}-waiting", daemon=True))
+        for thread in out:  # a claimer idles (or waits after a failure) 1 s at most between turns
+            self.alive.loop(thread.name, self.stall + IDLE_MAX_S)
+        maintain = threading.Thread(target=self._maintain, name=f"{self.stage}-maintain", daemon=True)
+        self.alive.loop(maintain.name, self.stall + self.every)
+        out.append(maintain)
         for thread in out:
             thread.start()
+        self.leases.start()
         self.running.extend(out)
         return out
 
     def halt(self, timeout: float = 30.0) -> bool:
         """Stop claiming and wait up to `timeout` seconds in all for the threads to finish the claim in
-        hand (and record it), so nothing writes after the caller closes the store. True when all ended."""
+        hand (and record it), so nothing writes after the caller closes the store; then give the waiting
+        claims back and stop renewing. True when all ended."""
         self.stop.set()
         deadline = time.monotonic() + timeout
         for thread in self.running:
             thread.join(max(0.0, deadline - time.monotonic()))
+            if not thread.is_alive():
+                self.alive.forget(thread.name)
         with self.waiting_lock:
             waiting, self.waiting = [c for _, _, c in self.waiting], []
         for claim in waiting:  # given back: another replica (or this one, restarted) looks next
+            self.leases.drop(claim.id)
             try:
-                self.store.complete(claim, store.PENDING)
+                self.store.complete(claim, store.State.PENDING)
             except Exception as exc:  # noqa: BLE001 - its lease runs out and the reaper takes it back
                 log.warning("%s: giving %s back failed: %s", self.stage, claim.id, exc)
-        return not any(t.is_alive() for t in self.running)
+        ended = self.leases.stop(max(0.0, deadline - time.monotonic()))
+        if ended:
+            self.alive.forget(self.leases.name)
+        return ended and not any(t.is_alive() for t in self.running)
 
-    def _renew_waiting(self) -> None:
-        """Every third of the lease: renew each waiting claim; one lost (taken over) is forgotten."""
-        while not self.stop.wait(self.lease.total_seconds() / 3):
-            with self.waiting_lock:
-                held = list(self.waiting)
-            for entry in held:
-                try:
-                    self.store.renew(entry[2], self.lease)
-                except LeaseLostError:
-                    self.metrics.lease_losses.inc()
-                    log.warning("claim lost", extra={**self._fields(entry[2]), "outcome": "lease-lost"})
-                    with self.waiting_lock:
-                        if entry in self.waiting:
-                            self.waiting.remove(entry)
-                            heapq.heapify(self.waiting)
-                except Exception as exc:  # noqa: BLE001 - try again at the next third of the lease
-                    log.warning("%s: renewing %s failed: %s", self.stage, entry[2].id, exc)
+    def beat(self) -> None:
+        """A handler that works in passes (a drain) says it is making progress: its claimer's loop beats."""
+        self.alive.beat(threading.current_thread().name)
+
+    def _lost_waiting(self, entry: tuple[float, int, store.Claim]) -> None:
+        """A waiting claim someone else took over (its renewal failed): forgotten."""
+        self.metrics.lease_losses.inc()
+        log.warning("claim lost", extra={**self._fields(entry[2]), "outcome": "lease-lost"})
+        with self.waiting_lock:
+            if entry in self.waiting:
+                self.waiting.remove(entry)
+                heapq.heapify(self.waiting)
 
     def _due(self) -> store.Claim | None:
         """A waiting claim whose time to look again has come, re-read (None: none due)."""
@@ -223,20 +244,31 @@ class ClaimLoop:
                 return None
             claim = heapq.heappop(self.waiting)[2]
         try:
-            return self.store.reread(claim)  # None: the document went; its lease is left to run out
+            found = self.store.reread(claim)  # None: the document went; its lease is left to run out
+            if found is None:
+                self.leases.drop(claim.id)
+            return found
         except Exception as exc:  # noqa: BLE001 - the store away: look again in a second
             log.warning("%s: re-reading %s failed: %s", self.stage, claim.id, exc)
             self._hold(claim, 1.0)
             return None
 
     def _hold(self, claim: store.Claim, seconds: float) -> None:
+        """Keep `claim` (its lease renewed) until its next look, in `seconds`."""
+        entry = (time.monotonic() + seconds, next(self.waiting_n), claim)
         with self.waiting_lock:
-            heapq.heappush(self.waiting, (time.monotonic() + seconds, next(self.waiting_n), claim))
+            heapq.heappush(self.waiting, entry)
+        self.leases.hold(claim.id, lambda: self._renew(claim), lambda: self._lost_waiting(entry))
+
+    def _renew(self, claim: store.Claim) -> None:
+        self.store.renew(claim, self.lease)
 
     def _maintain(self) -> None:
         """Every `every` seconds: the worker's resync pass, expired claims back to pending (parked past
         `max_attempts`), and the queue depth."""
+        beat = f"{self.stage}-maintain"
         while True:
+            self.alive.beat(beat)
             try:
                 if self.resync is not None:
                     self.resync()
@@ -254,13 +286,21 @@ class ClaimLoop:
     def _next(self) -> store.Claim | None:
         """Claim from a shared list of candidates, read with one query for all the claimers and read
         again only when it runs out (each read is a scan and sort on servers like FerretDB). A stale
-        candidate fails its claim (fencing) and is dropped."""
+        candidate fails its claim (fencing) and is dropped. A read that failed is not tried again by the
+        other claimers for READ_PAUSE_S: they idle (and beat) instead of queueing on the lock behind one
+        failing read after another while the store is away."""
         while True:
             with self.candidates_lock:
                 if not self.candidates or time.monotonic() - self.candidates_at > self.refresh:
-                    self.candidates = self.store.pending(
-                        self.stage, CANDIDATES, collection=self.collection, order=self.order
-                    )
+                    if time.monotonic() < self.read_paused_until:
+                        return None
+                    try:
+                        self.candidates = self.store.pending(
+                            self.stage, CANDIDATES, collection=self.collection, order=self.order
+                        )
+                    except Exception:
+                        self.read_paused_until = time.monotonic() + READ_PAUSE_S
+                        raise
                     self.candidates.reverse()  # popped from the end: first in `order` first
                     self.candidates_at = time.monotonic()
                     if not self.candidates:
@@ -272,9 +312,10 @@ class ClaimLoop:
             if claim is not None:
                 return claim
 
-    def _run(self) -> None:
+    def _run(self, name: str) -> None:
         idle = 0.05
         while not self.stop.is_set():
+            self.alive.beat(name)
             held = self._due()
             if held is not None:
                 self._work(held)
@@ -283,47 +324,36 @@ class ClaimLoop:
                 claim = self._next()
             except Exception as exc:  # noqa: BLE001 - a broken round must not end the worker thread
                 log.warning("%s: claim failed: %s", self.stage, exc)
-                self.stop.wait(1.0)
+                self.stop.wait(IDLE_MAX_S)
                 continue
             if claim is None:
                 self.stop.wait(idle)
-                idle = min(1.0, idle * 2)
+                idle = min(IDLE_MAX_S, idle * 2)
                 continue
             idle = 0.05
             self.metrics.claims.inc()
             self._work(claim)
 
     def _work(self, claim: store.Claim) -> None:
-        done = threading.Event()
         lost = threading.Event()
         current = [claim]
 
         def renew() -> None:
-            while not done.wait(self.lease.total_seconds() / 3):
-                try:
-                    current[0] = self.store.renew(current[0], self.lease)
-                except LeaseLostError:
-                    lost.set()
-                    return
-                except Exception as exc:  # noqa: BLE001 - try again at the next third of the lease
-                    log.warning("%s: renewing %s failed: %s", self.stage, claim.id, exc)
+            current[0] = self.store.renew(current[0], self.lease)
 
-        renewer = threading.Thread(target=renew, name=f"{self.stage}-renew", daemon=True)
-        renewer.start()
-        also: dict[str, Any] | None = None
+        self.leases.hold(claim.id, renew, lost.set)  # until recorded; `drop` waits out a renewal under way
         error: str | None = None
-        retry_after: dt.datetime | None = None
         fields = self._fields(claim)
         outcome: Outcome | None = None
         try:
             outcome = self.handle(claim)
-            state, also, retry_after = self._settled(claim, outcome)
+            done = self._settled(outcome)
         except Exception as exc:  # noqa: BLE001 - recorded on the item: parked, or back to pending
             self.metrics.actions.labels(result="error").inc()
             state, error, retry_after = self._failed(claim, exc)
+            done = store.Completion(state, retry_after=retry_after)
         finally:
-            done.set()
-            renewer.join()
+            self.leases.drop(claim.id)
         if lost.is_set():
             self.metrics.lease_losses.inc()
             log.warning("claim lost", extra={**fields, "outcome": "lease-lost"})
@@ -332,7 +362,7 @@ class ClaimLoop:
             self._wait(current[0], outcome, fields)
             return
         try:
-            self.store.complete(current[0], state, error, also, retry_after=retry_after)
+            self.store.complete(current[0], done, error)
         except LeaseLostError:
             self.metrics.lease_losses.inc()
             log.warning("claim lost", extra={**fields, "outcome": "lease-lost"})
@@ -342,28 +372,25 @@ class ClaimLoop:
                         extra={**fields, "outcome": "unrecorded"})  # fmt: skip
             self.stop.wait(1.0)
             return
-        if state == store.PARKED and error is not None:
+        if done.state == store.State.PARKED and error is not None:
             self._parked(claim, error)
         level = logging.WARNING if error is not None else logging.INFO
-        log.log(level, "claim %s", state, extra={**fields, "outcome": state, "error": error,
-                                                 "retry_after": retry_after})  # fmt: skip
+        log.log(level, "claim %s", done.state, extra={**fields, "outcome": done.state, "error": error,
+                                                      "retry_after": done.retry_after})  # fmt: skip
 
-    def _settled(
-        self, claim: store.Claim, outcome: Outcome
-    ) -> tuple[str, dict[str, Any] | None, dt.datetime | None]:
-        """What a handler's outcome makes of its item: (state, fields set with it, not claimed before);
-        a wait keeps it claimed (see `_wait`)."""
+    def _settled(self, outcome: Outcome) -> store.Completion:
+        """How a handler's outcome closes its claim; a wait keeps it claimed (see `_wait`)."""
         if isinstance(outcome, Wait):
-            return store.CLAIMED, None, None
-        if isinstance(outcome, str):
-            return outcome, None, None
-        return outcome[0], outcome[1], None
+            return store.Completion(store.State.CLAIMED)
+        if isinstance(outcome, store.Completion):
+            return outcome
+        return store.Completion(outcome)
 
     def _wait(self, claim: store.Claim, wait: Wait, fields: dict[str, Any]) -> None:
-        """Hold the claim for its next look; what the look found is set on the document now."""
-        if wait.also:
+        """Hold the claim for its next look; what the look found is recorded on the document now."""
+        if wait.also is not None:
             try:
-                self.store.set_held(claim, wait.also)
+                self.store.record_look(claim, wait.also)
             except Exception as exc:  # noqa: BLE001 - the store away: the next look finds it again
                 log.warning("%s: recording a look at %s failed: %s", self.stage, claim.id, exc)
         self._hold(claim, wait.seconds)
@@ -376,16 +403,17 @@ class ClaimLoop:
             "worker": self.metrics.worker, "attempt": claim.status.attempts, "claim_owner": self.owner,
         }  # fmt: skip
 
-    def _failed(self, claim: store.Claim, exc: Exception) -> tuple[str, str, dt.datetime | None]:
+    def _failed(self, claim: store.Claim, exc: Exception) -> tuple[store.State, str, dt.datetime | None]:
         """What a handler's error makes of its item: (state, reason, not to be claimed before)."""
-        reason = f"{type(exc).__name__}: {exc}"[:500]
+        reason = bounds.clip(f"{type(exc).__name__}: {exc}", bounds.STORED_TEXT)
         attempts = claim.status.attempts
         if isinstance(exc, PermanentError):
-            return store.PARKED, reason, None
+            return store.State.PARKED, reason, None
         if attempts >= attempt_cap(exc, self.max_attempts):
-            return store.PARKED, f"{attempts} attempts, the last: {reason}"[:500], None
+            last = f"{attempts} attempts, the last: {reason}"
+            return store.State.PARKED, bounds.clip(last, bounds.STORED_TEXT), None
         delay = store.retry_delay(attempts, exc.delay if isinstance(exc, TransientError) else 0.0)
-        return store.PENDING, reason, self.store.clock() + dt.timedelta(seconds=delay)
+        return store.State.PENDING, reason, self.store.clock() + dt.timedelta(seconds=delay)
 
     def _parked(self, claim: store.Claim, reason: str) -> None:
         """A parked item: counted, and a Warning Event on its Node."""

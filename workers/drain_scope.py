@@ -36,6 +36,7 @@ from faultline.models import Action
 NODE, GPUS, WAIT = "node", "gpus", "wait"
 PARTIAL_ACTIONS = frozenset({Action.NONE, Action.RESTART_APP, Action.COMPONENT_RESET})
 GPU_ENTITY = "GPU"
+NAMED_DEVICES = 4  # unmatched GPU devices named in the scope's reason (the rest are "...")
 PodKey = tuple[str, str]  # (namespace, name)
 
 
@@ -105,7 +106,8 @@ def decide(
     if mapping.episode is None or episode is None or mapping.episode != episode:
         return not_yet("no GPU -> pod mapping read since the node was cordoned")
     if mapping.unmapped:
-        devices = ", ".join(mapping.unmapped[:4]) + (" ..." if len(mapping.unmapped) > 4 else "")
+        more = " ..." if len(mapping.unmapped) > NAMED_DEVICES else ""
+        devices = ", ".join(mapping.unmapped[:NAMED_DEVICES]) + more
         return Scope(NODE, f"GPU devices the agent could not match to a GPU ({devices}): the whole node")
     worst = max((Action(f.action) for f in faults), key=list(Action).index)
     return Scope(GPUS, f"only the pods of GPU {', '.join(sorted(gpus))} (the faults need {worst.value})",

@@ -32,13 +32,13 @@ import threading
 import time
 from typing import Any
 
-from faultline import config, kube, store
+from faultline import config, kube, liveness, store
 from faultline.errors import NotFoundError, ThrottledError
 from workers import common, drain_scope
 
 log = logging.getLogger(__name__)
 WORKER = "drain"
-STAGE = "nodedrain"
+STAGE = store.Stage.NODEDRAIN
 MODE_LABEL = "faultline.io/drain-mode"
 MODES = ("Immediate", "AllowCompletion", "DeleteAfterTimeout")
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -91,7 +91,11 @@ def asks_gpus(pod: dict[str, Any]) -> bool:
 
 
 class Drainer:
-    def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
+    def __init__(
+        self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str, *,
+        stall: float = liveness.DEFAULT_LIMIT_S,
+    ) -> None:  # fmt: skip
+        self.alive = liveness.Liveness()  # what its /healthz answers: `stall` s without progress fails it
         self.store = st
         self.api = api
         self.settings = settings
@@ -103,8 +107,9 @@ class Drainer:
         self.modes_lock = threading.Lock()
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
-            metrics=self.metrics, collection="drains", order=("-fatal", "first_seen"), resync=self.resync,
-            every=settings.resync_interval.total_seconds(), max_attempts=20, api=api,
+            metrics=self.metrics, collection=store.Work.DRAINS, order=("-fatal", "first_seen"),
+            resync=self.resync, every=settings.resync_interval.total_seconds(), max_attempts=20, api=api,
+            alive=self.alive, stall=stall,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -148,7 +153,7 @@ class Drainer:
             self.modes[namespace] = (time.monotonic(), mode)
         return mode
 
-    def _handle(self, claim: store.Claim) -> str:
+    def _handle(self, claim: store.Claim) -> store.State:
         drain = store.Drain.from_doc(claim.doc)
         node, episode = drain.id, drain.episode
         self.store.start_drain(node, self.store.clock())
@@ -159,9 +164,10 @@ class Drainer:
         started = drain.started_at or self.store.clock()
         recorded = (drain.scope, frozenset(drain.gpus), drain.scope_reason)
         while not self.stop.is_set():
+            self.loop.beat()  # a drain is one claim of many passes: each pass is progress
             if not self.store.holds_episode(node, episode):
                 self._finish(node, "released before the drain finished")
-                return store.DONE
+                return store.State.DONE
             scope = self._scope(node, episode, started, recorded)
             before = repr(pods)
             left = self._pass(node, pods, retry_at, scope)
@@ -180,9 +186,9 @@ class Drainer:
                     self.api, node, reason="FaultlineDrained", note=_summary(scope, pods),
                     action="Drain", warning=False, worker=WORKER, owner=self.owner,
                 )  # fmt: skip
-                return store.DONE
+                return store.State.DONE
             self.stop.wait(self.settings.poll.total_seconds())
-        return store.PENDING  # stopping: another replica (or this one, restarted) continues
+        return store.State.PENDING  # stopping: another replica (or this one, restarted) continues
 
     def _scope(self, node: str, episode: dt.datetime | None, started: dt.datetime,
                recorded: tuple[str | None, frozenset[str], str | None]) -> drain_scope.Scope:  # fmt: skip

@@ -43,6 +43,8 @@ ROUND = "faultline.io/gang-round"
 SIZE = "faultline.io/gang-size"
 MEMBER = "member.faultline.io/"
 LABEL = "app.kubernetes.io/managed-by"
+LEASE_HASH = 10  # hex characters of the hash that makes a gang's Lease name unique
+MEMBER_HASH = 16  # hex characters of the pod name's hash in a member's annotation key (a name may be long)
 _UNSAFE = re.compile(r"[^a-z0-9-]+")
 
 
@@ -82,14 +84,14 @@ def identify(
 
 def lease_name(gang: str) -> str:
     """A DNS-1123 name for the gang's Lease: readable where it can be, unique by a hash."""
-    digest = hashlib.sha256(gang.encode()).hexdigest()[:10]
+    digest = hashlib.sha256(gang.encode()).hexdigest()[:LEASE_HASH]
     room = 63 - len("faultline-gang--") - len(digest)  # a Lease's name: at most 63 characters
     readable = _UNSAFE.sub("-", gang.split("=", 1)[-1].lower()).strip("-")[:room].strip("-")
     return f"faultline-gang-{readable}-{digest}" if readable else f"faultline-gang-{digest}"
 
 
 def member_key(pod: str) -> str:
-    return MEMBER + hashlib.sha256(pod.encode()).hexdigest()[:16]
+    return MEMBER + hashlib.sha256(pod.encode()).hexdigest()[:MEMBER_HASH]
 
 
 @dataclass(frozen=True)

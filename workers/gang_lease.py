@@ -27,6 +27,7 @@ from workers.gang import (
 )
 
 MAX_CONFLICTS = 20
+REASON = 512  # characters of a member's reason in its Lease annotation (all members share 256 KiB of them)
 
 
 class GangLink:
@@ -76,7 +77,7 @@ class GangLink:
 
     def write(self, state: Literal["checking", "passed", "failed"], reason: str = "") -> None:
         entry = {"pod": self.pod, "node": self.node, "state": state, "round": self.round,
-                 "at": round(self.clock(), 3), "reason": reason[:512]}  # fmt: skip
+                 "at": round(self.clock(), 3), "reason": reason[:REASON]}  # fmt: skip
         ops.annotate_lease(self.client, self.namespace, self.lease,
                            {self.key: json.dumps(entry, separators=(",", ":"))})  # fmt: skip
 

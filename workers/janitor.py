@@ -66,8 +66,9 @@ from typing import Any
 
 from pydantic import SkipValidation, field_validator
 
-from faultline import config, kube, store
+from faultline import bounds, config, kube, liveness, store
 from faultline.errors import ApiError, ConflictError, NotFoundError, TransientError
+from faultline.models import RepairOutcome, RepairStep
 from workers import cloud, common, remedies, user_requests
 
 log = logging.getLogger(__name__)
@@ -75,9 +76,8 @@ WORKER = "janitor"
 GONE = "<node gone>"  # boot_before of a node that no longer exists
 WAIT_MAX_S = 15.0  # the longest between two looks at a node or Job the repair waits for
 LOOK_GAP_S = 30.0  # validation looks further apart than this: the agent gets its full time again
-STAGE = "janitor"
-SIM_ACTION = "faultline.io/sim-action"  # read by the simulated kubelet (devtools.fakelet)
-REPAIR_LABEL = "faultline.io/repair"  # on repair Jobs and their pods: what the pod carries out
+STAGE = store.Stage.JANITOR
+REPAIR_LABEL = "faultline.io/repair"  # on repair Jobs and their pods: what it carries out (reboot, gpu-reset)
 RESET_SCRIPT = (
     "if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q .; then "
     'echo "GPU processes still running; not resetting" >&2; exit 3; fi; '
@@ -89,6 +89,8 @@ RESET_SCRIPT = (
 RECORD_SCRIPT = 'echo "faultline janitor (record only): would run $0: $*"'
 
 _Provider = cloud.Provider | None
+Verdict = tuple[RepairOutcome, str]  # how a round's step (or its validation) ended, and why
+REQUEST_PHASES = (RepairOutcome.SUCCEEDED, RepairOutcome.FAILED, RepairOutcome.TIMED_OUT)  # its own phase
 
 
 class Settings(config.JanitorTuning):
@@ -108,7 +110,11 @@ class Settings(config.JanitorTuning):
 
 
 class Janitor:
-    def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
+    def __init__(
+        self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str, *,
+        stall: float = liveness.DEFAULT_LIMIT_S,
+    ) -> None:  # fmt: skip
+        self.alive = liveness.Liveness()  # what its /healthz answers: `stall` s without progress fails it
         self.store = st
         self.api = api
         self.settings = settings
@@ -118,8 +124,9 @@ class Janitor:
         self.adopter = user_requests.Adopter(st, api, limits, record=self._event)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
-            metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"),
+            metrics=self.metrics, collection=store.Work.REPAIRS, order=("-fatal", "first_seen"),
             every=settings.lease.total_seconds() / 2, max_attempts=5, api=api, resync=self.adopter.run,
+            alive=self.alive, stall=stall,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -138,7 +145,7 @@ class Janitor:
         repair = store.Repair.from_doc(claim.doc)
         rounds = repair.rounds
         if not rounds or rounds[-1].outcome:
-            return store.DONE  # nothing waiting
+            return store.State.DONE  # nothing waiting
         index, current = len(rounds) - 1, rounds[-1]
         node, step, name = repair.node, current.step, current.request
         user = repair.user
@@ -164,13 +171,13 @@ class Janitor:
             status(name, phase, started=started, attempts=len(lookers))
         if current.validate_until is None:  # the step's part
             if external:  # an external remediator acts; the janitor only validates (below)
-                outcome, message = "Succeeded", "left to the external remediator"
+                outcome, message = RepairOutcome.SUCCEEDED, "left to the external remediator"
             else:
                 done = self._carry_out(node, step, current.job or name, current, started, (repair.id, index))
                 if done is None:
                     return self._later(started)
                 outcome, message = done
-            if outcome != "Succeeded":
+            if outcome != RepairOutcome.SUCCEEDED:
                 return self._finish(repair, index, current, outcome, message, status)
             current = self._validating(repair, index, current, message, status)
         outcome_or_wait = self._validate(repair, index, current)
@@ -202,8 +209,8 @@ class Janitor:
         return current.model_copy(update={"validate_until": until, "checked_at": now})
 
     def _finish(
-        self, repair: store.Repair, index: int, current: store.RepairRound, outcome: str, message: str,
-        status: Callable[..., None],
+        self, repair: store.Repair, index: int, current: store.RepairRound, outcome: RepairOutcome,
+        message: str, status: Callable[..., None],
     ) -> common.Outcome:  # fmt: skip
         """The round's verdict: recorded on the round and the request, an Event; anything but Succeeded
         hands the repair back to remediation, which escalates."""
@@ -214,18 +221,18 @@ class Janitor:
         self.store.record_round_outcome(
             repair.id, index, outcome=outcome, at=finished, message=message, started_at=started
         )
-        status(name, outcome if outcome in ("Succeeded", "Failed", "TimedOut") else "Failed",
+        status(name, outcome if outcome in REQUEST_PHASES else RepairOutcome.FAILED,
                finished=finished, message=message)  # fmt: skip
         if repair.user is not None:
             user_requests.uncordon(self.api, node, name)
         common.post_event(
             self.api, node, reason=f"FaultlineRepair{outcome}", note=f"{step} ({name}): {message}",
-            action="Repair", warning=outcome != "Succeeded", worker=WORKER, owner=self.owner,
+            action="Repair", warning=outcome != RepairOutcome.SUCCEEDED, worker=WORKER, owner=self.owner,
         )  # fmt: skip
         self.metrics.actions.labels(result=outcome).inc()
-        if outcome != "Succeeded":  # remediation decides the next round (an escalation), once this closes
-            return store.DONE, store.to_remediation()
-        return store.DONE
+        if outcome != RepairOutcome.SUCCEEDED:  # remediation decides the next round (an escalation)
+            return store.Completion(then=store.HandOver.TO_REMEDIATION)  # once this claim closes
+        return store.State.DONE
 
     def _later(self, since: dt.datetime) -> common.Wait:
         """Look again later: every `poll` at first, then a tenth of the time waited so far, at most
@@ -235,9 +242,9 @@ class Janitor:
         return common.Wait(min(max(poll, waited / 10), max(poll, WAIT_MAX_S)))
 
     def _carry_out(
-        self, node: str, step: str, job: str, current: store.RepairRound, started: dt.datetime,
+        self, node: str, step: RepairStep, job: str, current: store.RepairRound, started: dt.datetime,
         where: tuple[str, int],
-    ) -> tuple[str, str] | None:  # fmt: skip
+    ) -> Verdict | None:  # fmt: skip
         """The round's step and its outcome, or None: not done yet (look again later). A failure is an
         outcome (recorded, then escalated), but the API server or the store being away is not: it raises
         TransientError, and the claim is retried with the same round (its start, boot id, Job and cloud
@@ -248,7 +255,7 @@ class Janitor:
         except TransientError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
-            return "Failed", f"{type(exc).__name__}: {exc}"[:500]
+            return RepairOutcome.FAILED, bounds.clip(f"{type(exc).__name__}: {exc}", bounds.STORED_TEXT)
 
     def _cancel(self, repair: store.Repair, index: int, current: store.RepairRound) -> common.Outcome:
         """A person's request deleted before its round started: nothing is carried out."""
@@ -262,16 +269,16 @@ class Janitor:
         self._event(repair.node, "FaultlineRepairCancelled", f"{current.step} ({current.request}): {message}",
                     False)  # fmt: skip
         self.metrics.actions.labels(result=remedies.CANCELLED).inc()
-        return store.DONE
+        return store.State.DONE
 
     def _event(self, node: str, reason: str, note: str, warning: bool) -> None:
         common.post_event(self.api, node, reason=reason, note=note, action="Repair", warning=warning,
                           worker=WORKER, owner=self.owner)  # fmt: skip
 
     def _run(
-        self, node: str, step: str, name: str, current: store.RepairRound, started: dt.datetime,
+        self, node: str, step: RepairStep, name: str, current: store.RepairRound, started: dt.datetime,
         where: tuple[str, int],
-    ) -> tuple[str, str] | None:  # fmt: skip
+    ) -> Verdict | None:  # fmt: skip
         before = current.boot_before or ""
         if step == remedies.REBOOT:
             acted = current.acted_at is not None or current.cloud_call is not None  # by an earlier look
@@ -290,19 +297,19 @@ class Janitor:
             return self._check_job(name, started)
         if step == remedies.REPLACE:
             if self.settings.provider is None:
-                return "Failed", "no cloud provider is configured to replace the node"
+                return RepairOutcome.FAILED, "no cloud provider is configured to replace the node"
             if before == GONE:
-                return "Succeeded", "the Node was already gone"
+                return RepairOutcome.SUCCEEDED, "the Node was already gone"
             said = current.cloud_call
             if said is None:
                 try:
                     inst = cloud.instance(self._provider_id(node))
                 except ValueError as exc:
-                    return "Failed", f"cannot replace: {exc}"
+                    return RepairOutcome.FAILED, f"cannot replace: {exc}"
                 said = self._cloud(current, where, lambda p: p.replace(inst))
             back = self._check_back(node, before, started, gone_ok=True)
             return None if back is None else (back[0], f"{said}; {back[1]}")
-        return "Failed", f"the janitor does not carry out {step}"
+        return RepairOutcome.FAILED, f"the janitor does not carry out {step}"
 
     def _instance(self, node: str) -> cloud.Instance | None:
         """The node's instance at the configured provider; None: not one of its instances (bare metal)."""
@@ -356,7 +363,7 @@ class Janitor:
             "spec": {
                 "backoffLimit": 0, "ttlSecondsAfterFinished": 3600,
                 "template": {
-                    "metadata": {"annotations": {SIM_ACTION: action, **s.job_annotations},
+                    "metadata": {"annotations": dict(s.job_annotations),
                                  # the drainer leaves the repair's own pod (REPAIR_LABEL) on the node
                                  "labels": {REPAIR_LABEL: action, "faultline.io/node": node}},
                     "spec": {
@@ -391,25 +398,25 @@ class Janitor:
 
     def _check_back(
         self, node: str, before: str, started: dt.datetime, *, gone_ok: bool = False
-    ) -> tuple[str, str] | None:
+    ) -> Verdict | None:
         """One look at the node after a reboot or replacement: back (a new boot id and Ready; removed,
         where `gone_ok`), timed out, or None (not yet)."""
         try:
             boot, ready = self._ready(node)
         except NotFoundError:
             if gone_ok:
-                return "Succeeded", "the Node was removed (a new instance replaces it)"
+                return RepairOutcome.SUCCEEDED, "the Node was removed (a new instance replaces it)"
             raise
         except TransientError:  # the API server away (restarting): not back yet, as far as we know
             boot, ready = "", False
         if boot and boot != before and ready:
-            return "Succeeded", f"back with boot id {boot}"
+            return RepairOutcome.SUCCEEDED, f"back with boot id {boot}"
         if self.store.clock() < started + self.settings.reboot_timeout:
             return None
         what = "no new boot id and Ready" + (" and the Node not removed" if gone_ok else "")
-        return "TimedOut", f"{what} within {self.settings.reboot_timeout}"
+        return RepairOutcome.TIMED_OUT, f"{what} within {self.settings.reboot_timeout}"
 
-    def _check_job(self, name: str, started: dt.datetime) -> tuple[str, str] | None:
+    def _check_job(self, name: str, started: dt.datetime) -> Verdict | None:
         """One look at the round's Job: its outcome, timed out, or None (still running)."""
         try:
             job = kube.jobs.read(self.api, self.settings.namespace, name)
@@ -417,16 +424,16 @@ class Janitor:
             job = {}
         status = job.get("status", {})
         if status.get("succeeded"):  # backoffLimit 0, restartPolicy Never: the command exited 0
-            return "Succeeded", "the Job succeeded (its command exited 0)"
+            return RepairOutcome.SUCCEEDED, "the Job succeeded (its command exited 0)"
         if status.get("failed"):
-            return "Failed", "the Job failed (GPU processes still running, or the reset failed)"
+            return RepairOutcome.FAILED, "the Job failed (GPU processes still running, or the reset failed)"
         if self.store.clock() < started + self.settings.job_timeout:
             return None
-        return "TimedOut", f"the Job did not finish within {self.settings.job_timeout}"
+        return RepairOutcome.TIMED_OUT, f"the Job did not finish within {self.settings.job_timeout}"
 
     def _validate(
         self, repair: store.Repair, index: int, current: store.RepairRound
-    ) -> tuple[str, str] | common.Wait:
+    ) -> Verdict | common.Wait:
         """One look at the round's faults: all resolved by a fresh healthy report from the node agent
         (since the round started; an external round's since it was requested), or still open past the
         deadline, or a wait. A gap in the looks longer than LOOK_GAP_S (the store away, every janitor
@@ -445,15 +452,15 @@ class Janitor:
         with store.unreachable_is_transient("reading the round's faults"):
             open_ = self.store.unresolved(current.fault_keys, since)
         if not open_:
-            return "Succeeded", "the node agent reports the GPUs healthy again"
+            return RepairOutcome.SUCCEEDED, "the node agent reports the GPUs healthy again"
         if now >= until:
-            return "NotCleared", f"still open after the repair: {', '.join(open_)}"
-        here, also = f"rounds.{index}", {}
-        if (now - last).total_seconds() >= LOOK_GAP_S / 3:  # often enough to tell a gap, not at every look
-            also[f"{here}.checked_at"] = now
-        if until != current.validate_until:
-            also[f"{here}.validate_until"] = until
-        return common.Wait(self.settings.poll.total_seconds(), also)
+            return RepairOutcome.NOT_CLEARED, f"still open after the repair: {', '.join(open_)}"
+        look = store.RoundLook(
+            index,
+            checked_at=now if (now - last).total_seconds() >= LOOK_GAP_S / 3 else None,  # often enough to
+            validate_until=until if until != current.validate_until else None,  # tell a gap, not every look
+        )
+        return common.Wait(self.settings.poll.total_seconds(), look)
 
     def _noop_status(self, name: str, phase: str, **_: Any) -> None:
         pass
@@ -469,7 +476,7 @@ class Janitor:
         if finished is not None:
             status["finishedAt"] = finished.strftime("%Y-%m-%dT%H:%M:%SZ")
         if message is not None:
-            status["message"] = message[:1024]
+            status["message"] = bounds.clip(message, bounds.REQUEST_TEXT)
         try:
             current = kube.resources.get_request(self.api, name)
             same = uid is None or (current.get("metadata") or {}).get("uid") == uid  # not another object

@@ -41,7 +41,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import SkipValidation
 
-from faultline import config, kube, store
+from faultline import bounds, config, kube, liveness, store
 from faultline.errors import ConfigError, FaultlineError
 from faultline.models import (
     PROVIDER_REPAIR,
@@ -58,6 +58,7 @@ from workers import maintenance_plan as plan
 
 log = logging.getLogger(__name__)
 WORKER = "maintenance"
+LOOP = "maintenance"  # the loop's name in its liveness
 NODE_ENTITY = ("NODE", "")
 FEED_WRITER = "maintenance"  # its sequence in the analyzer's feed (`analyzer_feed`)
 # reads the announcements of the nodes of one provider: {node: its instance} -> {node: what was read}
@@ -135,7 +136,7 @@ def encode(kind: str, rec: plan.Raised) -> dict[str, str]:
     return {
         "kind": kind, "provider": rec.provider, "events": ",".join(rec.events),
         "not_before": when(rec.not_before), "not_after": when(rec.not_after), "boot_id": rec.boot_id,
-        "what": rec.what[:512],
+        "what": rec.what[:plan.WHAT],
         "over_since": when(rec.over_since), "acknowledged": when(rec.acknowledged),
         "started": "true" if rec.started else "false", "repair": PROVIDER_REPAIR,
     }  # fmt: skip
@@ -166,16 +167,18 @@ def node_state(obj: Mapping[str, Any] | None) -> plan.NodeState:
 class MaintenanceMonitor:
     def __init__(
         self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str, *,
-        clock: Callable[[], dt.datetime] = store.utcnow,
+        clock: Callable[[], dt.datetime] = store.utcnow, stall: float = liveness.DEFAULT_LIMIT_S,
     ) -> None:  # fmt: skip
         self.store = st
         self.api = api
         self.settings = settings
+        # a look that never ends fails /healthz; one that fails (an outage) still counts: it is waited out
+        self.alive = liveness.Liveness()
+        self.alive.loop(LOOP, settings.interval.total_seconds() + stall)
         self.owner = owner
         self.clock = clock
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
-        self.last_look = time.monotonic()
         self.revision = 0
         self.registry = CollectorRegistry()
         r = self.registry
@@ -201,9 +204,8 @@ class MaintenanceMonitor:
         return True
 
     def healthy(self) -> bool:
-        """The loop is not stuck: a look ended lately, whether it got through or not (an outage of the
-        store or the API server is waited out, not answered with a restart)."""
-        return time.monotonic() - self.last_look < 3 * self.settings.interval.total_seconds() + 120
+        """The loop is not stuck (see `alive`)."""
+        return self.alive()
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -211,9 +213,10 @@ class MaintenanceMonitor:
                 with store.unreachable_is_transient("looking at cloud maintenance"):
                     self.look()
             except Exception as exc:  # noqa: BLE001 - the store or the API server away: the next look
-                log.warning("maintenance: look failed: %s", str(exc)[:300], extra={"worker": WORKER})
+                log.warning("maintenance: look failed: %s", bounds.clip(str(exc), bounds.ERROR_TEXT),
+                            extra={"worker": WORKER})  # fmt: skip
             finally:
-                self.last_look = time.monotonic()
+                self.alive.beat(LOOP)
             self.stop.wait(self.settings.interval.total_seconds())
 
     # -- one look ------------------------------------------------------------------------------------------
@@ -271,7 +274,8 @@ class MaintenanceMonitor:
                     raise ConfigError(f"no reader of {provider}'s announcements is configured")
             except Exception as exc:  # noqa: BLE001 - a provider away or refusing: its nodes unread
                 self.errors.labels(provider=provider).inc()
-                log.warning("maintenance: %s could not be read: %s", provider, str(exc)[:300],
+                log.warning("maintenance: %s could not be read: %s", provider,
+                            bounds.clip(str(exc), bounds.ERROR_TEXT),
                             extra={"provider": provider, "nodes": len(nodes)})  # fmt: skip
                 continue
             for node, (events, notes) in found.items():
@@ -369,4 +373,4 @@ def _message(step: plan.Step) -> str:
         window += f" to {rec.not_after:%Y-%m-%dT%H:%M:%SZ}"
     said = {"cancelled": "cancelled", "over": "over, the node is back", "gone": "the node is gone"}
     text = f"{rec.what} from {window}" + (f": {said[step.reason]}" if step.reason else "")
-    return text[:1024]
+    return bounds.clip(text, bounds.EVENT_NOTE)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from workers.announcements import CANCELLED, KINDS, STARTED, Announcement
 
 ACKNOWLEDGES = frozenset({"azure"})  # providers whose events can be asked to start early
+WHAT = 512  # characters of an announcement's text kept with its fault (in the fault's metadata)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _record(active: list[Announcement], boot_id: str, base: Raised | None = None
     started = rec.started or any(a.state == STARTED for a in active)
     return replace(
         rec, provider=first.provider, events=events, not_before=first.not_before, not_after=not_after,
-        what=first.what[:512], over_since=None, started=started,
+        what=first.what[:WHAT], over_since=None, started=started,
     )  # fmt: skip
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import SkipValidation
 
-from faultline import config, kube, store
+from faultline import bounds, config, kube, liveness, store
 from faultline.errors import TransientError
 from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id
 from patterns import object_rules
@@ -51,6 +51,9 @@ CONTROLLER = "faultline.io/object-monitor"
 QUEUE_MAX = 10_000  # changes waiting for the loop (a watch blocks while it is full)
 BATCH = 500  # changes applied before the store is written
 FEED_WRITER = "object-monitor"  # its sequence in the analyzer's feed (`analyzer_feed`)
+LOOP = "object-monitor"  # the main loop's name in its liveness
+TURN_WAIT_S = 1.0  # the longest a turn of the loop waits for changes
+WATCH_GRACE_S = 30.0  # a watch's read timeout beyond the server's own `timeoutSeconds`
 
 
 class Settings(config.ObjectMonitorTuning):
@@ -90,22 +93,26 @@ class Metrics:
 class ObjectMonitor:
     def __init__(
         self, st: store.Store, api: kube.ApiClient, settings: Settings, *,
-        clock: Callable[[], dt.datetime] = store.utcnow,
+        clock: Callable[[], dt.datetime] = store.utcnow, stall: float = liveness.DEFAULT_LIMIT_S,
     ) -> None:  # fmt: skip
         self.store, self.api, self.settings, self.clock = st, api, settings, clock
+        # the loop and each watch beat; one silent past its limit fails /healthz
+        self.alive = liveness.Liveness()
+        self.alive.loop(LOOP, stall + TURN_WAIT_S)
         self.rules = {r.id: r for r in settings.rules.enabled()}
         self.faults = object_faults.ObjectFaults(self.rules.values())
         self.metrics = Metrics()
         self.changes: queue.Queue[tuple[Watch, kube.watch.Change]] = queue.Queue(QUEUE_MAX)
         timeout, retry = settings.watch_timeout.total_seconds(), settings.retry_max.total_seconds()
+        silent = timeout + WATCH_GRACE_S + stall  # a quiet watch still ends (and beats) every `timeout`
         self.informers = {
-            w: kube.watch.Informer(api, target(w), self._deliver(w), timeout=timeout, retry_max=retry)
+            w: kube.watch.Informer(api, target(w), self._deliver(w), timeout=timeout, retry_max=retry,
+                                   beat=self.alive.loop(f"watch {target(w)}", silent))
             for w in self.faults.rules
-        }
+        }  # fmt: skip
         self.open: dict[str, tuple[Fault, int]] = {}  # what the store holds open of ours, with its revision
         self.loaded = False
         self.stop = threading.Event()
-        self.heartbeat = time.monotonic()
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -145,12 +152,12 @@ class ObjectMonitor:
         next_tick = next_resync = time.monotonic()
         retry_at, delay = 0.0, 1.0
         while not self.stop.is_set():
-            self.heartbeat = time.monotonic()
+            self.alive.beat(LOOP)
             wait = min(next_tick, next_resync, retry_at if retry_at else next_tick) - time.monotonic()
             due = self.faults.next_due(self.clock())
             if due is not None:
                 wait = min(wait, (due - self.clock()).total_seconds())
-            self._apply_changes(max(0.0, min(wait, 1.0)))
+            self._apply_changes(max(0.0, min(wait, TURN_WAIT_S)))
             now_m = time.monotonic()
             if now_m >= next_tick:
                 self.faults.tick(self.clock())
@@ -167,7 +174,8 @@ class ObjectMonitor:
             except TransientError as exc:
                 self.metrics.store_errors.inc()
                 log.warning(
-                    "store not reachable; trying again", extra={"delay": delay, "error": str(exc)[:300]}
+                    "store not reachable; trying again",
+                    extra={"delay": delay, "error": bounds.clip(str(exc), bounds.ERROR_TEXT)},
                 )
                 retry_at = time.monotonic() + delay
                 delay = min(delay * 2, self.settings.retry_max.total_seconds())
@@ -202,7 +210,8 @@ class ObjectMonitor:
                 fault = _fault_of(record)
             except ValueError as exc:  # a component or action this version does not know
                 log.warning(
-                    "stored fault not readable", extra={"fault_key": record.id, "error": str(exc)[:300]}
+                    "stored fault not readable",
+                    extra={"fault_key": record.id, "error": bounds.clip(str(exc), bounds.ERROR_TEXT)},
                 )
                 continue
             found[record.id] = (fault, record.revision)
@@ -266,8 +275,7 @@ class ObjectMonitor:
         return revision
 
     def _stored_revision(self, fault: Fault) -> int | None:
-        doc = self.store.faults.find_one({"_id": fault.id}, {"revision": 1})
-        return None if doc is None else int(doc.get("revision") or 0)
+        return self.store.fault_revision(fault.id)
 
     def _record(self, fault: Fault, action: str, what: str) -> None:
         rule, obj = fault.metadata.get("rule", ""), fault.metadata.get("object", "")
@@ -283,7 +291,9 @@ class ObjectMonitor:
                 action=action, warning=fault.fatal and not resolved, controller=CONTROLLER, instance=AGENT,
             )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - an Event is a record, never a reason to fail the change
-            log.warning("could not post Event", extra={**fields, "error": str(exc)[:300]})
+            log.warning(
+                "could not post Event", extra={**fields, "error": bounds.clip(str(exc), bounds.ERROR_TEXT)}
+            )
 
     def _export(self) -> None:
         self.metrics.open.set(len(self.open))
@@ -295,9 +305,9 @@ class ObjectMonitor:
             self.metrics.expired.labels(name).set(informer.stats.expired)
             self.metrics.watch_errors.labels(name).set(informer.stats.errors)
 
-    def healthy(self, max_silence: float = 60.0) -> bool:
-        """The loop went round within `max_silence` seconds."""
-        return time.monotonic() - self.heartbeat <= max_silence
+    def healthy(self) -> bool:
+        """The loop and every watch made progress within their limits (see `alive`)."""
+        return self.alive()
 
 
 def _revision(now: dt.datetime) -> int:

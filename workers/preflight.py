@@ -27,9 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from faultline import bounds
 from faultline.errors import FaultlineError
 from faultline.models import Action
-from faultline.preflight import Finding, reason
+from faultline.preflight import TERMINATION_MESSAGE, Finding, reason
 from workers.gang import Verdict
 
 log = logging.getLogger(__name__)
@@ -139,9 +140,10 @@ def _failed(
             reported = report(faults)
         except (FaultlineError, OSError, RuntimeError) as exc:
             log.error(
-                "preflight report not kept", extra={"outcome": "report-failed", "error": str(exc)[:300]}
+                "preflight report not kept",
+                extra={"outcome": "report-failed", "error": bounds.clip(str(exc), bounds.ERROR_TEXT)},
             )
-            text = f"{text}\n(not reported to the node agent: {exc})"[:1024]
+            text = bounds.clip(f"{text}\n(not reported to the node agent: {exc})", TERMINATION_MESSAGE)
     log.warning("preflight failed", extra={"outcome": "failed", "codes": [f.code for f in findings]})
     return Outcome(1, text, findings, reported)
 
@@ -154,7 +156,7 @@ def _join(gang: Gang | None) -> Gang | None:
     except FaultlineError as exc:
         log.warning(
             "preflight gang record unavailable; checking alone",
-            extra={"outcome": "gang-unavailable", "error": str(exc)[:300]},
+            extra={"outcome": "gang-unavailable", "error": bounds.clip(str(exc), bounds.ERROR_TEXT)},
         )
         return None
     return gang
@@ -166,7 +168,9 @@ def _verdict(gang: Gang | None) -> Verdict | None:
     try:
         return gang.verdict()
     except FaultlineError as exc:  # the API server away for a moment: read again at the next poll
-        log.warning("preflight gang record unreadable", extra={"error": str(exc)[:300]})
+        log.warning(
+            "preflight gang record unreadable", extra={"error": bounds.clip(str(exc), bounds.ERROR_TEXT)}
+        )
         return Verdict("wait", f"gang record unreadable: {exc}")
 
 
@@ -174,4 +178,5 @@ def _write(gang: Gang, state: Literal["checking", "passed", "failed"], text: str
     try:
         gang.write(state, text)
     except FaultlineError as exc:
-        log.warning("preflight gang record not written", extra={"state": state, "error": str(exc)[:300]})
+        error = bounds.clip(str(exc), bounds.ERROR_TEXT)
+        log.warning("preflight gang record not written", extra={"state": state, "error": error})

@@ -31,13 +31,13 @@ from typing import Any
 
 from pydantic import SkipValidation
 
-from faultline import conditions, config, kube, store
+from faultline import bounds, conditions, config, kube, liveness, store
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from faultline.models import Action, Component, FaultState
 from workers import breaker, common, overrides, rules, suppression
 
 log = logging.getLogger(__name__)
-STAGE = "quarantine"
+STAGE = store.Stage.QUARANTINE
 WORKER = "quarantine"
 OWNED_ANNOTATION = "faultline.io/quarantine"
 BREAKER_ID = store.BREAKER_ID
@@ -51,7 +51,8 @@ FULL_RESYNC_S = 60.0
 # FerretDB (~150 ms of its CPU at 500 items). A fatal fault that comes while a long list of others is
 # worked waits for the next read, CANDIDATES_REFRESH_S at most.
 CANDIDATES_REFRESH_S = 5.0
-STALE, BLOCKED, DRY_RUN, GONE = "stale", "blocked", "dry-run", "node-missing"
+STALE, BLOCKED, PAUSED_ITEM = store.State.STALE, store.State.BLOCKED, store.State.PAUSED  # items' own states
+DRY_RUN, GONE = "dry-run", "node-missing"
 OPTED_OUT = overrides.OPTED_OUT
 PAUSED, CANCELLED, FORCED = overrides.PAUSED, overrides.CANCELLED, overrides.FORCED
 
@@ -76,7 +77,11 @@ class Settings(config.QuarantineTuning):
 
 
 class QuarantineWorker:
-    def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
+    def __init__(
+        self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str, *,
+        stall: float = liveness.DEFAULT_LIMIT_S,
+    ) -> None:  # fmt: skip
+        self.alive = liveness.Liveness()  # what its /healthz answers: `stall` s without progress fails it
         self.store = st
         self.api = api
         self.settings = settings
@@ -103,10 +108,12 @@ class QuarantineWorker:
             resync=self.resync,
             every=settings.resync_interval.total_seconds(),
             prefetch=self._prefetch,
-            collection="queue",
+            collection=store.Work.QUEUE,
             order=("-fatal", "first_seen"),
             refresh=CANDIDATES_REFRESH_S,
             api=api,
+            alive=self.alive,
+            stall=stall,
         )
         self.stop = self.loop.stop
 
@@ -123,7 +130,7 @@ class QuarantineWorker:
         node (to put back what someone else changed). Found with a few queries, whatever the number of
         nodes."""
         held = self.store.held_node_names()
-        blocked = self.store.nodes_in_state(STAGE, BLOCKED) | self.store.nodes_in_state(STAGE, PAUSED)
+        blocked = self.store.nodes_in_state(STAGE, BLOCKED) | self.store.nodes_in_state(STAGE, PAUSED_ITEM)
         forced = {
             n["metadata"]["name"] for n in kube.nodes.list_all(self.api, label_selector=overrides.FORCE_LABEL)
         }
@@ -161,7 +168,7 @@ class QuarantineWorker:
         self.prefetched_at = time.monotonic()
         self.prefetched = self.store.faults_of({str(d["node"]) for d in candidates}, STAGE)
 
-    def _handle(self, claim: store.Claim) -> str:
+    def _handle(self, claim: store.Claim) -> store.State:
         item = store.WorkItem.from_doc(claim.doc)  # the fault's work item in `queue`
         node = item.node
         docs, read_at = self.prefetched.get(node), self.prefetched_at
@@ -176,7 +183,7 @@ class QuarantineWorker:
             return STALE  # recorded, not acted on
         result = self.reconcile(node, docs=docs, read_at=read_at)
         still_open = doc is not None and doc.state == FaultState.OPEN
-        return result if result in (BLOCKED, PAUSED) and still_open else store.DONE
+        return store.State(result) if result in (BLOCKED, PAUSED) and still_open else store.State.DONE
 
     # -- one node --------------------------------------------------------------------------------------
     def _lock(self, node: str) -> threading.Lock:
@@ -265,7 +272,7 @@ class QuarantineWorker:
             common.post_event(self.api, node, reason="FaultlineBadAnnotation", note=d.bad_pause,
                               action="Quarantine", warning=True, worker=WORKER, owner=self.owner)  # fmt: skip
         if outcome == PAUSED:
-            self._park(faults, d.paused, PAUSED)  # the resync pass looks again when the pause is over
+            self._park(faults, d.paused, PAUSED_ITEM)  # the resync pass looks again when the pause is over
         if want.quarantined and not holds and outcome != FORCED:
             admitted = self._admit(node, now)
             if not admitted:
@@ -306,12 +313,17 @@ class QuarantineWorker:
         if want.quarantined:  # a new quarantine, or one whose taints or labels changed with its faults
             reason = "FaultlineQuarantined" if newly else "FaultlineQuarantineUpdated"
             if d.outcome == FORCED:
-                note = f"forced by label {overrides.FORCE_LABEL}={d.force}; {note}"[:1024]
+                note = bounds.clip(
+                    f"forced by label {overrides.FORCE_LABEL}={d.force}; {note}", bounds.EVENT_NOTE
+                )
         elif d.overridden and cancelled is not None:
             reason = "FaultlineQuarantineCancelled"
-            note = (f"faultline's cordon or taint was taken back by {cancelled.by}"
-                    f"{' at ' + cancelled.at if cancelled.at else ''}: faults {', '.join(cancelled.faults)} "
-                    "will not quarantine this node again; a new fault will")[:1024]  # fmt: skip
+            note = bounds.clip(
+                f"faultline's cordon or taint was taken back by {cancelled.by}"
+                f"{' at ' + cancelled.at if cancelled.at else ''}: faults {', '.join(cancelled.faults)} "
+                "will not quarantine this node again; a new fault will",
+                bounds.EVENT_NOTE,
+            )
         elif d.outcome == PAUSED and d.until is not None:
             reason, note = "FaultlinePaused", f"paused until {d.until:%Y-%m-%dT%H:%M:%SZ} ({note})"
         if p.changed or reason != "FaultlineReleased":
@@ -358,14 +370,14 @@ class QuarantineWorker:
         if held:
             for fault in faults:
                 if fault.stage in (BLOCKED, PAUSED) and fault.key in want.faults:
-                    self.store.move_item(STAGE, fault.key, fault.stage, store.DONE)
+                    self.store.move_item(STAGE, fault.key, store.State(fault.stage), store.State.DONE)
 
-    def _park(self, faults: list[rules.OpenFault], want: rules.Desired, state: str) -> None:
+    def _park(self, faults: list[rules.OpenFault], want: rules.Desired, state: store.State) -> None:
         """The faults held back (by the breaker, or a pause) wait for the resync pass in `state` (the
         claim's own fault is set by its completion)."""
         for fault in faults:
-            if fault.key in want.faults and fault.stage not in (state, STALE):
-                self.store.move_item(STAGE, fault.key, fault.stage, state)
+            if fault.key in want.faults and fault.stage and fault.stage not in (state, STALE):
+                self.store.move_item(STAGE, fault.key, store.State(fault.stage), state)
 
     # -- the breaker -------------------------------------------------------------------------------------
     def _gpu_node_count(self) -> int:
@@ -457,5 +469,8 @@ def _describe(p: rules.Plan, want: rules.Desired) -> str:
     if not want.quarantined:
         return "released: every fault resolved" + ("; uncordoned" if not p.unschedulable else "")
     taints = ", ".join(f"{k}={v}:{e}" for k, v, e in want.taints)
-    return (f"{'cordoned' if want.cordon else 'not cordoned'}; taints {taints or 'none'}; "
-            f"faults {', '.join(want.faults)}")[:1024]  # fmt: skip
+    return bounds.clip(
+        f"{'cordoned' if want.cordon else 'not cordoned'}; taints {taints or 'none'}; "
+        f"faults {', '.join(want.faults)}",
+        bounds.EVENT_NOTE,
+    )

@@ -35,19 +35,20 @@ import logging
 import threading
 from typing import Any
 
-from faultline import config, kube, store
+from faultline import bounds, conditions, config, kube, liveness, store
 from faultline.errors import ConflictError
-from faultline.models import PROVIDER_REPAIR, Action
+from faultline.models import PROVIDER_REPAIR, Action, RepairOutcome, RepairStep
 from workers import common, remedies, templates
 
 log = logging.getLogger(__name__)
 WORKER = "remediation"
-STAGE = "remediation"
+STAGE = store.Stage.REMEDIATION
 CONDITION = "FaultlineRemediation"
-WAIT_DRAIN = "drain"  # the repair waits for the whole node's drain after a partial one
+WAIT_DRAIN = store.State.DRAIN  # the repair waits for the whole node's drain after a partial one
 _SEVERITY = {a: i for i, a in enumerate(Action)}
 BUSY_RETRY = dt.timedelta(seconds=5)  # look again this long after finding another repair under way
-ACTIVE = (store.PENDING, store.CLAIMED)
+ACTIVE = (store.State.PENDING, store.State.CLAIMED)
+UNIQUE_PART = 8  # characters of the hash (or of a person's request's uid) that make a request's name unique
 
 
 class Settings(config.RemediationTuning):
@@ -63,8 +64,8 @@ class Settings(config.RemediationTuning):
 
 
 def request_name(node: str, episode: dt.datetime | None, round_: int) -> str:
-    digest = hashlib.sha256(f"{node}/{store.episode_label(episode)}".encode()).hexdigest()[:8]
-    return f"{node}-{digest}-{round_}"[:253]
+    digest = hashlib.sha256(f"{node}/{store.episode_label(episode)}".encode()).hexdigest()[:UNIQUE_PART]
+    return bounds.clip(f"{node}-{digest}-{round_}", bounds.OBJECT_NAME)
 
 
 def history(st: store.Store, node: str) -> list[remedies.Repair]:
@@ -78,7 +79,11 @@ def history(st: store.Store, node: str) -> list[remedies.Repair]:
 
 
 class Remediation:
-    def __init__(self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str) -> None:
+    def __init__(
+        self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str, *,
+        stall: float = liveness.DEFAULT_LIMIT_S,
+    ) -> None:  # fmt: skip
+        self.alive = liveness.Liveness()  # what its /healthz answers: `stall` s without progress fails it
         self.store = st
         self.api = api
         self.settings = settings
@@ -86,8 +91,9 @@ class Remediation:
         self.metrics = common.WorkerMetrics(WORKER)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
-            metrics=self.metrics, collection="repairs", order=("-fatal", "first_seen"), resync=self.resync,
-            every=settings.resync_interval.total_seconds(), api=api,
+            metrics=self.metrics, collection=store.Work.REPAIRS, order=("-fatal", "first_seen"),
+            resync=self.resync, every=settings.resync_interval.total_seconds(), api=api, alive=self.alive,
+            stall=stall,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -114,7 +120,7 @@ class Remediation:
             if drain is None or drain.episode != repair.episode or drain.scope == "gpus":
                 continue  # still partial: widened by the claim that set this state
             if drained.get(repair.node, ...) == repair.episode:
-                self.store.move_repair(repair.id, STAGE, WAIT_DRAIN, store.PENDING)
+                self.store.move_repair(repair.id, STAGE, WAIT_DRAIN, store.State.PENDING)
 
     def _handle(self, claim: store.Claim) -> common.Outcome:
         repair = store.Repair.from_doc(claim.doc)
@@ -122,16 +128,16 @@ class Remediation:
         if repair.rounds and not repair.rounds[-1].outcome:
             # written (and requested) by a holder that died before its claim closed: that round is handed
             # over, not decided again (a second request, and the first never carried out)
-            return store.DONE, store.to_janitor()
+            return store.Completion(then=store.HandOver.TO_JANITOR)
         others = [r for r in self.store.repairs_of(node) if r.id != repair.id]
-        if any(r.janitor.state in (store.PENDING, store.CLAIMED) for r in others):
+        if any(r.janitor.state in ACTIVE for r in others):
             # another repair of the node (a person's RemediationRequest) is under way: decide after it
             later = self.store.clock() + BUSY_RETRY
-            return store.PENDING, {f"{STAGE}.retry_after": later, f"{STAGE}.attempts": 0}
+            return store.Completion(store.State.PENDING, retry_after=later, fresh=True)  # no failed try
         episode = next((r for r in others if r.user is None and r.remediation.state in ACTIVE), None)
         if repair.user is not None and episode is not None:  # a failed request: the episode escalates
             self.store.set_repair_result(repair.id, f"escalation left to repair {episode.id}")
-            return store.DONE
+            return store.State.DONE
         faults = self.store.open_fatal_faults(node)
         # announced cloud maintenance: the provider does what its action says; faultline only drains
         provided = [f for f in faults if f.metadata.get("repair") == PROVIDER_REPAIR]
@@ -139,7 +145,7 @@ class Remediation:
         if not faults:
             why = "left to the cloud provider's maintenance" if provided else "faults resolved before repair"
             self.store.set_repair_result(repair.id, why)
-            return store.DONE
+            return store.State.DONE
         worst = max(faults, key=lambda d: _SEVERITY[Action(d.action)])
         keys = sorted(d.id for d in faults)
         gpus = sorted({d.entity.id for d in faults if d.entity.type == "GPU"})
@@ -148,11 +154,11 @@ class Remediation:
         decision = remedies.decide(Action(worst.action), keys, past, self.settings.caps, now)
         if decision.step is None:
             self.store.set_repair_result(repair.id, decision.reason)
-            return store.DONE
+            return store.State.DONE
         round_ = len(repair.rounds) + 1
         name = request_name(node, repair.episode, round_)
         if repair.user is not None:  # after a person's request: named by its uid (it has no episode)
-            name = f"{node}-{repair.user.uid[:8]}-{round_}"[:253]
+            name = bounds.clip(f"{node}-{repair.user.uid[:UNIQUE_PART]}-{round_}", bounds.OBJECT_NAME)
         record = store.RepairRound(step=decision.step, request=name, fault_keys=keys, gpus=gpus,
                                    reason=decision.reason, requested_at=now)  # fmt: skip
         if self.settings.template is not None:
@@ -160,27 +166,28 @@ class Remediation:
         if self._needs_whole_node(repair, decision.step, gpus):
             return WAIT_DRAIN
         if decision.step == remedies.CONTACT_SUPPORT:
-            record.outcome, record.at = "ContactSupport", now
+            record.outcome, record.at = RepairOutcome.CONTACT_SUPPORT, now
             self.store.add_round(repair.id, record, result="contact support")
+            message = f"no automatic repair left: {decision.reason}; faults {', '.join(keys)}"
             kube.nodes.write_conditions(self.api, node, [{
                 "type": CONDITION, "status": "False", "reason": "ContactSupport",
-                "message": f"no automatic repair left: {decision.reason}; faults {', '.join(keys)}"[:512],
+                "message": bounds.clip(message, conditions.MESSAGE_LIMIT),
             }], [])  # fmt: skip
             common.post_event(
                 self.api, node, reason="FaultlineContactSupport", note=decision.reason, action="Remediate",
                 warning=True, worker=WORKER, owner=self.owner,
             )  # fmt: skip
             self.metrics.actions.labels(result="contact-support").inc()
-            return store.DONE
+            return store.State.DONE
         what = self._request(name, node, decision, keys, gpus, round_)
         self.store.add_round(repair.id, record)
         common.post_event(self.api, node, reason="FaultlineRemediationRequested",
                           note=f"{decision.step} ({decision.reason}); {what}", action="Remediate",
                           warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
         self.metrics.actions.labels(result=decision.step.lower()).inc()
-        return store.DONE, store.to_janitor()  # the hand-over, set when this claim closes
+        return store.Completion(then=store.HandOver.TO_JANITOR)  # the hand-over, set when this claim closes
 
-    def _needs_whole_node(self, repair: store.Repair, step: str, gpus: list[str]) -> bool:
+    def _needs_whole_node(self, repair: store.Repair, step: RepairStep, gpus: list[str]) -> bool:
         """After a partial drain of this episode, a step other than a reset of the drained GPUs widens
         the drain to the whole node (the claim then waits in WAIT_DRAIN for it)."""
         if not self.settings.require_drain:
@@ -206,9 +213,10 @@ class Remediation:
     def _request(self, name: str, node: str, decision: remedies.Decision, keys: list[str], gpus: list[str],
                  round_: int) -> str:  # fmt: skip
         """Write the request (a RemediationRequest, or the template's CR); say which."""
+        reason = bounds.clip(decision.reason, bounds.REQUEST_TEXT)
         if self.settings.template is not None:
             values = {"name": name, "node": node, "action": decision.step, "gpus": gpus, "faultKeys": keys,
-                      "reason": decision.reason[:1024]}  # fmt: skip
+                      "reason": reason}  # fmt: skip
             custom = templates.render(self.settings.template, values)
             with contextlib.suppress(ConflictError):  # written already by this claim's earlier holder
                 kube.resources.create_object(self.api, custom)
@@ -216,7 +224,7 @@ class Remediation:
         body: dict[str, Any] = {
             "apiVersion": kube.resources.RR_API_VERSION, "kind": "RemediationRequest",
             "metadata": {"name": name, "labels": {"faultline.io/node": node}},
-            "spec": {"node": node, "action": decision.step, "gpus": gpus, "reason": decision.reason[:1024],
+            "spec": {"node": node, "action": decision.step, "gpus": gpus, "reason": reason,
                      "faultKeys": keys, "step": round_},
         }  # fmt: skip
         with contextlib.suppress(ConflictError):  # already written by this claim's earlier holder: the same

@@ -22,11 +22,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from faultline import config
-from faultline.models import Action
+from faultline.models import Action, RepairOutcome, RepairStep
 
-GPU_RESET, REBOOT, REPLACE, CONTACT_SUPPORT = "GPU_RESET", "REBOOT", "REPLACE", "CONTACT_SUPPORT"
-FAILED_OUTCOMES = frozenset({"Failed", "TimedOut", "NotCleared"})
-CANCELLED = "Cancelled"  # a person's request deleted before the janitor started it: no repair happened
+# the ladder's steps (`faultline.models.RepairStep`, the values rounds store)
+GPU_RESET, REBOOT, REPLACE = RepairStep.GPU_RESET, RepairStep.REBOOT, RepairStep.REPLACE
+CONTACT_SUPPORT = RepairStep.CONTACT_SUPPORT
+FAILED_OUTCOMES = frozenset({RepairOutcome.FAILED, RepairOutcome.TIMED_OUT, RepairOutcome.NOT_CLEARED})
+CANCELLED = RepairOutcome.CANCELLED  # a person's request deleted before the janitor started it: no repair
 
 
 Caps = config.RepairCaps  # the ladder's limits, defined once with the remediation settings
@@ -36,13 +38,13 @@ Caps = config.RepairCaps  # the ladder's limits, defined once with the remediati
 class Repair:
     """A repair done before, as recorded: which step, for which faults, when, and how it ended."""
 
-    step: str
+    step: RepairStep
     fault_keys: tuple[str, ...]
     at: dt.datetime
-    outcome: str  # Succeeded | Failed | TimedOut | NotCleared (it ran, but the fault came back)
+    outcome: RepairOutcome
 
 
-def last_step(caps: Caps) -> str:
+def last_step(caps: Caps) -> RepairStep:
     return REPLACE if caps.can_replace else CONTACT_SUPPORT
 
 
@@ -61,7 +63,7 @@ def capped(fault_keys: Iterable[str], history: Iterable[Repair], caps: Caps, now
     return None
 
 
-def ladder(action: Action, caps: Caps) -> list[str]:
+def ladder(action: Action, caps: Caps) -> list[RepairStep]:
     last = last_step(caps)
     steps = {
         Action.COMPONENT_RESET: [GPU_RESET, REBOOT, last],
@@ -70,7 +72,7 @@ def ladder(action: Action, caps: Caps) -> list[str]:
         Action.REPLACE_VM: [REPLACE, CONTACT_SUPPORT] if caps.can_replace else [CONTACT_SUPPORT],
         Action.CONTACT_SUPPORT: [CONTACT_SUPPORT],
     }.get(action, [])
-    out: list[str] = []
+    out: list[RepairStep] = []
     for step in steps:
         if step not in out:
             out.append(step)
@@ -79,7 +81,7 @@ def ladder(action: Action, caps: Caps) -> list[str]:
 
 @dataclass(frozen=True)
 class Decision:
-    step: str | None  # None: no repair needed
+    step: RepairStep | None  # None: no repair needed
     reason: str
 
 

@@ -9,8 +9,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from faultline import kube, store
+from prometheus_client import CollectorRegistry
+
+from faultline import kube, liveness, store
 from faultline.config import (
     DrainConfig,
     JanitorConfig,
@@ -34,6 +37,7 @@ from workers import (
 )
 
 log = logging.getLogger(__name__)
+HALT_S = 20.0  # a stopping part finishes the work in hand within this, inside the 30 s grace period
 
 
 def _connect(
@@ -65,7 +69,8 @@ def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
     settings = quarantine.Settings.from_config(config)  # rules are checked before anything connects
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
-    return quarantine.QuarantineWorker(st, api, settings, config.owner or common.default_owner("quarantine"))
+    owner = config.owner or common.default_owner("quarantine")
+    return quarantine.QuarantineWorker(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
 
 
 def quarantine_main(config: QuarantineConfig) -> None:
@@ -76,7 +81,8 @@ def drain_worker(config: DrainConfig) -> drainer.Drainer:
     settings = drainer.Settings.from_config(config)
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
-    return drainer.Drainer(st, api, settings, config.owner or common.default_owner("drain"))
+    owner = config.owner or common.default_owner("drain")
+    return drainer.Drainer(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
 
 
 def drain_main(config: DrainConfig) -> None:
@@ -89,7 +95,8 @@ def remediation_main(config: RemediationConfig) -> None:
     api = kube.api_client(config.kubeconfig)
     with contextlib.suppress(ForbiddenError):  # a cluster where the chart installed the CRD
         kube.resources.ensure_crds(api)  # a local cluster
-    worker = remediation.Remediation(st, api, settings, config.owner or common.default_owner("remediation"))
+    owner = config.owner or common.default_owner("remediation")
+    worker = remediation.Remediation(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
     _serve_until_signalled(worker, config)
 
 
@@ -97,7 +104,8 @@ def janitor_main(config: JanitorConfig) -> None:
     settings = janitor.Settings.from_config(config, cloud_provider(config))
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
-    worker = janitor.Janitor(st, api, settings, config.owner or common.default_owner("janitor"))
+    owner = config.owner or common.default_owner("janitor")
+    worker = janitor.Janitor(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
     _serve_until_signalled(worker, config)
 
 
@@ -153,48 +161,52 @@ def maintenance_monitor(config: MaintenanceConfig) -> maintenance.MaintenanceMon
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     owner = config.owner or common.default_owner(maintenance.WORKER)
-    return maintenance.MaintenanceMonitor(st, api, settings, owner)
+    stall = config.stall_timeout.total_seconds()
+    return maintenance.MaintenanceMonitor(st, api, settings, owner, stall=stall)
 
 
 def maintenance_main(config: MaintenanceConfig) -> None:
     monitor = maintenance_monitor(config)
-    if config.metrics_port:
-        serve(config.metrics_port, host=config.metrics_address, registry=monitor.registry,
-              health=monitor.healthy)  # fmt: skip
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    monitor.start()
-    stop.wait()
-    monitor.halt(20.0)
+    _until_signalled(monitor, monitor.registry, config)
 
 
 def object_monitor_main(config: ObjectMonitorConfig) -> None:
     settings = object_monitor.Settings.from_config(config)  # the rules are checked before connecting
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
-    monitor = object_monitor.ObjectMonitor(st, kube.api_client(config.kubeconfig), settings)
-    if config.metrics_port:
-        serve(config.metrics_port, host=config.metrics_address, registry=monitor.metrics.registry,
-              health=monitor.healthy)  # fmt: skip
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    monitor.start()
-    stop.wait()
-    monitor.halt(20.0)
+    monitor = object_monitor.ObjectMonitor(st, kube.api_client(config.kubeconfig), settings,
+                                           stall=config.stall_timeout.total_seconds())  # fmt: skip
+    _until_signalled(monitor, monitor.metrics.registry, config)
 
 
 Worker = quarantine.QuarantineWorker | drainer.Drainer | remediation.Remediation | janitor.Janitor
 
 
+class Running(Protocol):
+    """A long-running part: threads started by `start`, ended (and joined) by `halt`, its loops' liveness."""
+
+    alive: liveness.Liveness
+
+    def start(self) -> list[threading.Thread]: ...
+
+    def halt(self, timeout: float = ...) -> bool: ...
+
+
 def _serve_until_signalled(worker: Worker, config: MetricsFields) -> None:
+    _until_signalled(worker, worker.metrics.registry, config)
+
+
+def _until_signalled(part: Running, registry: CollectorRegistry, config: MetricsFields) -> None:
+    """Serve the metrics and `/healthz` (the part's liveness), run the part until SIGTERM or SIGINT, then
+    stop it in order (inside Kubernetes' default 30 s grace period) and stop serving."""
+    server = None
     if config.metrics_port:
-        serve(config.metrics_port, host=config.metrics_address, registry=worker.metrics.registry,
-              health=lambda: True)  # fmt: skip
+        server = serve(config.metrics_port, host=config.metrics_address, registry=registry, health=part.alive)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    worker.start()
+    part.start()
     stop.wait()
-    if not worker.halt(20.0):  # inside Kubernetes' default 30 s grace period
-        log.warning("some claims still in hand after 20 s; their leases expire and others take them over")
+    if not part.halt(HALT_S):
+        log.warning("some work still in hand after %.0f s; its leases expire and others take it over", HALT_S)
+    if server is not None:
+        server.close()

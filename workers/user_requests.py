@@ -48,9 +48,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faultline import kube, store
+from faultline import bounds, kube, store
 from faultline.errors import ConflictError, FaultlineError, InvalidError, NotFoundError, TransientError
-from faultline.models import PROVIDER_REPAIR, FaultState
+from faultline.models import PROVIDER_REPAIR, FaultState, RepairStep
 from workers import remedies
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Limits:
 def job_name(uid: str) -> str:
     """A request's repair Job: by uid, so a request deleted and created again under the same name never
     finds the earlier one's Job (which would say it succeeded)."""
-    return f"request-{uid}"[:63]
+    return bounds.clip(f"request-{uid}", bounds.LABEL_VALUE)
 
 
 def pci(gpu: str) -> str | None:
@@ -163,7 +163,8 @@ def gpu_capacity(node: dict[str, Any]) -> int | None:
 
 def running(repair: store.Repair) -> bool:
     """Is this repair being carried out, validated, or decided right now?"""
-    return repair.janitor.state in (store.PENDING, store.CLAIMED) or repair.remediation.state == store.CLAIMED
+    active = (store.State.PENDING, store.State.CLAIMED)
+    return repair.janitor.state in active or repair.remediation.state == store.State.CLAIMED
 
 
 def history(repairs: Iterable[store.Repair]) -> list[remedies.Repair]:
@@ -226,9 +227,10 @@ def check(
     if action in NODE_STEPS:  # the GPUs of the faults it repairs, which the node agent re-reads after
         gpus = sorted({open_[k].entity.id for k in keys if open_[k].entity.type == "GPU"})
     who = f" by {req.by}" if req.by else ""
+    why = bounds.clip(req.reason or f"RemediationRequest {req.name}", bounds.REQUEST_TEXT)
     round_ = store.RepairRound(
-        step=action, request=req.name, job=job_name(req.uid), fault_keys=sorted(keys), gpus=gpus,
-        reason=(req.reason or f"RemediationRequest {req.name}")[:1024] + f" (requested{who})",
+        step=RepairStep(action), request=req.name, job=job_name(req.uid), fault_keys=sorted(keys), gpus=gpus,
+        reason=f"{why} (requested{who})",
         requested_at=req.created or now,
     )  # fmt: skip
     turn = max((r.user.turn for r in repairs if r.user is not None), default=0) + 1
@@ -351,7 +353,7 @@ class Adopter:
                                 f"RemediationRequest {req.name}: {verdict.message}", True)  # fmt: skip
             return
         assert verdict.round is not None
-        pending = {"phase": "Pending", "message": verdict.message[:1024]}
+        pending = {"phase": "Pending", "message": bounds.clip(verdict.message, bounds.REQUEST_TEXT)}
         if req.phase != "Pending" and not self._status(req, pending):
             return  # deleted meanwhile
         user = store.UserRequest(name=req.name, uid=req.uid, by=req.by, turn=verdict.turn)
@@ -363,11 +365,13 @@ class Adopter:
     def _refuse(self, req: Request, message: str, now: dt.datetime) -> bool:
         """Status Refused; on a cluster whose CRD predates that phase (the chart never upgrades CRDs),
         Failed with the same message. False when the request is gone."""
-        status = {"phase": "Refused", "message": message[:1024], "finishedAt": _stamp(now), "attempts": 0}
+        said = bounds.clip(message, bounds.REQUEST_TEXT)
+        status = {"phase": "Refused", "message": said, "finishedAt": _stamp(now), "attempts": 0}
         try:
             return self._status(req, status)
         except InvalidError:
-            return self._status(req, {**status, "phase": "Failed", "message": f"refused: {message}"[:1024]})
+            failed = bounds.clip(f"refused: {message}", bounds.REQUEST_TEXT)
+            return self._status(req, {**status, "phase": "Failed", "message": failed})
 
     def _status(self, req: Request, status: dict[str, Any]) -> bool:
         """Write the request's status; False when it is gone (or is another object of that name now)."""

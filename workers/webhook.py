@@ -11,6 +11,7 @@ rebuilt at every certificate sync, so a rotated certificate is served without a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import socket
@@ -25,6 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from faultline import bounds, liveness
 from faultline.errors import FaultlineError
 from faultline.kube import preflight as ops
 from faultline.kube.lite import Client
@@ -34,6 +36,8 @@ from workers.webhook_certs import Bundle, Keeper
 log = logging.getLogger(__name__)
 MAX_BODY = 3 << 20  # an AdmissionReview of a large pod stays far below this
 REQUEST_TIMEOUT_S = 10.0
+POLL_S = 0.5  # the serving loop's turn when no connection comes (socketserver's default)
+SERVE_LOOP, CERTIFICATES_LOOP = "webhook-serve", "webhook-certificates"  # its loops' names (liveness)
 
 REGISTRY = CollectorRegistry()
 REVIEWS = Counter(
@@ -62,7 +66,7 @@ class NamespaceLabels:
         except FaultlineError as exc:
             log.warning(
                 "namespace labels unreadable; following the namespaceSelector",
-                extra={"namespace": name, "error": str(exc)[:300]},
+                extra={"namespace": name, "error": bounds.clip(str(exc), bounds.ERROR_TEXT)},
             )
             return None
         with self._lock:
@@ -86,6 +90,9 @@ def context_from_pem(cert: bytes, key: bytes) -> ssl.SSLContext:
 
 
 class WebhookServer(ThreadingHTTPServer):
+    """The HTTPS server, its liveness (`alive`: the accepting loop, each request in flight, the
+    certificates' sync; one silent past `stall` seconds fails /healthz) and its threads (`close`)."""
+
     daemon_threads = True
     allow_reuse_address = True
 
@@ -95,13 +102,45 @@ class WebhookServer(ThreadingHTTPServer):
         settings: preflight_inject.InjectSettings,
         labels: Callable[[str], dict[str, str] | None],
         context: ssl.SSLContext,
+        *,
+        stall: float = liveness.DEFAULT_LIMIT_S,
     ) -> None:
         self.settings = settings
         self.labels = labels
         self.context = context
+        self.stall = stall
+        self.alive = liveness.Liveness()
+        self.alive.loop(SERVE_LOOP, stall + POLL_S)
+        self.requests = itertools.count()
+        self.threads: list[threading.Thread] = []
+        self.stop = threading.Event()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def serve_forever(self, poll_interval: float = POLL_S) -> None:
+        super().serve_forever(poll_interval)
+
+    def service_actions(self) -> None:
+        """Called by `serve_forever` at every turn (every POLL_S when idle)."""
+        self.alive.beat(SERVE_LOOP)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """A request answered on its own thread, watched while it runs: one that hangs fails /healthz."""
+        name = f"request-{next(self.requests)}"
+        self.alive.loop(name, self.stall)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.alive.forget(name)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop serving and syncing certificates, join both threads, close the socket."""
+        self.stop.set()
+        self.shutdown()
+        for thread in self.threads:
+            thread.join(timeout)
+        self.server_close()
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, addr = super().get_request()
@@ -138,7 +177,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/healthz":
-            self._send(200, b"ok", "text/plain")
+            stalls = self.server.alive.stalls()
+            if stalls:
+                self._send(503, "".join(f"stalled: {s}\n" for s in stalls).encode(), "text/plain")
+            else:
+                self._send(200, b"ok", "text/plain")
         else:
             self._send(404, b"not found", "text/plain")
 
@@ -189,7 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             super().handle()
         except (ssl.SSLError, OSError) as exc:  # a client that went away or could not agree on TLS
-            log.debug("webhook connection ended", extra={"error": str(exc)[:200]})
+            log.debug("webhook connection ended", extra={"error": bounds.clip(str(exc), bounds.EXCERPT)})
 
 
 class Certificates:
@@ -220,21 +263,28 @@ def serve(
     certificates: Certificates,
     *,
     check_interval: float,
-    stop: threading.Event,
+    stall: float = liveness.DEFAULT_LIMIT_S,
 ) -> WebhookServer:
     """Start serving (certificates loaded first: a failure to get them is raised) and a thread that
-    syncs them every `check_interval` until `stop` is set; returns the running server."""
-    server = WebhookServer(address, settings, labels.get, certificates.context())
-    threading.Thread(target=server.serve_forever, name="webhook", daemon=True).start()
+    syncs them every `check_interval`; returns the running server (`close()` stops both)."""
+    server = WebhookServer(address, settings, labels.get, certificates.context(), stall=stall)
+    beat = server.alive.loop(CERTIFICATES_LOOP, check_interval + stall)
 
     def keep() -> None:
-        while not stop.wait(check_interval):
+        while not server.stop.wait(check_interval):
             try:
                 server.context = certificates.context()
             except (FaultlineError, OSError, ssl.SSLError, ValueError) as exc:
                 log.error(
-                    "webhook certificates not synced; serving the last ones", extra={"error": str(exc)[:300]}
+                    "webhook certificates not synced; serving the last ones",
+                    extra={"error": bounds.clip(str(exc), bounds.ERROR_TEXT)},
                 )
+            beat()
 
-    threading.Thread(target=keep, name="webhook-certificates", daemon=True).start()
+    server.threads = [
+        threading.Thread(target=server.serve_forever, name="webhook", daemon=True),
+        threading.Thread(target=keep, name="webhook-certificates", daemon=True),
+    ]
+    for thread in server.threads:
+        thread.start()
     return server

@@ -41,8 +41,11 @@ from sources import simulator
 
 WORKLOAD_NAMESPACE = "chaos-load"
 DRAIN_MODE_LABEL = "faultline.io/drain-mode"
-STAGE_OF = {"quarantine": ("queue", "quarantine"), "drain": ("drains", "nodedrain"),
-            "remediation": ("repairs", "remediation"), "janitor": ("repairs", "janitor")}  # fmt: skip
+PROBLEMS_SHOWN = 20  # problems a scenario's result lists when it did not converge (the rest are alike)
+STAGE_OF = {"quarantine": (store.Work.QUEUE, store.Stage.QUARANTINE),
+            "drain": (store.Work.DRAINS, store.Stage.NODEDRAIN),
+            "remediation": (store.Work.REPAIRS, store.Stage.REMEDIATION),
+            "janitor": (store.Work.REPAIRS, store.Stage.JANITOR)}  # fmt: skip
 
 
 class Cloud(Protocol):
@@ -190,7 +193,7 @@ def run(env: Environment, scenario: plan.Scenario, index: int) -> Result:
         injector.join()
         since = max(recovered, sent.last_at)
         converged, left = _converge(world, st, api, sent, since + knobs.converge_timeout_s)
-        details["problems"] = left[:20]
+        details["problems"] = left[:PROBLEMS_SHOWN]
         converge_s = None if converged is None else round(converged - since, 1)
         result = _measure(env, scenario, world, st, sent, marks, converge_s, details)
         result.details["errors"] = fleet.errors()
@@ -273,7 +276,7 @@ def _fault(
         name = scenario.target
         collection, stage = STAGE_OF[name]
         owner = fleet.owners[name]
-        flt = {f"{stage}.state": store.CLAIMED, f"{stage}.lease_owner": owner}
+        flt = {f"{stage}.state": store.State.CLAIMED, f"{stage}.lease_owner": owner}
         deadline = time.monotonic() + knobs.claim_wait_s
         held = 0
         while not held and time.monotonic() < deadline:  # stopped (SIGSTOP) while the store is read:

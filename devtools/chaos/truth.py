@@ -21,7 +21,7 @@ from typing import Any
 
 from devtools.chaos import audit
 from devtools.chaos.plan import Schedule
-from faultline import kube, store
+from faultline import bounds, kube, store
 from faultline.models import event_id, fault_id, utc_from_epoch
 from sources import simulator
 
@@ -71,7 +71,7 @@ def problems(world: World, st: store.Store, api: Any, sent: Sent) -> list[str]:
             if missing:
                 out.append(f"{len(missing)} injected events not stored yet")
     except Exception as exc:  # noqa: BLE001 - a part still down: not converged
-        out.append(f"cannot look: {type(exc).__name__}: {str(exc)[:200]}")
+        out.append(f"cannot look: {type(exc).__name__}: {bounds.clip(str(exc), bounds.EXCERPT)}")
     return out
 
 

@@ -102,6 +102,12 @@ class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields):
         description="processes of the active replica (Bytewax's cluster mode on this machine: the first "
         "reads the feed and holds the lease, every one decodes and keeps windows; use one per core)",
     )  # fmt: skip
+    process_port: int = Field(
+        default=7410, ge=1024, le=65_000,
+        description="with processes > 1, the first of the loopback TCP ports the replica's processes talk "
+        "on (one each: this and the next ones); fixed and below Linux's ephemeral range (32768-60999), so "
+        "no outgoing connection can hold one between choosing it and binding it",
+    )  # fmt: skip
     anomaly: bool = Field(
         default=False, description="score each GPU's health fields with online models (river: needs the "
         "faultline[anomaly] extra) and raise non-fatal GPU-ANOMALY-<FIELD> faults that never cordon",

@@ -138,6 +138,13 @@ class MetricsFields(BaseModel):
         description="address /metrics and /healthz listen on: 0.0.0.0 (every IPv4 interface: a pod's "
         "probes reach it on the pod IP), :: (IPv6 and IPv4), or one address such as 127.0.0.1",
     )
+    stall_timeout: Duration = Field(
+        default=dt.timedelta(seconds=120),
+        ge=dt.timedelta(seconds=1),
+        description="how long one of the component's loops (a claimer, a watch, the dataflow, the "
+        "webhook's server) may make no progress before /healthz answers 503 and the kubelet restarts "
+        "the pod; longer than any one call's own timeout, so an outage waited out is not a stall",
+    )
 
 
 class WorkerFields(MetricsFields):

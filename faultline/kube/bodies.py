@@ -8,6 +8,8 @@ import datetime as dt
 import os
 from typing import Any
 
+from faultline import bounds
+
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 
@@ -48,10 +50,10 @@ def node_event(
         "metadata": {"name": f"{node}.{os.urandom(8).hex()}"},  # generateName may not end in "."
         "eventTime": micro_time(),
         "reportingController": controller,
-        "reportingInstance": instance,
+        "reportingInstance": bounds.clip(instance, bounds.EVENT_INSTANCE),
         "action": action,
         "reason": reason,
-        "note": note[:1024],
+        "note": bounds.clip(note, bounds.EVENT_NOTE),
         "type": "Warning" if warning else "Normal",
         "regarding": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
     }

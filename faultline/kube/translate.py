@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from faultline import bounds
 from faultline.errors import (
     AlreadyExistsError,
     ApiError,
@@ -75,8 +76,9 @@ def error(
     doc = status_body(body)
     message = str(doc.get("message") or "")
     if not message and body:
-        message = (body if isinstance(body, str) else body.decode(errors="replace"))[:200]
-    message = message[:500]
+        text = body if isinstance(body, str) else body.decode(errors="replace")
+        message = bounds.clip(text, bounds.EXCERPT)
+    message = bounds.clip(message, bounds.STORED_TEXT)
     reason = str(doc.get("reason") or "")
     if status is None or status == 0:
         return ApiUnavailableError(verb, what, message or "no answer from the API server")

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from faultline import bounds
 from faultline.errors import ApiError, FaultlineError, PermanentError, TransientError
 from faultline.kube import translate
 from faultline.kube.client import ApiClient, translated
@@ -100,13 +101,17 @@ def collection_path(target: Target, plural: str, namespaced: bool) -> str:
 
 
 class Informer:
-    """Lists and watches `target`, handing every `Change` to `deliver` (on this informer's thread)."""
+    """Lists and watches `target`, handing every `Change` to `deliver` (on this informer's thread).
+    `beat`: called at every turn and every event read, bookmarks included (its liveness: a watch the
+    server keeps open sends one at least every `timeout` + 30 s, when it ends the watch)."""
 
     def __init__(
         self, api: ApiClient, target: Target, deliver: Callable[[Change], None], *,
         timeout: float = 300.0, retry_max: float = 30.0, page: int = PAGE,
+        beat: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
         self.api, self.target, self.deliver = api, target, deliver
+        self.beat = beat or (lambda: None)
         self.timeout, self.retry_max, self.page = timeout, retry_max, page
         self.stats = Stats()
         self.synced = threading.Event()
@@ -135,6 +140,7 @@ class Informer:
         version: str | None = None
         delay = 1.0
         while not self.stop.is_set():
+            self.beat()
             try:
                 if self._path is None:
                     self._path = collection_path(self.target, *discover(self.api, self.target))
@@ -161,7 +167,7 @@ class Informer:
 
     def _failed(self, exc: Exception, delay: float) -> None:
         self.stats.errors += 1
-        self.stats.last_error = str(exc)[:500]
+        self.stats.last_error = bounds.clip(str(exc), bounds.STORED_TEXT)
         level = logging.INFO if isinstance(exc, TransientError) and self.stats.errors < 3 else logging.WARNING
         fields = {"watch": str(self.target), "delay": delay, "error": self.stats.last_error}
         log.log(level, "watch failed; trying again", extra=fields)
@@ -209,6 +215,7 @@ class Informer:
             self._response = response
             try:
                 for event in _events(response):
+                    self.beat()
                     version = self._handle(event, version)
                     if self.stop.is_set():
                         break

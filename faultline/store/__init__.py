@@ -28,8 +28,10 @@ Hand-over between workers, through typed fields (`documents`) and named operatio
   repair but a reset of the drained GPUs.
 - node agent -> drainer: `record_gpu_pods` (which pods use which GPU, read from the kubelet after the
   agent saw the episode's `NodeHold.quarantined_at`); the drainer reads `gpu_pods_of(node)`.
-- remediation -> janitor: completing a claim with `also=store.to_janitor()` sets `janitor.state`
-  pending; the janitor gives a round that failed back with `also=store.to_remediation()`.
+- remediation -> janitor: completing a claim with `store.Completion(then=store.HandOver.TO_JANITOR)`
+  makes the janitor's stage pending in the same write; the janitor gives a round that failed back with
+  `HandOver.TO_REMEDIATION`. Workers name no field: a hand-over, a back-off (`Completion`) and what a
+  held claim's look found (`RoundLook`, `record_look`) are typed values the store turns into its update.
 - quarantine reads `repair_in_progress(node)` (the janitor's stage pending or claimed) before release.
 - node agent <-> maintenance monitor: `record_scheduled_events` (what only an Azure node can read);
   `request_start` once the node is drained, `record_started` once the agent posted the StartRequests.
@@ -37,6 +39,9 @@ Hand-over between workers, through typed fields (`documents`) and named operatio
   `Repair` with `user` set and its janitor stage pending), then carries it out like any other.
 - janitor -> node agent: `record_step_verified` marks a round's step done (reset Job succeeded, node
   back); the agent reads `repairs_to_confirm(node)` while the janitor validates that round.
+
+Stages (`Stage`), their states (`State`) and the collections of work documents (`Work`) are enums
+whose values are the strings stored (documents written before them read alike).
 
 Work is taken by claims (`claims`): each work document carries a `StageStatus` per stage (`state`,
 `attempts`, `seq`, `lease_owner`, `lease_until`, `updated_at`, `error`, `retry_after`). A failure gives
@@ -49,27 +54,10 @@ transactions, TTL indexes, change streams, update pipelines, positional operator
 equality filters on the hot path (FerretDB evaluates other filters after fetching every document).
 """
 
-from faultline.store.analyzer import ANALYZER, ANALYZER_ITEM
+from faultline.store.analyzer import ANALYZER_ITEM
 from faultline.store.backoff import retry_delay
-from faultline.store.base import (
-    CLAIMED,
-    DONE,
-    DRAINS,
-    IDLE,
-    JANITOR,
-    NODEDRAIN,
-    PARKED,
-    PENDING,
-    QUARANTINE,
-    QUEUE,
-    REMEDIATION,
-    REPAIRS,
-    STAGES,
-    Clock,
-    utc,
-    utcnow,
-)
-from faultline.store.claims import CLAIM_SCAN, Claim
+from faultline.store.base import STAGES, Clock, Stage, State, Work, utc, utcnow
+from faultline.store.claims import CLAIM_SCAN, Claim, Completion, HandOver
 from faultline.store.connection import Store, connect, unreachable_is_transient
 from faultline.store.documents import (
     Breaker,
@@ -96,20 +84,19 @@ from faultline.store.drains import DRAINED
 from faultline.store.feed import FeedBatch, FeedRead, Position, position_doc, position_from
 from faultline.store.holds import BREAKER_ID
 from faultline.store.maintenance import MAINTENANCE_PATTERN
-from faultline.store.repairs import episode_label, repair_key, to_janitor, to_remediation, user_repair_key
+from faultline.store.repairs import RoundLook, episode_label, repair_key, user_repair_key
 
 __all__ = [
-    "ANALYZER", "ANALYZER_ITEM",
-    "BREAKER_ID", "CLAIMED", "CLAIM_SCAN", "DONE", "DRAINED", "DRAINS", "IDLE", "JANITOR",
-    "MAINTENANCE_PATTERN", "NODEDRAIN", "PARKED",
-    "PENDING", "QUARANTINE", "QUEUE", "REMEDIATION", "REPAIRS", "STAGES", "Breaker", "Claim",
-    "Clock", "Drain",
-    "DryRun", "FaultRecord", "FeedBatch", "FeedRead", "GpuAssignment", "GpuPods", "Lease", "NodeHold",
-    "Owned", "Parked",
+    "ANALYZER_ITEM",
+    "BREAKER_ID", "CLAIM_SCAN", "DRAINED",
+    "MAINTENANCE_PATTERN", "STAGES", "Breaker", "Claim",
+    "Clock", "Completion", "Drain",
+    "DryRun", "FaultRecord", "FeedBatch", "FeedRead", "GpuAssignment", "GpuPods", "HandOver", "Lease",
+    "NodeHold", "Owned", "Parked",
     "PodRecord", "Position", "Repair", "RepairNotice",
-    "RepairRound", "ScheduledEvent", "ScheduledEvents",
-    "StageStatus", "Store", "UserRequest", "WorkItem", "connect", "episode_label", "position_doc",
-    "position_from",
-    "repair_key", "retry_delay", "to_janitor", "to_remediation", "unreachable_is_transient",
+    "RepairRound", "RoundLook", "ScheduledEvent", "ScheduledEvents",
+    "Stage", "StageStatus", "State", "Store", "UserRequest", "Work", "WorkItem", "connect", "episode_label",
+    "position_doc", "position_from",
+    "repair_key", "retry_delay", "unreachable_is_transient",
     "user_repair_key", "utc", "utcnow",
 ]  # fmt: skip

@@ -25,10 +25,10 @@ from typing import Any
 import bson
 from pymongo.collection import Collection
 
-from faultline.store.base import CLAIMED, CODEC, QUEUE, Base
+from faultline.store.base import CODEC, Base, Stage, State, Work
 from faultline.store.feed import FEED_HEADS, position_from
 
-ANALYZER = "analyzer"  # the stage of the analyzer's lease item (`queue`), and the checkpoints' collection
+ANALYZER = "analyzer"  # the checkpoints' collection (the lease item's stage is `Stage.ANALYZER`)
 ANALYZER_ITEM = "cluster"  # the lease item's key: `analyzer/cluster`
 
 
@@ -87,15 +87,15 @@ class Analyzer(Base):
 
     def analyzer_status(self, partitions: int) -> AnalyzerStatus | None:
         """None when no analyzer ever ran here."""
-        item_id = f"{ANALYZER}/{ANALYZER_ITEM}"
-        item = self.db[QUEUE].find_one({"_id": item_id})
+        item_id = f"{Stage.ANALYZER}/{ANALYZER_ITEM}"
+        item = self.db[Work.QUEUE].find_one({"_id": item_id})
         saved = list(self.checkpoints.find({}, {"updated_at": 1}))
         if item is None and not saved:
             return None
         owner = until = None
-        stage = (item or {}).get(ANALYZER) or {}
-        if stage.get("state") == CLAIMED:
-            lease = self.leases.find_one({"_id": f"{ANALYZER}/{item_id}/{stage.get('seq', 0)}"}) or {}
+        stage = (item or {}).get(Stage.ANALYZER) or {}
+        if stage.get("state") == State.CLAIMED:
+            lease = self.leases.find_one({"_id": f"{Stage.ANALYZER}/{item_id}/{stage.get('seq', 0)}"}) or {}
             if lease.get("until") is not None and lease["until"] >= self.now():
                 owner, until = stage.get("lease_owner"), lease["until"]
         times = [d["updated_at"] for d in saved if d.get("updated_at") is not None]

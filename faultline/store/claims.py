@@ -22,6 +22,7 @@ stage redone (every handler is idempotent).
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from pymongo.errors import DuplicateKeyError
 
 from faultline.errors import LeaseLostError
 from faultline.store import documents
-from faultline.store.base import CLAIMED, DONE, PARKED, PENDING, WORK, Base
+from faultline.store.base import WORK, Base, Stage, State, Work, fresh
 
 CLAIM_SCAN = 32  # pending items looked at per claim before giving up (others may be taking them)
 ORPHAN_S = 20.0  # past every client's store timeout (10 s): a lease this old has no second write coming
@@ -40,12 +41,12 @@ ORPHAN_S = 20.0  # past every client's store timeout (10 s): a lease this old ha
 @dataclass(frozen=True)
 class Claim:
     id: str
-    stage: str
+    stage: Stage
     owner: str
     lease_until: dt.datetime
     doc: dict[str, Any]  # the work document as claimed (read it typed: `store.WorkItem.from_doc(...)`)
     n: int  # this claim's number in `leases`
-    collection: str = "faults"
+    collection: Work
 
     @property
     def status(self) -> documents.StageStatus:
@@ -57,16 +58,38 @@ class Claim:
         return None if node is None else str(node)
 
 
+class HandOver(enum.Enum):
+    """A hand-over between the stages of one work document, written with the completion that makes it
+    (`Completion.then`), so the next stage cannot claim the document while this one still writes it:
+    the stage named becomes pending with fresh attempts, no back-off and no error."""
+
+    TO_JANITOR = Stage.JANITOR  # remediation decided a round: the janitor carries it out
+    TO_REMEDIATION = Stage.REMEDIATION  # the janitor's round did not succeed: remediation escalates
+
+
+@dataclass(frozen=True)
+class Completion:
+    """How a claim closes (`Claims.complete`): the stage's `state` (`done`, a worker's own final state,
+    `parked`, or `pending` to give it back); `retry_after`: not claimed again before then; `fresh`: its
+    attempts start over (given back for a reason that was no failure, e.g. another repair of the node
+    under way); `then`: the next stage's hand-over, in the same write."""
+
+    state: State = State.DONE
+    retry_after: dt.datetime | None = None
+    fresh: bool = False
+    then: HandOver | None = None
+
+
 class Claims(Base):
     def claim(
         self,
-        stage: str,
+        stage: Stage,
         owner: str,
         lease: dt.timedelta,
         extra: dict[str, Any] | None = None,
         *,
         spread: bool = False,
-        collection: str = "faults",
+        collection: Work,
         order: tuple[str, ...] = ("first_seen",),
     ) -> Claim | None:
         """Take the first pending document of `stage` in `collection`, by `order` (ascending fields; a
@@ -83,24 +106,24 @@ class Claims(Base):
 
     def pending(
         self,
-        stage: str,
+        stage: Stage,
         limit: int,
         extra: dict[str, Any] | None = None,
         *,
-        collection: str = "faults",
+        collection: Work,
         order: tuple[str, ...] = ("first_seen",),
     ) -> list[dict[str, Any]]:
         """Up to `limit` pending documents of `stage` that are due, in `order` (candidates for
         `try_claim`). Items backing off (`retry_after` later than now) are dropped here, after an
         equality query, so they are not claimed early."""
         sort = [(f.lstrip("-"), pymongo.DESCENDING if f[0] == "-" else pymongo.ASCENDING) for f in order]
-        found = self.db[collection].find({f"{stage}.state": PENDING, **(extra or {})})
+        found = self.db[collection].find({f"{stage}.state": State.PENDING, **(extra or {})})
         docs = list(found.sort([*sort, ("_id", pymongo.ASCENDING)]).limit(limit))
         now = self.now()
         return [d for d in docs if (after := (d.get(stage) or {}).get("retry_after")) is None or after <= now]
 
     def try_claim(
-        self, stage: str, doc: dict[str, Any], owner: str, lease: dt.timedelta, *, collection: str = "faults"
+        self, stage: Stage, doc: dict[str, Any], owner: str, lease: dt.timedelta, *, collection: Work
     ) -> Claim | None:
         """Claim `doc` as it was read: the next lease number after the one it shows. A stale copy (claimed,
         completed or reaped since) names a number that exists already, so it fails: None; so does a copy
@@ -112,7 +135,7 @@ class Claims(Base):
             self._recover(stage, doc["_id"], n, collection)  # taken by another, or an orphan
             return None
         fields = {
-            f"{stage}.state": CLAIMED,
+            f"{stage}.state": State.CLAIMED,
             f"{stage}.seq": n,
             f"{stage}.attempts": int(doc[stage].get("attempts", 0)) + 1,
             f"{stage}.lease_owner": owner,
@@ -151,43 +174,36 @@ class Claims(Base):
         return None if doc is None else Claim(claim.id, claim.stage, claim.owner, claim.lease_until, doc,
                                               claim.n, claim.collection)  # fmt: skip
 
-    def set_held(self, claim: Claim, fields: dict[str, Any]) -> None:
-        """Set fields of a document this claim holds (what a waiting handler's look found)."""
-        self.db[claim.collection].update_one({"_id": claim.id}, {"$set": fields})
-
     def complete(
         self,
         claim: Claim,
-        state: str = DONE,
+        how: State | Completion = State.DONE,
         error: str | None = None,
-        also: dict[str, Any] | None = None,
-        *,
-        retry_after: dt.datetime | None = None,
     ) -> None:
-        """Close the claim (`done`, `parked`, or `pending` to give it back, not to be claimed before
-        `retry_after`); fenced by the next number. `also`: more fields to set in the same update (the
-        next stage's hand-over, e.g. `store.to_janitor()`, so that stage cannot claim the document while
-        this one still writes it)."""
-        if not self._take(claim.stage, claim.id, claim.n + 1, claim.owner, f"closed:{state}", None):
+        """Close the claim in a state (see `Completion`: a back-off, a hand-over), with the reason it
+        failed (`error`, None when it did not); fenced by the next number."""
+        done = how if isinstance(how, Completion) else Completion(how)
+        if not self._take(claim.stage, claim.id, claim.n + 1, claim.owner, f"closed:{done.state}", None):
             raise LeaseLostError(f"{claim.stage} claim on {claim.id} is no longer held by {claim.owner}")
         s = claim.stage
-        self.db[claim.collection].update_one(
-            {"_id": claim.id},
-            {"$set": {
-                f"{s}.state": state, f"{s}.seq": claim.n + 1, f"{s}.lease_owner": None,
-                f"{s}.lease_until": None,
-                f"{s}.updated_at": self.now(), f"{s}.error": error, f"{s}.retry_after": retry_after,
-                **(also or {}),
-            }},
-        )  # fmt: skip
+        fields = {
+            f"{s}.state": done.state, f"{s}.seq": claim.n + 1, f"{s}.lease_owner": None,
+            f"{s}.lease_until": None, f"{s}.updated_at": self.now(), f"{s}.error": error,
+            f"{s}.retry_after": done.retry_after,
+        }  # fmt: skip
+        if done.fresh:
+            fields[f"{s}.attempts"] = 0
+        if done.then is not None:
+            fields.update(fresh(done.then.value))
+        self.db[claim.collection].update_one({"_id": claim.id}, {"$set": fields})
 
-    def reap(self, stage: str, max_attempts: int, *, collection: str = "faults") -> tuple[int, int]:
+    def reap(self, stage: Stage, max_attempts: int, *, collection: Work) -> tuple[int, int]:
         """Take back expired claims: to pending, or parked once out of attempts; (requeued, parked).
         A claim's expiry is in its lease document, which renewals extend."""
         now = self.now()
         requeued = parked = 0
         coll = self.db[collection]
-        for doc in coll.find({f"{stage}.state": CLAIMED}):
+        for doc in coll.find({f"{stage}.state": State.CLAIMED}):
             n = int(doc[stage].get("seq", 0)) + 1
             held = self.leases.find_one({"_id": f"{stage}/{doc['_id']}/{n - 1}"}, {"until": 1})
             if held is not None and held.get("until") is not None and held["until"] >= now:
@@ -200,7 +216,7 @@ class Claims(Base):
             coll.update_one(
                 {"_id": doc["_id"]},
                 {"$set": {
-                    f"{stage}.state": PARKED if out_of_attempts else PENDING, f"{stage}.seq": n,
+                    f"{stage}.state": State.PARKED if out_of_attempts else State.PENDING, f"{stage}.seq": n,
                     f"{stage}.lease_owner": None, f"{stage}.lease_until": None, f"{stage}.updated_at": now,
                     f"{stage}.error": "lease expired" + (f" {max_attempts} times" if out_of_attempts else ""),
                 }},
@@ -209,7 +225,7 @@ class Claims(Base):
             requeued += not out_of_attempts
         return requeued, parked
 
-    def _recover(self, stage: str, item: str, n: int, collection: str) -> bool:
+    def _recover(self, stage: Stage, item: str, n: int, collection: Work) -> bool:
         """Lease `n` of `item` exists though its document shows `n - 1`: if that lease is an orphan (see
         the module docstring), take the item back with lease `n + 1`, pending; whether it did."""
         lease = self.leases.find_one({"_id": f"{stage}/{item}/{n}"}) or {}
@@ -221,22 +237,22 @@ class Claims(Base):
         self.db[collection].update_one(
             {"_id": item, f"{stage}.seq": n - 1},
             {"$set": {
-                f"{stage}.state": PENDING, f"{stage}.seq": n + 1, f"{stage}.lease_owner": None,
+                f"{stage}.state": State.PENDING, f"{stage}.seq": n + 1, f"{stage}.lease_owner": None,
                 f"{stage}.lease_until": None, f"{stage}.updated_at": now,
                 f"{stage}.error": f"taken back: lease {n} ({lease.get('kind')}) had no second write",
             }},
         )  # fmt: skip
         return True
 
-    def count_pending(self, stage: str, *, collection: str = "faults") -> int:
+    def count_pending(self, stage: Stage, *, collection: Work) -> int:
         """How many items of `stage` wait (due or backing off): a worker's queue depth."""
-        return int(self.db[collection].count_documents({f"{stage}.state": PENDING}))
+        return int(self.db[collection].count_documents({f"{stage}.state": State.PENDING}))
 
     def parked(self) -> list[documents.Parked]:
         """Every parked work item of every stage, by stage then when it was parked."""
         out = []
         for collection, stage in WORK:
-            for doc in self.db[collection].find({f"{stage}.state": PARKED}):
+            for doc in self.db[collection].find({f"{stage}.state": State.PARKED}):
                 status = documents.StageStatus.from_doc(doc.get(stage) or {})
                 out.append(documents.Parked(
                     stage=stage, item=str(doc["_id"]), node=str(doc.get("node", "")),

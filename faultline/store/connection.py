@@ -15,9 +15,10 @@ from pymongo import monitoring
 from pymongo.database import Database
 from pymongo.errors import ConnectionFailure, OperationFailure, ServerSelectionTimeoutError
 
+from faultline import bounds
 from faultline.errors import TransientError
 from faultline.store.analyzer import Analyzer
-from faultline.store.base import CODEC, DRAINS, MAINTENANCE, NODEDRAIN, QUEUE, REPAIRS, STAGES, Clock, utcnow
+from faultline.store.base import CODEC, MAINTENANCE, STAGES, Clock, Stage, Work, utcnow
 from faultline.store.claims import Claims
 from faultline.store.drains import Drains
 from faultline.store.feed import Feed
@@ -31,17 +32,21 @@ SLOW_S = 2.0  # a store call that takes this long is logged (see SlowCalls)
 SLOW_EVERY_S = 30.0  # at most one line per kind of call this often, with how many there were
 
 
+PYMONGO_POOL = 100  # pymongo's own default maxPoolSize
+
+
 def connect(
     uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0,
-    call_timeout: float | None = None,
+    call_timeout: float | None = None, pool: int | None = None,
 ) -> Store:  # fmt: skip
     """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
     call waits for an unreachable server before it fails with TransientError; `call_timeout` (default:
-    the same) how long a call to a server that was reached may take. Slow calls are logged
-    (`SlowCalls`)."""
+    the same) how long a call to a server that was reached may take; `pool`: the most connections the
+    client opens to each server (default: pymongo's 100). Slow calls are logged (`SlowCalls`)."""
     ms = int(timeout * 1000)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(
         uri,
+        maxPoolSize=PYMONGO_POOL if pool is None else pool,
         serverSelectionTimeoutMS=ms,
         connectTimeoutMS=ms,
         socketTimeoutMS=int((timeout if call_timeout is None else call_timeout) * 1000),
@@ -80,9 +85,8 @@ class SlowCalls(monitoring.CommandListener):
         self._done(event.request_id, event.command_name, event.duration_micros / 1e6, "")
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
-        self._done(
-            event.request_id, event.command_name, event.duration_micros / 1e6, str(event.failure)[:200]
-        )
+        error = bounds.clip(str(event.failure), bounds.EXCERPT)
+        self._done(event.request_id, event.command_name, event.duration_micros / 1e6, error)
 
     def _done(self, request: int, command: str, seconds: float, error: str) -> None:
         with self.lock:
@@ -140,7 +144,8 @@ def unreachable_is_transient(what: str) -> Iterator[None]:
         if not _unavailable(exc):
             raise
         said = _FRAMES.sub("", str(exc))  # FerretDB puts its call stack, in brackets, before the reason
-        raise TransientError(f"{what}: the store cannot serve now: {said[:300]}", delay=1.0) from exc
+        said = bounds.clip(said, bounds.ERROR_TEXT)
+        raise TransientError(f"{what}: the store cannot serve now: {said}", delay=1.0) from exc
 
 
 class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analyzer):
@@ -157,10 +162,10 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analy
         self.faults = self.db["faults"]
         self.nodes = self.db["nodes"]
         self.leases = self.db["leases"]
-        self.drains = self.db[DRAINS]  # one document per node being drained (drainer)
+        self.drains = self.db[Work.DRAINS]  # one document per node being drained (drainer)
         self.gpu_pods = self.db["gpu_pods"]  # per node: which pods use which GPU (agent -> drainer)
-        self.queue = self.db[QUEUE]  # work items of the fault-level stages
-        self.repairs = self.db[REPAIRS]
+        self.queue = self.db[Work.QUEUE]  # work items of the fault-level stages
+        self.repairs = self.db[Work.REPAIRS]
         self.maintenance = self.db[MAINTENANCE]  # Azure nodes' Scheduled Events (agent <-> monitor)
 
     def ensure_indexes(self) -> None:
@@ -171,7 +176,7 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analy
         for stage in STAGES:
             self.queue.create_index([(f"{stage}.state", pymongo.ASCENDING)])
         self.queue.create_index([("node", pymongo.ASCENDING)])
-        self.drains.create_index([(f"{NODEDRAIN}.state", pymongo.ASCENDING)])
+        self.drains.create_index([(f"{Stage.NODEDRAIN}.state", pymongo.ASCENDING)])
         self.nodes.create_index([("quarantined", pymongo.ASCENDING)])
         self.repairs.create_index([("node", pymongo.ASCENDING)])  # the node agents' repairs_to_confirm
         self.ensure_feed_indexes()

@@ -27,7 +27,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from faultline.store.base import IDLE, PENDING
+from faultline.models import RepairOutcome, RepairStep
+from faultline.store.base import Stage, State
 
 
 def _aware(t: dt.datetime) -> dt.datetime:
@@ -51,7 +52,7 @@ class StageStatus(Document):
     `seq` is the number of the last lease document of this (stage, item); `retry_after`: a failed
     item is not claimed again before it (back-off); `error`: why it was given back or parked."""
 
-    state: str = PENDING
+    state: State = State.PENDING
     attempts: int = 0
     seq: int = 0
     lease_owner: str | None = None
@@ -225,7 +226,7 @@ class GpuPods(Document):
 class RepairRound(Document):
     """One round of repair: asked for by remediation, carried out and judged by the janitor."""
 
-    step: str
+    step: RepairStep
     request: str
     fault_keys: list[str] = Field(default_factory=list)
     gpus: list[str] = Field(default_factory=list)
@@ -245,7 +246,7 @@ class RepairRound(Document):
     validate_until: UTCDateTime | None = None
     checked_at: UTCDateTime | None = None
     lookers: list[str] = Field(default_factory=list)  # the janitor replicas that took the round on
-    outcome: str | None = None  # Succeeded | Failed | TimedOut | NotCleared | ContactSupport | Cancelled
+    outcome: RepairOutcome | None = None
     at: UTCDateTime | None = None
     message: str | None = None
     external: bool = False  # an external remediator's CR: the janitor only validates
@@ -279,7 +280,7 @@ class Repair(Document):
     result: str | None = None
     user: UserRequest | None = None
     remediation: StageStatus = Field(default_factory=StageStatus)
-    janitor: StageStatus = Field(default_factory=lambda: StageStatus(state=IDLE))
+    janitor: StageStatus = Field(default_factory=lambda: StageStatus(state=State.IDLE))
 
 
 class RepairNotice(BaseModel):
@@ -288,7 +289,7 @@ class RepairNotice(BaseModel):
     ids the round repaired."""
 
     round_id: str
-    step: str  # GPU_RESET | REBOOT
+    step: RepairStep  # GPU_RESET | REBOOT
     gpus: tuple[str, ...]
     verified_at: dt.datetime
 
@@ -326,7 +327,7 @@ class ScheduledEvents(Document):
 class Parked(BaseModel):
     """A parked work item, as `faultline status` lists it."""
 
-    stage: str
+    stage: Stage
     item: str
     node: str
     attempts: int

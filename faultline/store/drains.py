@@ -15,8 +15,9 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from faultline import bounds
 from faultline.store import documents
-from faultline.store.base import NODEDRAIN, PENDING, Base, utc
+from faultline.store.base import Base, Stage, State, fresh, utc
 
 DRAINED = "drained"
 
@@ -35,13 +36,12 @@ class Drains(Base):
     def open_drain(self, node: str, episode: dt.datetime, *, fatal: bool) -> None:
         """A pending drain of the node for `episode`, unless the node has a drain document already."""
         fields = _fresh(node, episode, fatal)
-        fields[NODEDRAIN] = {"state": PENDING, "attempts": 0}
+        fields[Stage.NODEDRAIN] = {"state": State.PENDING, "attempts": 0}
         self.upsert(self.drains, {"_id": node}, {"$setOnInsert": fields})
 
     def reopen_drain(self, node: str, episode: dt.datetime, *, fatal: bool) -> None:
         """Start the node's drain over for a new episode (its claim numbers go on)."""
-        fields = {**_fresh(node, episode, fatal), f"{NODEDRAIN}.state": PENDING, f"{NODEDRAIN}.attempts": 0,
-                  f"{NODEDRAIN}.retry_after": None, f"{NODEDRAIN}.error": None}  # fmt: skip
+        fields = {**_fresh(node, episode, fatal), **fresh(Stage.NODEDRAIN)}
         self.drains.update_one({"_id": node}, {"$set": fields})
 
     def start_drain(self, node: str, at: dt.datetime) -> None:
@@ -62,8 +62,9 @@ class Drains(Base):
     def record_drain_scope(self, node: str, scope: str, gpus: Iterable[str], reason: str) -> None:
         """What the drain empties: `node` (the whole node) or `gpus` (only the pods using those GPUs),
         and why."""
+        why = bounds.clip(reason, bounds.STORED_TEXT)
         self.drains.update_one(
-            {"_id": node}, {"$set": {"scope": scope, "gpus": sorted(set(gpus)), "scope_reason": reason[:500]}}
+            {"_id": node}, {"$set": {"scope": scope, "gpus": sorted(set(gpus)), "scope_reason": why}}
         )
 
     def widen_drain(self, node: str, episode: dt.datetime, reason: str) -> bool:
@@ -72,9 +73,8 @@ class Drains(Base):
         partial one."""
         result = self.drains.update_one(
             {"_id": node, "episode": utc(episode), "scope": "gpus"},
-            {"$set": {"scope": "node", "scope_reason": reason[:500], "result": None, "drained_at": None,
-                      f"{NODEDRAIN}.state": PENDING, f"{NODEDRAIN}.attempts": 0,
-                      f"{NODEDRAIN}.retry_after": None, f"{NODEDRAIN}.error": None}},
+            {"$set": {"scope": "node", "scope_reason": bounds.clip(reason, bounds.STORED_TEXT),
+                      "result": None, "drained_at": None, **fresh(Stage.NODEDRAIN)}},
         )  # fmt: skip
         return result.modified_count == 1
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
+from faultline import bounds
 from faultline.models import Fault, FaultState, HealthEvent
 from faultline.store import documents
-from faultline.store.base import PENDING, STAGES, Base, utc
+from faultline.store.base import STAGES, Base, Stage, State, utc
 
 
 class Faults(Base):
@@ -71,7 +72,7 @@ class Faults(Base):
             self.queue.delete_many({"_id": {"$in": [f"{stage}/{fault.id}" for stage in STAGES]}})
         return applied
 
-    def enqueue(self, stage: str, key: str, fields: dict[str, Any]) -> bool:
+    def enqueue(self, stage: Stage, key: str, fields: dict[str, Any]) -> bool:
         """A pending work item `<stage>/<key>` in `queue`, unless it exists (in any state); whether new.
 
         An item made again after its fault resolved and came back must not reuse the lease numbers of
@@ -81,7 +82,7 @@ class Faults(Base):
         try:
             self.queue.insert_one({
                 "_id": f"{stage}/{key}", "key": key, **fields,
-                stage: {"state": PENDING, "attempts": 0, "updated_at": utc(now),
+                stage: {"state": State.PENDING, "attempts": 0, "updated_at": utc(now),
                         "seq": int(now.timestamp() * 1_000_000)},
             })  # fmt: skip
         except DuplicateKeyError:
@@ -95,7 +96,7 @@ class Faults(Base):
 
     # -- reads and writes of the workers --------------------------------------------------------------
     def faults_of(
-        self, nodes: Iterable[str], stage: str | None = None
+        self, nodes: Iterable[str], stage: Stage | None = None
     ) -> dict[str, list[documents.FaultRecord]]:
         """Every fault of these nodes (each node a key, maybe with none), each with its `stage` work
         item's status as `work` when `stage` is given; two queries whatever the number of nodes (scans on
@@ -115,6 +116,11 @@ class Faults(Base):
                 record.work = documents.StageStatus.from_doc(status) if status else None
             out.setdefault(record.node, []).append(record)
         return out
+
+    def fault_revision(self, key: str) -> int | None:
+        """The stored revision of fault `key` (None: not stored): where a writer's next revision starts."""
+        doc = self.faults.find_one({"_id": key}, {"revision": 1})
+        return None if doc is None else int(doc.get("revision") or 0)
 
     def open_faults_from(self, source: str) -> list[documents.FaultRecord]:
         """The open faults a cluster-side source wrote (its `metadata.source`, e.g. the object monitor's
@@ -140,7 +146,7 @@ class Faults(Base):
                 "$set": {
                     "state": FaultState.RESOLVED.value,
                     "resolved_at": self.now(),
-                    "resolved_by": by[:500],
+                    "resolved_by": bounds.clip(by, bounds.STORED_TEXT),
                 }
             },
         )
@@ -160,11 +166,11 @@ class Faults(Base):
         ]  # fmt: skip
 
     # -- work items' stage states (outside claims) ------------------------------------------------------
-    def nodes_in_state(self, stage: str, state: str) -> set[str]:
+    def nodes_in_state(self, stage: Stage, state: State) -> set[str]:
         """The nodes with a `stage` work item in `state` (e.g. the quarantine's `blocked`)."""
         return {str(d["node"]) for d in self.queue.find({f"{stage}.state": state}, {"node": 1})}
 
-    def move_item(self, stage: str, key: str, from_state: str, to_state: str) -> None:
+    def move_item(self, stage: Stage, key: str, from_state: State, to_state: State) -> None:
         """Set the `stage` item of fault `key` to `to_state` if it is in `from_state` (by _id: the one
         filter every server answers from its index)."""
         self.queue.update_one(

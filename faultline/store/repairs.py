@@ -1,10 +1,11 @@
 """Repairs (`repairs`): one document per quarantine episode of a node that needs repair (`Repair`).
 
 Remediation makes it (`open_repair`), decides each round and appends it (`add_round`), and hands the
-round to the janitor when its claim closes (`to_janitor()`); the janitor records the round's start
-(`start_round`), its cloud call (`record_cloud_call`), the verified outcome of its step
-(`record_step_verified`) and the round's outcome (`record_round_outcome`), and gives a failed round
-back to remediation (`to_remediation()`), which escalates. A RemediationRequest a person created is
+round to the janitor when its claim closes (`HandOver.TO_JANITOR`); the janitor records the round's
+start (`start_round`), its cloud call (`record_cloud_call`), the verified outcome of its step
+(`record_step_verified`), what each look at a validating round found (`record_look`, a `RoundLook`)
+and the round's outcome (`record_round_outcome`), and gives a failed round back to remediation
+(`HandOver.TO_REMEDIATION`), which escalates. A RemediationRequest a person created is
 adopted by the janitor as a repair of its own (`adopt_request`, `<node>/request-<turn>`): one round,
 the janitor's stage pending; a failed round goes to remediation like any other.
 
@@ -16,12 +17,18 @@ healthy (one equality query on `node` and the janitor's stage, made every few se
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from pymongo.errors import DuplicateKeyError
 
+from faultline import bounds
+from faultline.models import RepairOutcome
 from faultline.store import documents
-from faultline.store.base import CLAIMED, IDLE, JANITOR, PENDING, REMEDIATION, Base, utc
+from faultline.store.base import Base, Stage, State, Work, utc
+from faultline.store.claims import Claim
+
+JANITOR_OPEN = (State.PENDING, State.CLAIMED)  # a repair's janitor stage not finished: claimed or due
 
 
 def repair_key(node: str, episode: dt.datetime) -> str:
@@ -40,16 +47,15 @@ def episode_label(episode: dt.datetime | None) -> str:
     return str(None if episode is None else utc(episode).replace(tzinfo=None))
 
 
-def to_janitor() -> dict[str, Any]:
-    """Fields that hand a repair's last round to the janitor (set with remediation's completion)."""
-    return {f"{JANITOR}.state": PENDING, f"{JANITOR}.attempts": 0, f"{JANITOR}.retry_after": None,
-            f"{JANITOR}.error": None}  # fmt: skip
+@dataclass(frozen=True)
+class RoundLook:
+    """What a look at round `index` of a held repair found while it validates (`Store.record_look`, or a
+    `Wait`'s `also`): when the look was (`checked_at`; None: not recorded this time) and validation's
+    deadline, where it moved (`validate_until`; None: unchanged)."""
 
-
-def to_remediation() -> dict[str, Any]:
-    """Fields that give a repair back to remediation for its next round (set with the janitor's
-    completion of a round that did not succeed)."""
-    return {f"{REMEDIATION}.state": PENDING, f"{REMEDIATION}.attempts": 0, f"{REMEDIATION}.retry_after": None}
+    index: int
+    checked_at: dt.datetime | None = None
+    validate_until: dt.datetime | None = None
 
 
 class Repairs(Base):
@@ -61,7 +67,8 @@ class Repairs(Base):
         key, episode = repair_key(node, episode), utc(episode)
         self.upsert(self.repairs, {"_id": key}, {"$setOnInsert": {
             "node": node, "episode": episode, "first_seen": episode, "fatal": True, "rounds": [],
-            REMEDIATION: {"state": PENDING, "attempts": 0}, JANITOR: {"state": IDLE, "attempts": 0},
+            Stage.REMEDIATION: {"state": State.PENDING, "attempts": 0},
+            Stage.JANITOR: {"state": State.IDLE, "attempts": 0},
         }})  # fmt: skip
         return key
 
@@ -75,7 +82,8 @@ class Repairs(Base):
         doc = {
             "_id": user_repair_key(node, request.turn), "node": node, "episode": None, "first_seen": at,
             "fatal": True, "rounds": [_round_doc(round_)], "user": request.model_dump(mode="python"),
-            REMEDIATION: {"state": IDLE, "attempts": 0}, JANITOR: {"state": PENDING, "attempts": 0},
+            Stage.REMEDIATION: {"state": State.IDLE, "attempts": 0},
+            Stage.JANITOR: {"state": State.PENDING, "attempts": 0},
         }  # fmt: skip
         try:
             self.repairs.insert_one(doc)
@@ -93,15 +101,15 @@ class Repairs(Base):
     def repair_in_progress(self, node: str) -> bool:
         """A repair of the node the janitor has not finished (it validates before the node goes back)."""
         return any(
-            (d.get(JANITOR) or {}).get("state") in (PENDING, CLAIMED)
-            for d in self.repairs.find({"node": node}, {JANITOR: 1})
+            (d.get(Stage.JANITOR) or {}).get("state") in JANITOR_OPEN
+            for d in self.repairs.find({"node": node}, {Stage.JANITOR: 1})
         )
 
-    def repairs_in_state(self, stage: str, state: str) -> list[documents.Repair]:
+    def repairs_in_state(self, stage: Stage, state: State) -> list[documents.Repair]:
         """The repairs whose `stage` is in `state` (a worker's own, e.g. remediation's `drain`)."""
         return [documents.Repair.from_doc(d) for d in self.repairs.find({f"{stage}.state": state})]
 
-    def move_repair(self, repair_id: str, stage: str, from_state: str, to_state: str) -> bool:
+    def move_repair(self, repair_id: str, stage: Stage, from_state: State, to_state: State) -> bool:
         """Set the repair's `stage` to `to_state` if it is in `from_state`; whether it moved."""
         result = self.repairs.update_one(
             {"_id": repair_id, f"{stage}.state": from_state}, {"$set": {f"{stage}.state": to_state}}
@@ -134,8 +142,9 @@ class Repairs(Base):
         re-reads the round's GPUs from now on (`repairs_to_confirm`). Idempotent: a takeover that
         verifies again writes the same fields."""
         here = f"rounds.{index}"
+        kept = bounds.clip(evidence, bounds.STORED_TEXT)
         self.repairs.update_one(
-            {"_id": repair_id}, {"$set": {f"{here}.verified_at": utc(at), f"{here}.evidence": evidence[:500]}}
+            {"_id": repair_id}, {"$set": {f"{here}.verified_at": utc(at), f"{here}.evidence": kept}}
         )
 
     def record_action(self, repair_id: str, index: int, at: dt.datetime) -> None:
@@ -155,14 +164,27 @@ class Repairs(Base):
             {"$set": {f"{here}.validate_until": utc(until), f"{here}.checked_at": utc(at)}},
         )
 
+    def record_look(self, claim: Claim, look: RoundLook) -> None:
+        """What a look at a round of the repair `claim` holds found (see `RoundLook`); nothing to write
+        when it found nothing to record."""
+        if claim.collection != Work.REPAIRS:
+            raise ValueError(f"{claim.id} is no repair: {claim.collection}")
+        here, fields = f"rounds.{look.index}", {}
+        if look.checked_at is not None:
+            fields[f"{here}.checked_at"] = utc(look.checked_at)
+        if look.validate_until is not None:
+            fields[f"{here}.validate_until"] = utc(look.validate_until)
+        if fields:
+            self.repairs.update_one({"_id": claim.id}, {"$set": fields})
+
     def repairs_to_confirm(self, node: str) -> list[documents.RepairNotice]:
         """The node's repairs the janitor verified and is validating now: the last round of each repair
         whose janitor stage is open (claimed, or pending between the janitor's looks), with
         `verified_at` set and no outcome yet."""
         out = []
-        for doc in self.repairs.find({"node": node}, {"rounds": 1, JANITOR: 1}):
+        for doc in self.repairs.find({"node": node}, {"rounds": 1, Stage.JANITOR: 1}):
             rounds = doc.get("rounds") or []
-            if not rounds or (doc.get(JANITOR) or {}).get("state") not in (PENDING, CLAIMED):
+            if not rounds or (doc.get(Stage.JANITOR) or {}).get("state") not in JANITOR_OPEN:
                 continue
             last = documents.RepairRound.from_doc(rounds[-1])
             if last.verified_at is None or last.outcome:
@@ -178,7 +200,7 @@ class Repairs(Base):
         repair_id: str,
         index: int,
         *,
-        outcome: str,
+        outcome: RepairOutcome,
         at: dt.datetime,
         message: str,
         started_at: dt.datetime,

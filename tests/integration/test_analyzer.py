@@ -232,11 +232,10 @@ def helpers(parent: int | None = None) -> list[int]:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().split(b"\0")
-            environ = (cmdline.parent / "environ").read_bytes()
             ppid = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if b"FAULTLINE_ANALYZER_PROCESS=" in environ and b"analyzer" in argv and parent in (None, ppid):
+        if argv[-3:-1] == [b"analyzer", b"process"] and parent in (None, ppid):
             out.append(int(cmdline.parent.name))
     return out
 

@@ -14,10 +14,8 @@ with action NONE, counted by the pod's faultline_analyzer_derived_faults_total{p
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -25,27 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools import procs, tools
+from devtools import procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
 from faultline.errors import TransientError
 from faultline.models import Action, Component, Entity, HealthEvent, event_id, fault_id
-from tests.integration.test_chart_real_node import (
-    CHART_VERSION,
-    NODE,
-    chart_values,
-    component_pod,
-    diagnosis,
-    helm,
-    ready,
-    release_pods,
-    release_real_node,
-)
+from tests.integration import chartutil
+from tests.integration.chartutil import NODE
 
 pytestmark = [
     pytest.mark.integration,
@@ -97,9 +84,8 @@ def test_the_analyzer_image_runs_the_anomaly_scores_as_a_real_pod(
     database, db = store_db
     suffix = uuid.uuid4().hex[:6]
     ns, node, gpu = f"fla-{suffix}", f"gpu-{suffix}", f"GPU-{suffix}"
-    kubeconfig = str(real_cluster.kubeconfig)
     uri = f"mongodb://{real_store}/?retryWrites=false&directConnection=true"
-    values = chart_values(real_cluster, uri, database, tmp_path / "node" / "state")
+    values = chartutil.chart_values(real_cluster, uri, database, tmp_path / "node" / "state")
     values["agent"]["enabled"] = False
     values["analyzer"] = {
         "enabled": True, "image": {"repository": repository, "digest": digest},
@@ -107,19 +93,13 @@ def test_the_analyzer_image_runs_the_anomaly_scores_as_a_real_pod(
         "config": {"poll": "100ms", "checkpoint_interval": "500ms", "anomaly_warmup": WARMUP},
         "nodeSelector": {"kubernetes.io/hostname": NODE},
     }  # fmt: skip
-    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
-    try:
+    with chartutil.Release(
+        real_cluster, helm_env, RELEASE, ns, values=tmp_path / "values.yaml", db=db
+    ) as release:
         core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
-        helm(helm_env, "install", RELEASE, f"oci://{real.registry.address}/faultline", "--version", CHART_VERSION,
-             "--plain-http", "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(tmp_path / "values.yaml"))  # fmt: skip
-        installed = time.monotonic()
-        try:
-            procs.wait_for("the analyzer's pod Ready on the real node",
-                           lambda: ready(component_pod(api, ns, "analyzer", RELEASE) or {}), 180, interval=1)  # fmt: skip
-        except TransientError as exc:
-            raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+        installed = release.install(values, ready=("analyzer",))
         seconds["install to Ready"] = time.monotonic() - installed
-        pod = component_pod(api, ns, "analyzer", RELEASE)
+        pod = release.pod("analyzer")
         assert pod is not None and pod["spec"]["nodeName"] == NODE
         running: dict[str, Any] = pod
         (container,) = pod["spec"]["containers"]
@@ -147,7 +127,7 @@ def test_the_analyzer_image_runs_the_anomaly_scores_as_a_real_pod(
             procs.wait_for(f"{CODE} derived by the analyzer's pod",
                            lambda: db["faults"].find_one({"_id": key}) is not None, 60, interval=0.5)  # fmt: skip
         except TransientError as exc:
-            raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+            raise AssertionError(release.diagnosis()) from exc
         seconds["samples to anomaly fault"] = time.monotonic() - written
         fault = db["faults"].find_one({"_id": key})
         assert (fault["state"], fault["fatal"], fault["action"]) == ("open", False, "NONE")
@@ -158,27 +138,12 @@ def test_the_analyzer_image_runs_the_anomaly_scores_as_a_real_pod(
                        == {"pattern=gpu-anomaly": 1.0}, 10, interval=0.2)  # fmt: skip
         assert _samples(_metrics(running), "faultline_analyzer_active") == {"": 1.0}
 
-        pod = component_pod(api, ns, "analyzer", RELEASE)
-        assert pod is not None and ready(pod)
+        pod = release.pod("analyzer")
+        assert pod is not None and chartutil.ready(pod)
         assert [s["restartCount"] for s in pod["status"]["containerStatuses"]] == [0], pod["status"]
         log = core.read_namespaced_pod_log(pod["metadata"]["name"], ns)
         assert "faultline[anomaly]" not in log and "forbidden" not in log.lower(), log
 
-        helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
-        procs.wait_for(
-            "the release's pods gone", lambda: not release_pods(api, ns, RELEASE), 90, interval=0.5
-        )
+        release.uninstall()
         seconds["test"] = time.monotonic() - started
         print("\nanalyzer image on a real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
-    finally:
-        subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
-                        "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,
-                       capture_output=True, check=False, timeout=180)  # fmt: skip
-        with contextlib.suppress(ApiException):  # not created
-            core.delete_namespace(ns, propagation_policy="Background")
-        release_real_node(api)
-
-        def namespace_gone() -> bool:
-            return ns not in {n.metadata.name for n in core.list_namespace().items if n.metadata is not None}
-
-        procs.wait_for("the test's namespace gone", namespace_gone, 120, interval=1)

@@ -707,8 +707,8 @@ def test_helm_install_and_upgrades_keep_the_stores_password(cluster: LocalCluste
         assert password in base64.b64decode(again.data["uri"]).decode()
         made = _manifest(cluster.kubeconfig, release, ns)
         assert {("Deployment", f"{release}-{w}") for w in WORKERS} <= made
-        # to an external store and back (README): the embedded store's Secret outlives the switch, so the
-        # volume's password is the same when the StatefulSet comes back
+        # to an external store and back (docs/install/store.md): the embedded store's Secret outlives the
+        # switch, so the volume's password is the same when the StatefulSet comes back
         _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install, "--set", EXTERNAL)
         made = _manifest(cluster.kubeconfig, release, ns)
         assert ("StatefulSet", f"{release}-postgres") not in made

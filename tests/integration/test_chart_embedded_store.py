@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -33,33 +32,23 @@ import dns.query
 import pymongo
 import pymongo.errors
 import pytest
-import yaml
-from kubernetes.client.exceptions import ApiException
 
-from devtools import procs, tools, volumes
+from devtools import procs, volumes
 from devtools.cluster import LocalCluster
 from faultline import kube
-from faultline.conditions import OWNED_TYPES
 from faultline.errors import NotFoundError, TransientError
 from sources import simulator
+from tests.integration import chartutil
+from tests.integration.chartutil import NODE
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(900),  # the first real-node test starts the cluster: tools built, images pushed
     pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (CI runs as root)"),
 ]
-NODE = "real-node-01"
 RELEASE = "fls"
 STORAGE_CLASS = volumes.LOCAL_CLASS
 STORE = ("postgres", "ferretdb")
-CHART_VERSION = yaml.safe_load((tools.REPO / "charts" / "faultline" / "Chart.yaml").read_text())["version"]
-
-
-def _helm(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([str(tools.binary("helm")), *args], capture_output=True, text=True, env=env,
-                          check=False, timeout=180)  # fmt: skip
-    assert done.returncode == 0, f"helm {' '.join(args[:2])}: {done.stderr.strip()}"
-    return done.stdout
 
 
 def _by_digest(ref: str) -> dict[str, str]:
@@ -97,33 +86,6 @@ def _values(
     }  # fmt: skip
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _release_pods(api: Any, ns: str) -> list[dict[str, Any]]:
-    pods = kube.pods.list_all(api, field_selector=f"metadata.namespace={ns}")
-    return [
-        p for p in pods if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/instance") == RELEASE
-    ]
-
-
-def _component(api: Any, ns: str, component: str) -> dict[str, Any] | None:
-    """The component's pod that is not being deleted (None while there is none)."""
-    for pod in _release_pods(api, ns):
-        labels = pod["metadata"].get("labels") or {}
-        if labels.get("app.kubernetes.io/component") == component and not pod["metadata"].get(
-            "deletionTimestamp"
-        ):
-            return pod
-    return None
-
-
-def _restarts(pod: dict[str, Any]) -> list[int]:
-    return [s["restartCount"] for s in pod["status"].get("containerStatuses") or []]
-
-
 def _read(api: Any, kind: str, name: str, ns: str | None = None) -> dict[str, Any]:
     """An object as plain JSON; `kind` as the client names it (secret, service, persistent_volume_claim,
     persistent_volume)."""
@@ -156,25 +118,8 @@ def _faults(client: pymongo.MongoClient[Any]) -> list[dict[str, Any]]:
         return []
 
 
-def _diagnosis(api: Any, ns: str) -> str:
-    """Each release pod's state, its log tail and, for a restarted container, why it ended and its log."""
-    said = []
-    core = kube.core(api)
-    for pod in _release_pods(api, ns):
-        name = pod["metadata"]["name"]
-        said.append(f"--- {name} {pod['status'].get('phase')} restarts {_restarts(pod)}")
-        with contextlib.suppress(ApiException):
-            said.append(core.read_namespaced_pod_log(name, ns, tail_lines=20))
-        for status in pod["status"].get("containerStatuses") or []:
-            if status["restartCount"]:
-                said.append(f"--- {name} before its restart: {status.get('lastState')}")
-                with contextlib.suppress(ApiException):
-                    said.append(core.read_namespaced_pod_log(name, ns, previous=True, tail_lines=30))
-    return "\n".join(said)
-
-
-def _fail(message: str, api: Any, ns: str) -> NoReturn:
-    raise AssertionError(f"{message}\n{_diagnosis(api, ns)}")
+def _fail(message: str, release: chartutil.Release) -> NoReturn:
+    raise AssertionError(f"{message}\n{release.diagnosis()}")
 
 
 @pytest.mark.usefixtures("sim_nodes_cordoned")
@@ -192,33 +137,34 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
     volume = f"{ns}-data"
     state = tmp_path / "node" / "state"
     (state / "sim").mkdir(parents=True)
-    chart = f"oci://{real.registry.address}/faultline"
-    values = tmp_path / "values.yaml"
-    kubeconfig = str(real_cluster.kubeconfig)
     volumes.add(real_cluster, volume, storage_class=STORAGE_CLASS, size="1Gi")
-    try:
+
+    def after() -> None:  # the volume, when the test did not get to remove it
+        if volumes.directory(real_cluster, volume).exists():
+            volumes.remove(real_cluster, volume)
+
+    with chartutil.Release(real_cluster, helm_env, RELEASE, ns, values=tmp_path / "values.yaml",
+                           after=after) as release:  # fmt: skip
         # -- (a) install: the store and the agent, real pods on the real node -----------------------------
-        values.write_text(yaml.safe_dump(_values(real_cluster, store_images, state)))
         installed = time.monotonic()
-        _helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-              "--kubeconfig", kubeconfig, "--namespace", ns, "--create-namespace", "-f", str(values))  # fmt: skip
+        release.install(_values(real_cluster, store_images, state), create_namespace=True)
         ready_after: dict[str, float] = {}
 
         def all_ready() -> bool:
             for component in (*STORE, "agent"):
-                if component not in ready_after and _ready(_component(api, ns, component) or {}):
+                if component not in ready_after and chartutil.ready(release.pod(component) or {}):
                     ready_after[component] = time.monotonic() - installed
             return len(ready_after) == 3
 
         try:
             procs.wait_for("PostgreSQL, FerretDB and the agent Ready", all_ready, 300, interval=0.5)
         except TransientError as exc:
-            _fail(str(exc), api, ns)
-        pods = {c: _component(api, ns, c) for c in (*STORE, "agent")}
+            _fail(str(exc), release)
+        pods = {c: release.pod(c) for c in (*STORE, "agent")}
         for component, pod in pods.items():
             assert pod is not None and pod["spec"]["nodeName"] == NODE, component
-            if _restarts(pod) != [0]:
-                _fail(f"{component} restarted: {_restarts(pod)}", api, ns)
+            if chartutil.restarts(pod) != [0]:
+                _fail(f"{component} restarted: {chartutil.restarts(pod)}", release)
         for component in STORE:  # the images by digest from the loopback registry
             image_id = pods[component]["status"]["containerStatuses"][0]["imageID"]  # type: ignore[index]
             assert image_id.endswith(store_images[component].split("@")[1]), (component, image_id)
@@ -244,19 +190,20 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
 
         # -- (b) upgrade: PostgreSQL and FerretDB roll; the data and the password stay ------------------
         old = {c: pods[c]["metadata"]["uid"] for c in STORE}  # type: ignore[index]
-        values.write_text(yaml.safe_dump(_values(real_cluster, store_images, state, memory="200Mi")))
         upgraded = time.monotonic()
-        _helm(helm_env, "upgrade", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-              "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
+        release.upgrade(_values(real_cluster, store_images, state, memory="200Mi"))
 
         def rolled() -> bool:
-            now = {c: _component(api, ns, c) for c in STORE}
-            return all(p is not None and p["metadata"]["uid"] != old[c] and _ready(p) for c, p in now.items())
+            now = {c: release.pod(c) for c in STORE}
+            return all(
+                p is not None and p["metadata"]["uid"] != old[c] and chartutil.ready(p)
+                for c, p in now.items()
+            )
 
         try:
             procs.wait_for("new PostgreSQL and FerretDB pods Ready", rolled, 240, interval=0.5)
         except TransientError as exc:
-            _fail(str(exc), api, ns)
+            _fail(str(exc), release)
         rolled_after = time.monotonic() - upgraded
         assert _secret(api, ns)["password"] == password
         with contextlib.closing(_store_client(api, ns)) as client:
@@ -267,15 +214,14 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
             procs.wait_for("a second fault written after the upgrade", lambda: len(_faults(client)) == 2, 90,
                            interval=0.5)  # fmt: skip
         for component in (*STORE, "agent"):
-            pod = _component(api, ns, component)
-            assert pod is not None and _ready(pod), component
-            if _restarts(pod) != [0]:
-                _fail(f"{component} restarted: {_restarts(pod)}", api, ns)
+            pod = release.pod(component)
+            assert pod is not None and chartutil.ready(pod), component
+            if chartutil.restarts(pod) != [0]:
+                _fail(f"{component} restarted: {chartutil.restarts(pod)}", release)
         print(f"embedded store: upgrade rolled PostgreSQL and FerretDB in {rolled_after:.1f} s")
 
         # -- (c) uninstall: the release goes; its Secret and claim stay by design ---------------------
-        _helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
-        procs.wait_for("no pod of the release", lambda: not _release_pods(api, ns), 120, interval=0.5)
+        release.uninstall(timeout=120)
         assert not kube.apps(api).list_namespaced_stateful_set(ns).items
         assert not kube.apps(api).list_namespaced_deployment(ns).items
         assert not kube.apps(api).list_namespaced_daemon_set(ns).items
@@ -299,18 +245,3 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
         volumes.remove(real_cluster, volume)
         assert not volumes.directory(real_cluster, volume).exists()
         print(f"embedded store test: {time.monotonic() - started:.1f} s")
-    finally:
-        subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
-                        "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,
-                       capture_output=True, check=False, timeout=180)  # fmt: skip
-        with contextlib.suppress(ApiException):  # not created
-            core.delete_namespace(ns, propagation_policy="Background")
-
-        def namespace_gone() -> bool:
-            return ns not in {n.metadata.name for n in core.list_namespace().items if n.metadata is not None}
-
-        procs.wait_for("the test's namespace gone", namespace_gone, 120, interval=1)
-        if volumes.directory(real_cluster, volume).exists():
-            volumes.remove(real_cluster, volume)
-        left = [t for t in kube.nodes.conditions(api, NODE) if t in OWNED_TYPES]  # the agent's last word
-        kube.nodes.write_conditions(api, NODE, [], left)

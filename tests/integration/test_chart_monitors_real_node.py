@@ -28,10 +28,8 @@ a real kubelet node, the three Deployments placed on that node, the session's Fe
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -39,12 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
-from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools import procs, tools
+from devtools import procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -53,19 +49,9 @@ from faultline.kube import lite
 from faultline.models import PROVIDER_REPAIR, Action, Component, Entity, FaultState, HealthEvent, event_id
 from patterns import cluster
 from tests.fakes import cloud as fakes
+from tests.integration import chartutil
+from tests.integration.chartutil import NODE
 from tests.integration.test_chart import ANALYZER_PACK
-from tests.integration.test_chart_real_node import (
-    CHART_VERSION,
-    NODE,
-    advertise_gpus,
-    chart_values,
-    component_pod,
-    diagnosis,
-    helm,
-    ready,
-    release_pods,
-    release_real_node,
-)
 
 pytestmark = [
     pytest.mark.integration,
@@ -101,7 +87,7 @@ def _values(
     analyzer on the real node: the object monitor with the built-in rules (gpus-not-advertised after 1 s),
     the maintenance monitor looking at OCI's nodes of `watch` every second, the analyzer with the test's
     pack besides the built-in ones, reading the feed every 100 ms."""
-    values = chart_values(cluster, uri, database, state)
+    values = chartutil.chart_values(cluster, uri, database, state)
     values["agent"]["enabled"] = False
     place = {"nodeSelector": {"kubernetes.io/hostname": NODE}}
     values["objectMonitor"] = {"enabled": True, "overrides": {"gpus-not-advertised": {"for": "1s"}}, **place}
@@ -198,227 +184,207 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
     ocid = f"ocid1.instance.oc1.iad.realnode{suffix}"
     oci_node = f"oci-{suffix}"
     uri = f"mongodb://{real_store}/?retryWrites=false&directConnection=true"
-    chart = f"oci://{real.registry.address}/faultline"
-    values = tmp_path / "values.yaml"
-    kubeconfig = str(real_cluster.kubeconfig)
     before = _node_as_seen(api, NODE)
     seconds: dict[str, float] = {}
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    with fakes.FakeCloud(oci_public_key=key.public_key()) as fake:
+
+    def after() -> None:
+        """The test's node removed, the real node's GPU count label taken back, the API client closed."""
+        fakelet.remove(oci_node)
+        kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
+        client.close()
+
+    with (
+        fakes.FakeCloud(oci_public_key=key.public_key()) as fake,
+        chartutil.Release(
+            real_cluster, helm_env, RELEASE, ns, values=tmp_path / "values.yaml", db=db, after=after
+        ) as release,
+    ):
+        # the test's OCI instance: a simulated node with its providerID, a reboot due in 30 minutes
+        due = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=30)).replace(microsecond=0)
+        fake.oci_instances[ocid] = {
+            "lifecycleState": "RUNNING",
+            "timeMaintenanceRebootDue": due.isoformat(),
+        }
+        fakelet.add(oci_node, provider_id=f"oci://{ocid}")
+        kube.nodes.patch(api, oci_node, {"metadata": {"labels": {WATCH_LABEL: suffix}}})
+        port = int(fake.url.rsplit(":", 1)[1])
+        oci_endpoint = f"http://{real_cluster.expose(port)}"  # the fake, as pods reach it
+        (tmp_path / "oci").mkdir()
+        fakes.oci_config(tmp_path / "oci", key)
+        core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
+        core.create_namespaced_secret(ns, {  # type: ignore[arg-type]
+            "metadata": {"name": oci_secret},
+            "stringData": {name: (tmp_path / "oci" / name).read_text() for name in ("config", "key.pem")},
+        })  # fmt: skip
+
+        # -- (a) install: the monitors and the analyzer Ready on the real node, as their chart identities --
+        installed = release.install(_values(
+            real_cluster, uri, database, tmp_path / "node" / "state", oci=oci_endpoint,
+            oci_secret=oci_secret, watch=f"{WATCH_LABEL}={suffix}",
+        ), ready=COMPONENTS)  # fmt: skip
+        seconds["install to Ready"] = time.monotonic() - installed
+        assert sorted(p["metadata"]["labels"]["app.kubernetes.io/component"]
+                      for p in release.pods()) == sorted(COMPONENTS)  # fmt: skip
+        pods = {}
+        for component in COMPONENTS:
+            pod = release.pod(component)
+            assert pod is not None and pod["spec"]["nodeName"] == NODE, component
+            (status,) = pod["status"]["containerStatuses"]
+            assert status["imageID"].endswith(real.image.split("@")[1]), status
+            assert status["containerID"].startswith("containerd://")
+            account = f"{RELEASE}-{component}"
+            assert pod["spec"]["serviceAccountName"] == account
+            binding = kube.rbac(api).read_cluster_role_binding(account)
+            assert [(s.kind, s.name, s.namespace) for s in binding.subjects or []] == [
+                ("ServiceAccount", account, ns)
+            ]
+            assert _http(pod, "/healthz") == (200, "ok\n"), component
+            pods[component] = pod
+
+        # every watch of the rules listed, none refused (a Forbidden list counts as an error)
+        def watches() -> tuple[dict[str, float], dict[str, float]]:
+            page = _http(pods["object-monitor"], "/metrics")[1]
+            return (_samples(page, "faultline_object_monitor_watch_lists"),
+                    _samples(page, "faultline_object_monitor_watch_errors"))  # fmt: skip
+
+        procs.wait_for("every watch listed",
+                       lambda: len(watches()[0]) == 3 and all(v >= 1 for v in watches()[0].values()), 60,
+                       interval=0.5)  # fmt: skip
+        lists, errors = watches()
+        assert set(errors) == set(lists) and not any(errors.values()), (lists, errors)
+
+        # -- (c, raise) the maintenance monitor reads OCI through the fake and raises the reboot -----------
         try:
-            # the test's OCI instance: a simulated node with its providerID, a reboot due in 30 minutes
-            due = (dt.datetime.now(dt.UTC) + dt.timedelta(minutes=30)).replace(microsecond=0)
-            fake.oci_instances[ocid] = {
-                "lifecycleState": "RUNNING",
-                "timeMaintenanceRebootDue": due.isoformat(),
-            }
-            fakelet.add(oci_node, provider_id=f"oci://{ocid}")
-            kube.nodes.patch(api, oci_node, {"metadata": {"labels": {WATCH_LABEL: suffix}}})
-            port = int(fake.url.rsplit(":", 1)[1])
-            oci_endpoint = f"http://{real_cluster.expose(port)}"  # the fake, as pods reach it
-            (tmp_path / "oci").mkdir()
-            fakes.oci_config(tmp_path / "oci", key)
-            core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
-            core.create_namespaced_secret(ns, {  # type: ignore[arg-type]
-                "metadata": {"name": oci_secret},
-                "stringData": {name: (tmp_path / "oci" / name).read_text() for name in ("config", "key.pem")},
-            })  # fmt: skip
+            procs.wait_for(f"{REBOOT} open on {oci_node}",
+                           lambda: _state(db, oci_node, REBOOT) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
+        except TransientError as exc:
+            raise AssertionError(release.diagnosis()) from exc
+        seconds["install to maintenance fault"] = time.monotonic() - installed
+        (fault,) = _faults(db, oci_node, REBOOT)
+        assert (fault.fatal, fault.action, fault.component, fault.entity.type) == (
+            True, "RESTART_VM", "NODE", "NODE",
+        )  # fmt: skip
+        assert (fault.metadata["provider"], fault.metadata["repair"]) == ("oci", PROVIDER_REPAIR)
+        assert fault.metadata["not_before"] == due.isoformat()
+        assert fault.metadata["boot_id"] == fakelet.nodes[oci_node].boot_id
+        assert ("oci", "GET", ocid) in fake.calls  # signed with the Secret's key: the fake verified it
+        announced = ["FaultlineMaintenanceAnnounced"]
+        procs.wait_for("the Event of the announcement on the node",
+                       lambda: _reasons(api, oci_node, "FaultlineMaintenance") == announced, 30, interval=0.5)  # fmt: skip
+        page = _http(pods["maintenance"], "/metrics")[1]
+        assert _samples(page, "faultline_maintenance_announced") == {"kind=REBOOT,provider=oci": 1.0}, page
+        assert _samples(page, "faultline_maintenance_read_errors_total") == {}, page
 
-            # -- (a) install: the monitors and the analyzer Ready on the real node, as their chart identities --
-            values.write_text(yaml.safe_dump(_values(
-                real_cluster, uri, database, tmp_path / "node" / "state", oci=oci_endpoint,
-                oci_secret=oci_secret, watch=f"{WATCH_LABEL}={suffix}",
-            )))  # fmt: skip
-            helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-                 "--kubeconfig", kubeconfig, "--namespace", ns, "-f", str(values))  # fmt: skip
-            installed = time.monotonic()
-            try:
-                procs.wait_for("the monitors' and the analyzer's pods Ready on the real node",
-                               lambda: all(ready(component_pod(api, ns, c, RELEASE) or {}) for c in COMPONENTS),
-                               180, interval=1)  # fmt: skip
-            except TransientError as exc:
-                raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
-            seconds["install to Ready"] = time.monotonic() - installed
-            assert sorted(p["metadata"]["labels"]["app.kubernetes.io/component"]
-                          for p in release_pods(api, ns, RELEASE)) == sorted(COMPONENTS)  # fmt: skip
-            pods = {}
-            for component in COMPONENTS:
-                pod = component_pod(api, ns, component, RELEASE)
-                assert pod is not None and pod["spec"]["nodeName"] == NODE, component
-                (status,) = pod["status"]["containerStatuses"]
-                assert status["imageID"].endswith(real.image.split("@")[1]), status
-                assert status["containerID"].startswith("containerd://")
-                account = f"{RELEASE}-{component}"
-                assert pod["spec"]["serviceAccountName"] == account
-                binding = kube.rbac(api).read_cluster_role_binding(account)
-                assert [(s.kind, s.name, s.namespace) for s in binding.subjects or []] == [
-                    ("ServiceAccount", account, ns)
-                ]
-                assert _http(pod, "/healthz") == (200, "ok\n"), component
-                pods[component] = pod
+        # -- (b) the object monitor: 8 GPUs said, 7 advertised, on the real node ---------------------------
+        chartutil.advertise_gpus(api, 8)
+        kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: "8"}}})
+        changed = time.monotonic()
+        chartutil.advertise_gpus(api, 7)  # one fell off the bus: the device plugin advertises 7
+        try:
+            procs.wait_for(f"{GPUS} open on the real node",
+                           lambda: _state(db, NODE, GPUS) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
+        except TransientError as exc:
+            raise AssertionError(release.diagnosis()) from exc
+        seconds["7 advertised to fault open"] = time.monotonic() - changed
+        (fault,) = _faults(db, NODE, GPUS)
+        assert fault.message == f"allocatable nvidia.com/gpu is 7, the node has 8 ({COUNT_LABEL})"
+        assert fault.metadata == {
+            "source": "kube",
+            "rule": "gpus-not-advertised",
+            "object": f"Node {NODE}",
+        }
+        assert (fault.fatal, fault.action) == (True, "RESTART_VM")
+        changed = time.monotonic()
+        chartutil.advertise_gpus(api, 8)  # back
+        procs.wait_for(f"{GPUS} resolved on the real node",
+                       lambda: _state(db, NODE, GPUS) == FaultState.RESOLVED, 60, interval=0.5)  # fmt: skip
+        seconds["8 advertised to resolved"] = time.monotonic() - changed
+        assert _history(db, NODE, GPUS) == [False, True]  # opened once, resolved once
+        both = [GPUS, f"{GPUS}Resolved"]
+        procs.wait_for("the Events of the opening and the resolution on the node",
+                       lambda: _reasons(api, NODE, GPUS) == both, 30, interval=0.5)  # fmt: skip
+        # the monitor's faults are this one only (nothing else of the cluster's objects matched)
+        kube_faults = {(d["node"], d["code"]) for d in db["faults"].find({"metadata.source": "kube"})}
+        assert kube_faults == {(NODE, GPUS)}, kube_faults
 
-            # every watch of the rules listed, none refused (a Forbidden list counts as an error)
-            def watches() -> tuple[dict[str, float], dict[str, float]]:
-                page = _http(pods["object-monitor"], "/metrics")[1]
-                return (_samples(page, "faultline_object_monitor_watch_lists"),
-                        _samples(page, "faultline_object_monitor_watch_errors"))  # fmt: skip
+        # -- (c, resolve) OCI clears the due time as the instance reboots: back with a new boot id --------
+        fake.oci_instances[ocid]["timeMaintenanceRebootDue"] = None
+        changed = time.monotonic()
+        fakelet.reboot(oci_node, down_seconds=1.0)
+        procs.wait_for(f"{REBOOT} resolved on {oci_node}",
+                       lambda: _state(db, oci_node, REBOOT) == FaultState.RESOLVED, 60, interval=0.5)  # fmt: skip
+        seconds["rebooted to maintenance resolved"] = time.monotonic() - changed
+        assert _history(db, oci_node, REBOOT) == [False, True]
+        over = [*announced, "FaultlineMaintenanceOver"]
+        procs.wait_for("the Event of the maintenance over on the node",
+                       lambda: _reasons(api, oci_node, "FaultlineMaintenance") == over, 30, interval=0.5)  # fmt: skip
+        assert {a for a, _ in fake.actions("oci")} == {"GET"}  # nothing but reads
 
-            procs.wait_for("every watch listed",
-                           lambda: len(watches()[0]) == 3 and all(v >= 1 for v in watches()[0].values()), 60,
+        for component in COMPONENTS:  # never restarted, nothing refused
+            pod = release.pod(component)
+            assert pod is not None and chartutil.ready(pod), component
+            restarts = [s["restartCount"] for s in pod["status"]["containerStatuses"]]
+            assert restarts == [0], (component, pod["status"])
+            log = core.read_namespaced_pod_log(pod["metadata"]["name"], ns)
+            assert "forbidden" not in log.lower(), log
+        maintenance_log = core.read_namespaced_pod_log(pods["maintenance"]["metadata"]["name"], ns)
+        assert "could not be read" not in maintenance_log, maintenance_log
+
+        # -- (d) the analyzer: it holds the lease, and derives its pack's fault from the feed ------------
+        st = store.connect(mongo.uri, database)
+        try:
+            owner = f"analyzer/{pods['analyzer']['metadata']['name']}/"  # its host name is its pod's
+
+            def holder() -> str:
+                status = st.analyzer_status(cluster.PARTITIONS)
+                return (status.owner if status else None) or ""
+
+            procs.wait_for("the analyzer's lease held by its pod", lambda: holder().startswith(owner), 60,
                            interval=0.5)  # fmt: skip
-            lists, errors = watches()
-            assert set(errors) == set(lists) and not any(errors.values()), (lists, errors)
-
-            # -- (c, raise) the maintenance monitor reads OCI through the fake and raises the reboot -----------
+            now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+            gpu, first_node, second_node = f"GPU-{suffix}", f"gpu-a-{suffix}", f"gpu-b-{suffix}"
+            first = _xid(first_node, gpu, "XID-79", now - dt.timedelta(minutes=10))
+            other = _xid(first_node, f"GPU-other-{suffix}", "XID-79", now - dt.timedelta(minutes=5))
+            again = _xid(second_node, gpu, "XID-95", now)  # the same GPU, moved to another node
+            written = time.monotonic()
+            assert st.record_batch([first, other], []) == 2  # as an agent with analyzer_feed writes
+            assert st.record_batch([again], []) == 1
             try:
-                procs.wait_for(f"{REBOOT} open on {oci_node}",
-                               lambda: _state(db, oci_node, REBOOT) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
+                procs.wait_for(f"{REPEAT} derived by the analyzer",
+                               lambda: _state(db, second_node, REPEAT) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
             except TransientError as exc:
-                raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
-            seconds["install to maintenance fault"] = time.monotonic() - installed
-            (fault,) = _faults(db, oci_node, REBOOT)
-            assert (fault.fatal, fault.action, fault.component, fault.entity.type) == (
-                True, "RESTART_VM", "NODE", "NODE",
-            )  # fmt: skip
-            assert (fault.metadata["provider"], fault.metadata["repair"]) == ("oci", PROVIDER_REPAIR)
-            assert fault.metadata["not_before"] == due.isoformat()
-            assert fault.metadata["boot_id"] == fakelet.nodes[oci_node].boot_id
-            assert ("oci", "GET", ocid) in fake.calls  # signed with the Secret's key: the fake verified it
-            announced = ["FaultlineMaintenanceAnnounced"]
-            procs.wait_for("the Event of the announcement on the node",
-                           lambda: _reasons(api, oci_node, "FaultlineMaintenance") == announced, 30, interval=0.5)  # fmt: skip
-            page = _http(pods["maintenance"], "/metrics")[1]
-            assert _samples(page, "faultline_maintenance_announced") == {"kind=REBOOT,provider=oci": 1.0}, (
-                page
+                raise AssertionError(release.diagnosis()) from exc
+            seconds["feed records to derived fault"] = time.monotonic() - written
+            (fault,) = _faults(db, second_node, REPEAT)
+            assert (fault.entity.type, fault.entity.id, fault.pattern) == (
+                "GPU-UUID",
+                gpu,
+                "chart-gpu-repeat",
             )
-            assert _samples(page, "faultline_maintenance_read_errors_total") == {}, page
-
-            # -- (b) the object monitor: 8 GPUs said, 7 advertised, on the real node ---------------------------
-            advertise_gpus(api, 8)
-            kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: "8"}}})
-            changed = time.monotonic()
-            advertise_gpus(api, 7)  # one fell off the bus: the device plugin advertises 7
-            try:
-                procs.wait_for(f"{GPUS} open on the real node",
-                               lambda: _state(db, NODE, GPUS) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
-            except TransientError as exc:
-                raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
-            seconds["7 advertised to fault open"] = time.monotonic() - changed
-            (fault,) = _faults(db, NODE, GPUS)
-            assert fault.message == f"allocatable nvidia.com/gpu is 7, the node has 8 ({COUNT_LABEL})"
-            assert fault.metadata == {
-                "source": "kube",
-                "rule": "gpus-not-advertised",
-                "object": f"Node {NODE}",
+            assert (fault.fatal, fault.action, fault.count) == (True, "CONTACT_SUPPORT", 2)
+            assert fault.metadata["records"].split(",") == [first.id, again.id]  # not the other GPU's
+            ours = (first_node, second_node)  # the built-in patterns derived nothing from these
+            derived = [(d["node"], d["code"]) for d in db["faults"].find({}) if d["node"] in ours]
+            assert derived == [(second_node, REPEAT)], derived
+            page = _http(pods["analyzer"], "/metrics")[1]
+            assert _samples(page, "faultline_analyzer_active") == {"": 1.0}, page
+            assert _samples(page, "faultline_analyzer_derived_faults_total") == {
+                "pattern=chart-gpu-repeat": 1.0
             }
-            assert (fault.fatal, fault.action) == (True, "RESTART_VM")
-            changed = time.monotonic()
-            advertise_gpus(api, 8)  # back
-            procs.wait_for(f"{GPUS} resolved on the real node",
-                           lambda: _state(db, NODE, GPUS) == FaultState.RESOLVED, 60, interval=0.5)  # fmt: skip
-            seconds["8 advertised to resolved"] = time.monotonic() - changed
-            assert _history(db, NODE, GPUS) == [False, True]  # opened once, resolved once
-            both = [GPUS, f"{GPUS}Resolved"]
-            procs.wait_for("the Events of the opening and the resolution on the node",
-                           lambda: _reasons(api, NODE, GPUS) == both, 30, interval=0.5)  # fmt: skip
-            # the monitor's faults are this one only (nothing else of the cluster's objects matched)
-            kube_faults = {(d["node"], d["code"]) for d in db["faults"].find({"metadata.source": "kube"})}
-            assert kube_faults == {(NODE, GPUS)}, kube_faults
-
-            # -- (c, resolve) OCI clears the due time as the instance reboots: back with a new boot id --------
-            fake.oci_instances[ocid]["timeMaintenanceRebootDue"] = None
-            changed = time.monotonic()
-            fakelet.reboot(oci_node, down_seconds=1.0)
-            procs.wait_for(f"{REBOOT} resolved on {oci_node}",
-                           lambda: _state(db, oci_node, REBOOT) == FaultState.RESOLVED, 60, interval=0.5)  # fmt: skip
-            seconds["rebooted to maintenance resolved"] = time.monotonic() - changed
-            assert _history(db, oci_node, REBOOT) == [False, True]
-            over = [*announced, "FaultlineMaintenanceOver"]
-            procs.wait_for("the Event of the maintenance over on the node",
-                           lambda: _reasons(api, oci_node, "FaultlineMaintenance") == over, 30, interval=0.5)  # fmt: skip
-            assert {a for a, _ in fake.actions("oci")} == {"GET"}  # nothing but reads
-
-            for component in COMPONENTS:  # never restarted, nothing refused
-                pod = component_pod(api, ns, component, RELEASE)
-                assert pod is not None and ready(pod), component
-                restarts = [s["restartCount"] for s in pod["status"]["containerStatuses"]]
-                assert restarts == [0], (component, pod["status"])
-                log = core.read_namespaced_pod_log(pod["metadata"]["name"], ns)
-                assert "forbidden" not in log.lower(), log
-            maintenance_log = core.read_namespaced_pod_log(pods["maintenance"]["metadata"]["name"], ns)
-            assert "could not be read" not in maintenance_log, maintenance_log
-
-            # -- (d) the analyzer: it holds the lease, and derives its pack's fault from the feed ------------
-            st = store.connect(mongo.uri, database)
-            try:
-                owner = f"analyzer/{pods['analyzer']['metadata']['name']}/"  # its host name is its pod's
-
-                def holder() -> str:
-                    status = st.analyzer_status(cluster.PARTITIONS)
-                    return (status.owner if status else None) or ""
-
-                procs.wait_for("the analyzer's lease held by its pod", lambda: holder().startswith(owner), 60,
-                               interval=0.5)  # fmt: skip
-                now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-                gpu, first_node, second_node = f"GPU-{suffix}", f"gpu-a-{suffix}", f"gpu-b-{suffix}"
-                first = _xid(first_node, gpu, "XID-79", now - dt.timedelta(minutes=10))
-                other = _xid(first_node, f"GPU-other-{suffix}", "XID-79", now - dt.timedelta(minutes=5))
-                again = _xid(second_node, gpu, "XID-95", now)  # the same GPU, moved to another node
-                written = time.monotonic()
-                assert st.record_batch([first, other], []) == 2  # as an agent with analyzer_feed writes
-                assert st.record_batch([again], []) == 1
-                try:
-                    procs.wait_for(f"{REPEAT} derived by the analyzer",
-                                   lambda: _state(db, second_node, REPEAT) == FaultState.OPEN, 60, interval=0.5)  # fmt: skip
-                except TransientError as exc:
-                    raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
-                seconds["feed records to derived fault"] = time.monotonic() - written
-                (fault,) = _faults(db, second_node, REPEAT)
-                assert (fault.entity.type, fault.entity.id, fault.pattern) == (
-                    "GPU-UUID",
-                    gpu,
-                    "chart-gpu-repeat",
-                )
-                assert (fault.fatal, fault.action, fault.count) == (True, "CONTACT_SUPPORT", 2)
-                assert fault.metadata["records"].split(",") == [first.id, again.id]  # not the other GPU's
-                ours = (first_node, second_node)  # the built-in patterns derived nothing from these
-                derived = [(d["node"], d["code"]) for d in db["faults"].find({}) if d["node"] in ours]
-                assert derived == [(second_node, REPEAT)], derived
-                page = _http(pods["analyzer"], "/metrics")[1]
-                assert _samples(page, "faultline_analyzer_active") == {"": 1.0}, page
-                assert _samples(page, "faultline_analyzer_derived_faults_total") == {
-                    "pattern=chart-gpu-repeat": 1.0
-                }
-                assert holder().startswith(owner)  # the same replica throughout
-            finally:
-                st.close()
-            analyzer_log = core.read_namespaced_pod_log(pods["analyzer"]["metadata"]["name"], ns)
-            for refused in ("node labels not read", "pods not read"):  # its lists of nodes and pods allowed
-                assert refused not in analyzer_log, analyzer_log
-
-            # -- (e) uninstall: nothing of the release left; the node as it was ------------------------------
-            kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
-            advertise_gpus(api, None)
-            helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
-            procs.wait_for("nothing of the release left",
-                           lambda: not _release_objects(client, ns), 90, interval=0.5)  # fmt: skip
-            assert _node_as_seen(api, NODE) == before
-            seconds["test"] = time.monotonic() - started
-            print("\nmonitors on a real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
+            assert holder().startswith(owner)  # the same replica throughout
         finally:
-            subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
-                            "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,
-                           capture_output=True, check=False, timeout=180)  # fmt: skip
-            with contextlib.suppress(ApiException):  # not created
-                core.delete_namespace(ns, propagation_policy="Background")
-            fakelet.remove(oci_node)
-            kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
-            release_real_node(api)
-            client.close()
+            st.close()
+        analyzer_log = core.read_namespaced_pod_log(pods["analyzer"]["metadata"]["name"], ns)
+        for refused in ("node labels not read", "pods not read"):  # its lists of nodes and pods allowed
+            assert refused not in analyzer_log, analyzer_log
 
-            def namespace_gone() -> bool:
-                return ns not in {
-                    n.metadata.name for n in core.list_namespace().items if n.metadata is not None
-                }
-
-            procs.wait_for("the test's namespace gone", namespace_gone, 120, interval=1)
+        # -- (e) uninstall: nothing of the release left; the node as it was ------------------------------
+        kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
+        chartutil.advertise_gpus(api, None)
+        release.uninstall()
+        procs.wait_for("nothing of the release left",
+                       lambda: not _release_objects(client, ns), 90, interval=0.5)  # fmt: skip
+        assert _node_as_seen(api, NODE) == before
+        seconds["test"] = time.monotonic() - started
+        print("\nmonitors on a real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))

@@ -21,39 +21,24 @@ the API server calls it for real, through its Service.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes.client.exceptions import ApiException
 
 from cli.preflight import AGENT
-from devtools import procs, tools
+from devtools import procs
 from devtools.cluster import LocalCluster
 from faultline import kube, preflight
 from faultline.errors import NotFoundError, TransientError
 from faultline.kube import lite
 from faultline.kube import preflight as ops
 from sources import simulator
-from tests.integration.test_chart_real_node import (
-    CHART_VERSION,
-    NODE,
-    advertise_gpus,
-    chart_values,
-    component_pod,
-    diagnosis,
-    faultline_marks,
-    helm,
-    ready,
-    release_pods,
-    release_real_node,
-)
+from tests.integration import chartutil
+from tests.integration.chartutil import NODE
 from workers import rules
 
 pytestmark = [
@@ -71,7 +56,7 @@ REMAP = (
 def _values(cluster: LocalCluster, uri: str, database: str, state: Path, sim_dir: Path) -> dict[str, Any]:
     """The real-node chart test's agent and quarantine worker, and preflight: one webhook replica on the
     real node, checking the simulated GPUs of `sim_dir`."""
-    values = chart_values(cluster, uri, database, state, workers=("quarantine",))
+    values = chartutil.chart_values(cluster, uri, database, state, workers=("quarantine",))
     values["preflight"] = {"enabled": True, "replicas": 1, "simDir": str(sim_dir),
                            "nodeSelector": {"kubernetes.io/hostname": NODE}}  # fmt: skip
     return values
@@ -131,26 +116,16 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
     sim_dir = tmp_path / "node" / "preflight-sim"  # what preflight checks; the agent follows state/sim
     sim_dir.mkdir()
     uri = f"mongodb://{real_store}/?retryWrites=false&directConnection=true"
-    chart = f"oci://{real.registry.address}/faultline"
-    values = tmp_path / "values.yaml"
-    kubeconfig = str(real_cluster.kubeconfig)
     webhook_config, secret = f"{RELEASE}-preflight", f"{RELEASE}-webhook-tls"
     seconds: dict[str, float] = {}
-    try:
+    with chartutil.Release(real_cluster, helm_env, RELEASE, ns, values=tmp_path / "values.yaml", db=db,
+                           namespaces=(enabled, plain), after=client.close) as release:  # fmt: skip
         # -- (a) install: the webhook Ready on the real node, its certificates made and trusted ---------------
-        advertise_gpus(api, GPUS)
-        values.write_text(yaml.safe_dump(_values(real_cluster, uri, database, state, sim_dir)))
-        helm(helm_env, "install", RELEASE, chart, "--version", CHART_VERSION, "--plain-http",
-             "--kubeconfig", kubeconfig, "--namespace", ns, "--create-namespace", "-f", str(values))  # fmt: skip
-        installed = time.monotonic()
-        try:
-            procs.wait_for("the webhook, agent and quarantine pods Ready on the real node",
-                           lambda: all(ready(component_pod(api, ns, c, RELEASE) or {})
-                                       for c in ("webhook", "agent", "quarantine")), 180, interval=1)  # fmt: skip
-        except TransientError as exc:
-            raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+        chartutil.advertise_gpus(api, GPUS)
+        installed = release.install(_values(real_cluster, uri, database, state, sim_dir),
+                                    ready=("webhook", "agent", "quarantine"), create_namespace=True)  # fmt: skip
         seconds["install to Ready"] = time.monotonic() - installed
-        webhook = component_pod(api, ns, "webhook", RELEASE)
+        webhook = release.pod("webhook")
         assert webhook is not None and webhook["spec"]["nodeName"] == NODE
         assert webhook["status"]["containerStatuses"][0]["imageID"].endswith(real.image.split("@")[1])
         procs.wait_for("the caBundle set by the webhook",
@@ -234,7 +209,7 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
                            interval=0.5)  # fmt: skip
             procs.wait_for("the real node cordoned and tainted", quarantined, 60, interval=0.5)
         except TransientError as exc:
-            raise AssertionError(diagnosis(api, ns, db, RELEASE)) from exc
+            raise AssertionError(release.diagnosis()) from exc
         seconds["created to quarantined"] = time.monotonic() - admitted
         (event,) = _preflight_events(db)
         # recorded by the node's agent from its ingest socket, the line naming the monitor that reported it
@@ -248,13 +223,12 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
         assert (fault["fatal"], fault["action"], fault["entity"]) == (
             True, "COMPONENT_RESET", {"type": "GPU", "id": "0000:3a:00"},
         )  # fmt: skip
-        for pod in release_pods(api, ns, RELEASE):  # none was restarted through the whole scenario
-            restarts = [s["restartCount"] for s in pod["status"].get("containerStatuses") or []]
-            assert restarts == [0] and ready(pod), (pod["metadata"]["name"], pod["status"])
+        for pod in release.pods():  # none was restarted through the whole scenario
+            said = (pod["metadata"]["name"], pod["status"])
+            assert chartutil.restarts(pod) == [0] and chartutil.ready(pod), said
 
         # -- (e) uninstall: no webhook configuration left, the quarantine taken back --------------------------
-        helm(helm_env, "uninstall", RELEASE, "--kubeconfig", kubeconfig, "--namespace", ns, "--wait")
-        procs.wait_for("no pod of the release", lambda: not release_pods(api, ns, RELEASE), 90, interval=0.5)
+        release.uninstall()
         configurations = client.request(
             "GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
         )
@@ -264,21 +238,6 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
         assert not left, left
         assert ops.read_secret(client, ns, secret) is None
         assert not kube.apps(api).list_namespaced_deployment(ns).items
-        assert not faultline_marks(kube.nodes.read(api, NODE))
+        assert not chartutil.faultline_marks(kube.nodes.read(api, NODE))
         seconds["test"] = time.monotonic() - started
         print("\npreflight on a real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
-    finally:
-        subprocess.run([str(tools.binary("helm")), "uninstall", RELEASE, "--kubeconfig", kubeconfig,
-                        "--namespace", ns, "--wait", "--ignore-not-found"], env=helm_env,
-                       capture_output=True, check=False, timeout=180)  # fmt: skip
-        for name in (enabled, plain, ns):
-            with contextlib.suppress(ApiException):  # not created
-                core.delete_namespace(name, propagation_policy="Background")
-        client.close()
-        release_real_node(api)
-
-        def namespaces_gone() -> bool:
-            names = {n.metadata.name for n in core.list_namespace().items if n.metadata is not None}
-            return not names & {ns, enabled, plain}
-
-        procs.wait_for("the test's namespaces gone", namespaces_gone, 120, interval=1)

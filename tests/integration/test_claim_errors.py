@@ -35,7 +35,7 @@ def fault(node: str, code: str = "XID-79") -> Fault:
 
 
 def item(st: store.Store, key: str) -> store.WorkItem:
-    return store.WorkItem.from_doc(st.queue.find_one({"_id": f"{store.QUARANTINE}/{key}"}) or {})
+    return store.WorkItem.from_doc(st.queue.find_one({"_id": f"{store.Stage.QUARANTINE}/{key}"}) or {})
 
 
 def events(api: Any, node: str, reason: str) -> list[Any]:
@@ -54,9 +54,12 @@ def st(mongo_db: Any) -> store.Store:
 def run_loop(st: store.Store, api: Any) -> Iterator[Callable[..., common.ClaimLoop]]:
     loops: list[common.ClaimLoop] = []
 
-    def start(handle: Callable[[store.Claim], common.Outcome], name: str, **kwargs: Any) -> common.ClaimLoop:
-        loop = common.ClaimLoop(st, store.QUARANTINE, f"{name}-owner", handle, lease=dt.timedelta(minutes=1),
-                                threads=1, metrics=common.WorkerMetrics(name), collection=store.QUEUE, every=0.2,
+    def start(
+        handle: Callable[[store.Claim], common.Outcome], name: str, *, stage: store.Stage = store.Stage.QUARANTINE,
+        collection: store.Work = store.Work.QUEUE, **kwargs: Any,
+    ) -> common.ClaimLoop:  # fmt: skip
+        loop = common.ClaimLoop(st, stage, f"{name}-owner", handle, lease=dt.timedelta(minutes=1), threads=1,
+                                metrics=common.WorkerMetrics(name), collection=collection, every=0.2,
                                 refresh=0.1, api=api, **kwargs)  # fmt: skip
         loop.start()
         loops.append(loop)
@@ -76,20 +79,20 @@ def test_a_permanent_error_parks_the_item_after_one_try_with_an_event_and_status
     calls: dict[str, int] = {}
     lock = threading.Lock()
 
-    def handle(claim: store.Claim) -> str:
+    def handle(claim: store.Claim) -> store.State:
         key = str(claim.doc["key"])
         with lock:
             calls[key] = calls.get(key, 0) + 1
         if key == bad.id:
             raise PermanentError("the rule names a taint the API server refuses")
-        return store.DONE
+        return store.State.DONE
 
     st.write_fault(bad, revision=1)
     loop = run_loop(handle, "perm_test")
-    procs.wait_for("parked", lambda: item(st, bad.id).quarantine.state == store.PARKED, 20)
+    procs.wait_for("parked", lambda: item(st, bad.id).quarantine.state == store.State.PARKED, 20)
     # the loop goes on: a later item is handled, and the parked one is never claimed again
     st.write_fault(good, revision=1)
-    procs.wait_for("the next item done", lambda: item(st, good.id).quarantine.state == store.DONE, 20)
+    procs.wait_for("the next item done", lambda: item(st, good.id).quarantine.state == store.State.DONE, 20)
     assert calls == {bad.id: 1, good.id: 1}
     parked = item(st, bad.id).quarantine
     assert parked.attempts == 1
@@ -118,21 +121,21 @@ def test_a_transient_error_is_retried_after_its_delay_and_not_before(
     delay = 2.0
     tries: list[float] = []
 
-    def handle(claim: store.Claim) -> str:
+    def handle(claim: store.Claim) -> store.State:
         tries.append(time.monotonic())
         if len(tries) == 1:
             raise TransientError("the API server is busy", delay=delay)
-        return store.DONE
+        return store.State.DONE
 
     st.write_fault(f, revision=1)
     run_loop(handle, "transient_test")
     procs.wait_for("the first try", lambda: len(tries) >= 1, 20)
-    procs.wait_for("given back", lambda: item(st, f.id).quarantine.state != store.CLAIMED, 10)
+    procs.wait_for("given back", lambda: item(st, f.id).quarantine.state != store.State.CLAIMED, 10)
     back = item(st, f.id).quarantine
-    assert back.state == store.PENDING and back.error == "TransientError: the API server is busy"
+    assert back.state == store.State.PENDING and back.error == "TransientError: the API server is busy"
     assert back.retry_after is not None and back.updated_at is not None
     assert back.retry_after - back.updated_at >= dt.timedelta(seconds=delay - 0.05)
-    procs.wait_for("retried and done", lambda: item(st, f.id).quarantine.state == store.DONE, 20)
+    procs.wait_for("retried and done", lambda: item(st, f.id).quarantine.state == store.State.DONE, 20)
     assert len(tries) == 2
     assert tries[1] - tries[0] >= delay - 0.01  # not claimed again before its delay
 
@@ -144,13 +147,13 @@ def test_an_item_that_keeps_failing_backs_off_and_is_parked_at_its_attempt_cap(
     f = fault(node)
     tries: list[float] = []
 
-    def handle(claim: store.Claim) -> str:
+    def handle(claim: store.Claim) -> store.State:
         tries.append(time.monotonic())
         raise ValueError("a bug")
 
     st.write_fault(f, revision=1)
     loop = run_loop(handle, "cap_test", max_attempts=3)
-    procs.wait_for("parked", lambda: item(st, f.id).quarantine.state == store.PARKED, 30)
+    procs.wait_for("parked", lambda: item(st, f.id).quarantine.state == store.State.PARKED, 30)
     parked = item(st, f.id).quarantine
     assert len(tries) == 3 and parked.attempts == 3
     assert parked.error == "3 attempts, the last: ValueError: a bug"

@@ -15,7 +15,7 @@ from faultline import store
 from faultline.store import claims
 
 pytestmark = pytest.mark.integration
-STAGE, LEASE = store.QUARANTINE, dt.timedelta(seconds=30)
+STAGE, LEASE = store.Stage.QUARANTINE, dt.timedelta(seconds=30)
 LONG_AGO = dt.timedelta(seconds=claims.ORPHAN_S + 5)
 
 
@@ -37,8 +37,8 @@ def _lease(st: store.Store, n: int, kind: str, *, until: dt.datetime | None, at:
 
 
 def _claim(st: store.Store) -> store.Claim | None:
-    (doc,) = st.pending(STAGE, 10, collection=store.QUEUE)
-    return st.try_claim(STAGE, doc, "alive", LEASE, collection=store.QUEUE)
+    (doc,) = st.pending(STAGE, 10, collection=store.Work.QUEUE)
+    return st.try_claim(STAGE, doc, "alive", LEASE, collection=store.Work.QUEUE)
 
 
 def test_a_claimer_killed_between_its_lease_and_the_item_leaves_it_claimable_once_the_lease_is_dead(
@@ -51,7 +51,7 @@ def test_a_claimer_killed_between_its_lease_and_the_item_leaves_it_claimable_onc
     assert _item(st)[STAGE]["seq"] == seq  # a live claim is left alone
     st.leases.update_one({"_id": f"{STAGE}/{STAGE}/k1/{seq + 1}"}, {"$set": {"until": now - LEASE}})
     assert _claim(st) is None  # this try finds the orphan and takes the item back...
-    assert (_item(st)[STAGE]["state"], _item(st)[STAGE]["seq"]) == (store.PENDING, seq + 2)
+    assert (_item(st)[STAGE]["state"], _item(st)[STAGE]["seq"]) == (store.State.PENDING, seq + 2)
     claim = _claim(st)  # ...and the next one claims it
     assert claim is not None and claim.n == seq + 3
 
@@ -64,9 +64,9 @@ def test_a_completion_killed_between_its_lease_and_the_item_is_taken_back_by_the
     old = st.now() - LONG_AGO
     _lease(st, claim.n + 1, "closed:done", until=None, at=old)  # the close, its update never made
     st.leases.update_one({"_id": f"{STAGE}/{STAGE}/k1/{claim.n}"}, {"$set": {"until": old}})  # expired
-    assert st.reap(STAGE, 10, collection=store.QUEUE) == (1, 0)
+    assert st.reap(STAGE, 10, collection=store.Work.QUEUE) == (1, 0)
     item = _item(st)[STAGE]
-    assert (item["state"], item["seq"]) == (store.PENDING, claim.n + 2)
+    assert (item["state"], item["seq"]) == (store.State.PENDING, claim.n + 2)
     assert "had no second write" in item["error"]
     assert _claim(st) is not None  # redone: every stage's handler is idempotent
 
@@ -77,5 +77,5 @@ def test_a_recent_close_is_left_to_its_writer(st: store.Store) -> None:
     now = st.now()
     _lease(st, claim.n + 1, "closed:done", until=None, at=now)  # its second write may be on its way
     st.leases.update_one({"_id": f"{STAGE}/{STAGE}/k1/{claim.n}"}, {"$set": {"until": now - LEASE}})
-    assert st.reap(STAGE, 10, collection=store.QUEUE) == (0, 0)
-    assert _item(st)[STAGE]["state"] == store.CLAIMED
+    assert st.reap(STAGE, 10, collection=store.Work.QUEUE) == (0, 0)
+    assert _item(st)[STAGE]["state"] == store.State.CLAIMED

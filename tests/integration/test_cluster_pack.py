@@ -299,7 +299,7 @@ def cordoned(api: Any, node: str) -> bool:
 
 def handled(db: Any, fault: Fault) -> bool:
     item = db["queue"].find_one({"_id": f"quarantine/{fault.id}"})
-    return item is not None and item["quarantine"]["state"] == store.DONE
+    return item is not None and item["quarantine"]["state"] == store.State.DONE
 
 
 def test_an_application_xid_burst_of_one_job_quarantines_none_of_its_nodes(

@@ -158,7 +158,7 @@ def test_a_partial_drain_moves_only_the_faulty_gpus_pods_until_a_reboot_needs_th
         st, api, remediation.Settings(resync_interval=0.3, lease=FAST["lease"]), "scope-r"
     )
     with kubelet.serving(on_gpus) as (socket, fake):
-        link = pod_resources.store_link(mongo.uri, mongo_db.name, node)
+        link = pod_resources.store_link(st, node)
         watch = pod_resources.GpuPodsWatch(node, GPUS, lambda: pod_resources.list_devices(socket), link,
                                            interval=0.2)  # fmt: skip
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import procs
+from devtools import fakelet, procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -46,7 +46,7 @@ def _repair(st: store.Store, node: str, step: str, fault: Fault, request: str) -
         "_id": key, "node": node, "episode": episode, "first_seen": episode, "fatal": True,
         "rounds": [{"step": step, "request": request, "fault_keys": [fault.id], "gpus": [fault.entity.id],
                     "reason": "test", "requested_at": episode, "outcome": None, "at": None}],
-        "remediation": {"state": "idle", "attempts": 0}, "janitor": {"state": store.PENDING, "attempts": 0},
+        "remediation": {"state": "idle", "attempts": 0}, "janitor": {"state": store.State.PENDING, "attempts": 0},
     })  # fmt: skip
     body = {"apiVersion": kube.resources.RR_API_VERSION, "kind": "RemediationRequest",
             "metadata": {"name": request, "labels": {"faultline.io/node": node}},
@@ -155,7 +155,7 @@ def test_a_janitor_stopped_mid_repair_leaves_the_round_open_for_a_takeover(
         assert fake.actions("aws") == [("RebootInstances", instance_id)]
     doc = mongo_db["repairs"].find_one({"_id": key})
     assert doc["rounds"][0]["outcome"] is None and len(doc["rounds"]) == 1
-    assert doc["janitor"]["state"] == store.PENDING
+    assert doc["janitor"]["state"] == store.State.PENDING
     assert doc["remediation"]["state"] == "idle"  # nothing to escalate
     got = kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
     assert not [e.reason for e in got if "stopped-reboot-1" in (e.message or "")]
@@ -263,6 +263,8 @@ def test_a_janitor_killed_mid_repair_is_taken_over(
         # the pod carries the repair label, so a drain of its node leaves it (workers.drainer.evictable)
         labels = jobs.items[0].spec.template.metadata.labels  # with the Job controller's own
         assert (labels["faultline.io/repair"], labels["faultline.io/node"]) == ("reboot", node)
+        # which is also how the simulated kubelet knows the pod reboots its node: nothing test-only on it
+        assert fakelet.SIM_ACTION not in (jobs.items[0].spec.template.metadata.annotations or {})
         # the killed process's looks, then the second's (each look is a claim: a wait holds none)
         owners = [
             d["owner"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from devtools import procs
+from devtools import fakelet, procs
 from devtools.cluster import LocalCluster
 from devtools.netproxy import NetProxy
 from faultline import kube, store
@@ -50,7 +50,7 @@ def test_an_api_server_away_during_the_wait_for_a_reboot_is_not_a_failed_repair(
         settings = janitor.Settings(
             lease=dt.timedelta(seconds=5), threads=1, poll=dt.timedelta(seconds=0.2),
             reboot_timeout=dt.timedelta(seconds=60), validate_timeout=dt.timedelta(seconds=30),
-            job_annotations={janitor.SIM_ACTION: "none"},  # the node reboots when the test says
+            job_annotations={fakelet.SIM_ACTION: "none"},  # the node reboots when the test says
         )  # fmt: skip
         worker = janitor.Janitor(st, proxied, settings, "j-outage")
         key = _repair(st, node, remedies.REBOOT, fault, "outage-reboot-1")

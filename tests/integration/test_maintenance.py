@@ -262,7 +262,7 @@ def test_the_agents_relay_of_azure_scheduled_events_and_its_early_start(
             azure_event("ev-1", fake.azure_vm),
             azure_event("ev-other", "aks-gpu-12345678-vmss_4"),
         ]
-        link = scheduled_events.store_link(mongo.uri, mongo_db.name, node)
+        link = scheduled_events.store_link(st, node)
         relay = scheduled_events.Relay(node, scheduled_events.Imds(fake.url), link, lambda: f"azure://{AZ_VMSS}",
                                        interval=0.2)  # fmt: skip
         relay.start()
@@ -289,7 +289,7 @@ def test_the_agents_relay_of_azure_scheduled_events_and_its_early_start(
         assert fake.azure_started == ["ev-1"]  # once
 
         elsewhere = scheduled_events.Relay("gce-node", scheduled_events.Imds(fake.url),
-                                           scheduled_events.store_link(mongo.uri, mongo_db.name, "gce-node"),
+                                           scheduled_events.store_link(st, "gce-node"),
                                            lambda: "gce://p/z/n", interval=0.2)  # fmt: skip
         assert elsewhere.step() is False
         elsewhere.close()

@@ -43,20 +43,20 @@ def test_a_round_written_before_a_crash_is_handed_over_not_asked_again(
         "_id": key, "node": node, "episode": episode, "first_seen": episode, "fatal": True,
         "rounds": [{"step": remedies.REBOOT, "request": name, "fault_keys": [fault.id], "gpus": [fault.entity.id],
                     "reason": "test", "requested_at": episode, "outcome": None, "at": None}],
-        "remediation": {"state": store.PENDING, "attempts": 1, "seq": 2}, "janitor": {"state": "idle", "attempts": 0},
+        "remediation": {"state": store.State.PENDING, "attempts": 1, "seq": 2}, "janitor": {"state": "idle", "attempts": 0},
     })  # fmt: skip
     settings = remediation.Settings(lease=dt.timedelta(seconds=5), threads=1, resync_interval=60.0)
     worker = remediation.Remediation(st, api, settings, "r-takeover")
     worker.start()
     try:
         procs.wait_for("the claim closed", lambda: st.repairs.find_one({"_id": key})["remediation"]["state"]
-                       == store.DONE, 20)  # fmt: skip
+                       == store.State.DONE, 20)  # fmt: skip
     finally:
         worker.halt()
     doc = st.repairs.find_one({"_id": key})
     try:
         assert [r["request"] for r in doc["rounds"]] == [name]  # no second round
-        assert doc["janitor"]["state"] == store.PENDING  # the first one handed over
+        assert doc["janitor"]["state"] == store.State.PENDING  # the first one handed over
         requests = kube.resources.list_requests(api, label_selector=f"faultline.io/node={node}")
         assert [r["metadata"]["name"] for r in requests] == [name]
     finally:

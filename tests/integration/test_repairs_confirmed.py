@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from devtools import fakelet
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -108,7 +109,7 @@ def test_a_reset_after_which_the_gpu_reads_unhealthy_escalates(
 ) -> None:
     node = cluster.node_names[1]
     xid = fault_id(node, "GPU", GPU[1], "XID-95")
-    no_reboot = {janitor.SIM_ACTION: "none"}  # the escalation's reboot Job runs; the node does not reboot
+    no_reboot = {fakelet.SIM_ACTION: "none"}  # the escalation's reboot Job runs; the node does not reboot
     with pipeline(cluster, mongo, api, mongo_db, node, tmp_path, validate=3,
                   reboot_timeout=dt.timedelta(seconds=2), job_annotations=no_reboot) as st:  # fmt: skip
         sim(

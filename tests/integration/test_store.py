@@ -33,6 +33,7 @@ from workers import common
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
+STAGE, QUEUE = store.Stage.QUARANTINE, store.Work.QUEUE
 
 
 class Clock:
@@ -106,7 +107,7 @@ def test_fault_writes_apply_in_revision_order_only(st: store.Store) -> None:
 def test_a_fault_that_comes_back_gets_a_new_work_item(st: store.Store) -> None:
     item = f"quarantine/{fault().id}"
     st.write_fault(fault(), revision=1)
-    claim = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
+    claim = st.claim(STAGE, "w1", dt.timedelta(minutes=5), collection=QUEUE)
     assert claim is not None
     st.complete(claim)
     st.write_fault(fault(minute=2, resolved=True), revision=2)
@@ -117,9 +118,9 @@ def test_a_fault_that_comes_back_gets_a_new_work_item(st: store.Store) -> None:
     clock.now += dt.timedelta(minutes=5)
     st.write_fault(fault(count=2, minute=5), revision=3)  # the same GPU faults again
     assert st.queue.find_one({"_id": item})["quarantine"]["state"] == "pending"
-    again = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
+    again = st.claim(STAGE, "w1", dt.timedelta(minutes=5), collection=QUEUE)
     assert again is not None and again.id == item  # numbered past the first item's leases
-    st.complete(again, store.PENDING)
+    st.complete(again, store.State.PENDING)
     st.write_fault(fault(minute=2, resolved=True), revision=2)  # a late replay of the old resolution
     assert st.queue.find_one({"_id": item})["quarantine"]["state"] == "pending"  # kept: the fault is open
 
@@ -127,19 +128,19 @@ def test_a_fault_that_comes_back_gets_a_new_work_item(st: store.Store) -> None:
 def test_an_item_read_before_its_fault_resolved_cannot_be_claimed(st: store.Store) -> None:
     st.write_fault(fault("n1"), revision=1)
     st.write_fault(fault("n2"), revision=1)
-    read = st.pending("quarantine", 10, collection="queue")  # a worker's list of candidates
+    read = st.pending(STAGE, 10, collection=QUEUE)  # a worker's list of candidates
     st.write_fault(fault("n1", minute=1, resolved=True), revision=2)  # n1's item goes meanwhile
     lease = dt.timedelta(minutes=5)
     gone, still = sorted(read, key=lambda d: d["node"])
-    assert st.try_claim("quarantine", gone, "w1", lease, collection="queue") is None
-    claim = st.try_claim("quarantine", still, "w1", lease, collection="queue")
+    assert st.try_claim(STAGE, gone, "w1", lease, collection=QUEUE) is None
+    claim = st.try_claim(STAGE, still, "w1", lease, collection=QUEUE)
     assert claim is not None and claim.doc["node"] == "n2"
     assert st.queue.find_one({"_id": gone["_id"]}) is None  # the failed claim made nothing back
 
 
 def test_updates_keep_stage_progress(st: store.Store) -> None:
     st.write_fault(fault(), revision=1)
-    claim = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
+    claim = st.claim(STAGE, "w1", dt.timedelta(minutes=5), collection=QUEUE)
     assert claim is not None and claim.id == f"quarantine/{fault().id}"
     st.complete(claim)
     st.write_fault(fault(count=2), revision=2)
@@ -151,11 +152,11 @@ def test_updates_keep_stage_progress(st: store.Store) -> None:
 def test_claims_take_the_oldest_and_are_fenced(st: store.Store) -> None:
     st.write_fault(fault("n2", minute=2), revision=1)
     st.write_fault(fault("n1", minute=1), revision=1)
-    first = st.claim("quarantine", "w1", dt.timedelta(minutes=5), collection="queue")
-    second = st.claim("quarantine", "w2", dt.timedelta(minutes=5), collection="queue")
+    first = st.claim(STAGE, "w1", dt.timedelta(minutes=5), collection=QUEUE)
+    second = st.claim(STAGE, "w2", dt.timedelta(minutes=5), collection=QUEUE)
     assert first is not None and second is not None
     assert {first.id, second.id} == {f"quarantine/{fault(n).id}" for n in ("n1", "n2")}
-    assert st.claim("quarantine", "w3", dt.timedelta(minutes=5), collection="queue") is None
+    assert st.claim(STAGE, "w3", dt.timedelta(minutes=5), collection=QUEUE) is None
     st.renew(first, dt.timedelta(minutes=10))
     st.complete(first)
     with pytest.raises(LeaseLostError):
@@ -166,10 +167,8 @@ def test_claims_take_the_oldest_and_are_fenced(st: store.Store) -> None:
 
 def test_claim_filters_by_equality(st: store.Store) -> None:
     st.write_fault(fault("n1"), revision=1)
-    assert st.claim("quarantine", "w1", dt.timedelta(minutes=1), {"node": "n2"}, collection="queue") is None
-    assert (
-        st.claim("quarantine", "w1", dt.timedelta(minutes=1), {"node": "n1"}, collection="queue") is not None
-    )
+    assert st.claim(STAGE, "w1", dt.timedelta(minutes=1), {"node": "n2"}, collection=QUEUE) is None
+    assert st.claim(STAGE, "w1", dt.timedelta(minutes=1), {"node": "n1"}, collection=QUEUE) is not None
 
 
 def test_concurrent_claimers_never_share_a_fault(st: store.Store, server: Any) -> None:
@@ -181,7 +180,7 @@ def test_concurrent_claimers_never_share_a_fault(st: store.Store, server: Any) -
     def worker(name: str) -> None:
         client: pymongo.MongoClient[Any] = pymongo.MongoClient(server.uri)  # one connection pool each
         mine = store.Store(client[st.db.name], clock=st.clock)
-        while (c := mine.claim("quarantine", name, dt.timedelta(minutes=5), collection="queue")) is not None:
+        while (c := mine.claim(STAGE, name, dt.timedelta(minutes=5), collection=QUEUE)) is not None:
             with lock:
                 taken.append(c.id)
         client.close()
@@ -201,18 +200,18 @@ def test_a_halted_claim_loop_records_the_claim_in_hand_before_it_returns(st: sto
     st.write_fault(fault("n0"), revision=1)
     entered, release = threading.Event(), threading.Event()
 
-    def handle(claim: store.Claim) -> str:
+    def handle(claim: store.Claim) -> store.State:
         entered.set()
         release.wait(10)
-        return store.DONE
+        return store.State.DONE
 
-    loop = common.ClaimLoop(st, "quarantine", "w0", handle, lease=dt.timedelta(minutes=1), threads=2,
-                            metrics=common.WorkerMetrics("halt_test"), collection="queue")  # fmt: skip
+    loop = common.ClaimLoop(st, STAGE, "w0", handle, lease=dt.timedelta(minutes=1), threads=2,
+                            metrics=common.WorkerMetrics("halt_test"), collection=QUEUE)  # fmt: skip
     loop.start()
     assert entered.wait(10)
     threading.Timer(0.3, release.set).start()
     assert loop.halt(10)
-    assert st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.DONE
+    assert st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.State.DONE
     assert not any(t.is_alive() for t in loop.running)
 
 
@@ -231,16 +230,16 @@ def test_a_claimer_outlives_a_failed_completion_and_the_item_is_redone(st: store
 
     flaky = Flaky(st.db, clock=st.clock)
     handled: list[str] = []
-    loop = common.ClaimLoop(flaky, "quarantine", "w0", lambda c: handled.append(c.id) or store.DONE,
+    loop = common.ClaimLoop(flaky, STAGE, "w0", lambda c: handled.append(c.id) or store.State.DONE,
                             lease=dt.timedelta(minutes=1), threads=1, every=0.1,
-                            metrics=common.WorkerMetrics("flaky_test"), collection="queue")  # fmt: skip
+                            metrics=common.WorkerMetrics("flaky_test"), collection=QUEUE)  # fmt: skip
     st.write_fault(fault("n0"), revision=1)
     loop.start()
     try:
         procs.wait_for("the failed completion", lambda: flaky.failures == 0 and len(handled) == 1, 10)
-        assert st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.CLAIMED
+        assert st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.State.CLAIMED
         st.clock.now += dt.timedelta(minutes=2)  # type: ignore[attr-defined]  # the lease runs out
-        procs.wait_for("redone", lambda: st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.DONE,
+        procs.wait_for("redone", lambda: st.queue.find_one({"node": "n0"})["quarantine"]["state"] == store.State.DONE,
                        10)  # fmt: skip
     finally:
         assert loop.halt(10)
@@ -252,19 +251,19 @@ def test_reaper_requeues_expired_claims_and_parks_repeat_offenders(st: store.Sto
     assert isinstance(clock, Clock)
     st.write_fault(fault("n1"), revision=1)
     st.write_fault(fault("n2"), revision=1)
-    a = st.claim("quarantine", "w1", dt.timedelta(minutes=1), collection="queue")
+    a = st.claim(STAGE, "w1", dt.timedelta(minutes=1), collection=QUEUE)
     assert a is not None
     clock.now += dt.timedelta(minutes=2)
-    assert st.reap("quarantine", max_attempts=3, collection="queue") == (1, 0)
+    assert st.reap(STAGE, max_attempts=3, collection=QUEUE) == (1, 0)
     with pytest.raises(LeaseLostError):
         st.renew(a, dt.timedelta(minutes=1))  # the lease expired and was taken back
     with pytest.raises(LeaseLostError):
         st.complete(a)
     for _ in range(2):
-        c = st.claim("quarantine", "w2", dt.timedelta(minutes=1), collection="queue")
+        c = st.claim(STAGE, "w2", dt.timedelta(minutes=1), collection=QUEUE)
         assert c is not None and c.id == a.id
         clock.now += dt.timedelta(minutes=2)
-        st.reap("quarantine", max_attempts=3, collection="queue")
+        st.reap(STAGE, max_attempts=3, collection=QUEUE)
     doc = st.queue.find_one({"_id": a.id})
     assert (doc["quarantine"]["state"], doc["quarantine"]["attempts"]) == ("parked", 3)
 

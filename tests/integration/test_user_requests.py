@@ -167,7 +167,7 @@ def test_a_reboot_request_is_carried_out_and_validated_and_a_second_one_refused(
         "alice",
     )
     assert [(r.step, r.fault_keys, r.outcome) for r in repair.rounds] == [("REBOOT", [fault.id], "Succeeded")]
-    assert repair.janitor.state == store.DONE and repair.remediation.state == store.IDLE
+    assert repair.janitor.state == store.State.DONE and repair.remediation.state == store.State.IDLE
     events = _events(api, node, began)
     assert sum(e.startswith("FaultlineRequestRefused: ") and second in e for e in events) == 1, events
     assert sum(e.startswith("FaultlineRepairSucceeded: ") and first in e for e in events) == 1, events

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devtools import procs
+from devtools import fakelet, procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -154,7 +154,7 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         action=Action.RESTART_BM, state=FaultState.OPEN,
     )  # fmt: skip
     fast = {"lease": dt.timedelta(seconds=5), "threads": 2}
-    no_reboot = {janitor.SIM_ACTION: "none"}  # the reboot Job runs, the node never comes back rebooted
+    no_reboot = {fakelet.SIM_ACTION: "none"}  # the reboot Job runs, the node never comes back rebooted
     workers = [
         quarantine.QuarantineWorker(st, api, quarantine.Settings(
             resync_interval=0.3, breaker=breaker.BreakerConfig(max_share=None, max_count=None), **fast), "q"),

@@ -12,7 +12,7 @@ import pytest
 from faultline.api import health_pb2
 from patterns import compiler, loader
 from patterns.detectors import NodeDetector
-from sources import ingest
+from sources import ingest, ingest_client
 
 NOW = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
 
@@ -62,6 +62,20 @@ def test_each_rule_names_the_field(overrides: dict[str, Any], field: str) -> Non
         ingest.validate(batch, "gpu-node-01", NOW)
     assert info.value.field == field
     assert str(info.value).startswith(f"{field}: ")
+
+
+def test_bad_input_is_quoted_back_cut_short() -> None:
+    far = health_pb2.HealthEventBatch(events=[event(node="n" * 500)])
+    with pytest.raises(ingest.InvalidEventError, match=r"^events\[0\]\.node: 'n{80}' is not this agent's"):
+        ingest.validate(far, "gpu-node-01", NOW)
+    dotted = health_pb2.HealthEventBatch(events=[event(metadata={"k." + "x" * 500: "v"})])
+    with pytest.raises(ingest.InvalidEventError) as info:
+        ingest.validate(dotted, "gpu-node-01", NOW)
+    assert info.value.field == f"events[0].metadata[{'k.' + 'x' * 62!r}]"
+
+
+def test_the_client_cuts_a_message_to_what_the_agent_accepts() -> None:
+    assert ingest_client.MAX_MESSAGE == ingest.MAX_MESSAGE  # the client does not import the agent's module
 
 
 def test_missing_time_and_batch_size() -> None:

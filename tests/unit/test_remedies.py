@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from faultline.models import Action
+from faultline.models import Action, RepairOutcome, RepairStep
 from workers import remedies
 from workers.remedies import CONTACT_SUPPORT, GPU_RESET, REBOOT, REPLACE, Caps, Repair
 
@@ -12,7 +12,7 @@ NOW = dt.datetime(2026, 12, 2, 12, tzinfo=dt.UTC)
 
 
 def repair(step: str, outcome: str, *, keys: tuple[str, ...] = ("f1",), days_ago: float = 1) -> Repair:
-    return Repair(step, keys, NOW - dt.timedelta(days=days_ago), outcome)
+    return Repair(RepairStep(step), keys, NOW - dt.timedelta(days=days_ago), RepairOutcome(outcome))
 
 
 def test_actions_start_their_ladders() -> None:

@@ -27,6 +27,7 @@ import requests
 from faultline.errors import PermanentError, TransientError
 
 TIMEOUT_S = 30.0  # one HTTP call
+ANSWER_TEXT = 400  # characters of a provider's refusing answer kept in the error (its JSON error, not a page)
 PROVIDERS = ("aws", "gcp", "azure", "oci")
 
 
@@ -90,7 +91,7 @@ def call(
         raise TransientError(f"{what}: {exc}", delay=5.0) from exc
     if response.status_code in ok:
         return response
-    text = response.text.strip().replace("\n", " ")[:400]
+    text = response.text.strip().replace("\n", " ")[:ANSWER_TEXT]
     if response.status_code == 429 or response.status_code >= 500:
         raise TransientError(f"{what}: HTTP {response.status_code}: {text}", delay=5.0)
     raise CloudError(f"{what}: HTTP {response.status_code}: {text}")

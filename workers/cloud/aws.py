@@ -32,12 +32,14 @@ from pathlib import Path
 
 import requests
 
+from faultline import bounds
 from faultline.errors import ConfigError, TransientError
 from workers import cloud
 
 EC2_VERSION = "2016-11-15"
 STS_VERSION = "2011-06-15"
 DESCRIBE_BATCH = 100  # instance ids per DescribeInstanceStatus call
+THROTTLED_WITHIN = 500  # characters at an error answer's start searched for RequestLimitExceeded (its <Code>)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,9 @@ def _xml(text: str, what: str) -> ET.Element:
     try:
         root = ET.fromstring(text)  # noqa: S314 - AWS's own response
     except ET.ParseError as exc:
-        raise cloud.CloudError(f"{what}: the answer is not XML: {text[:200]!r}") from exc
+        raise cloud.CloudError(
+            f"{what}: the answer is not XML: {bounds.quote(text, bounds.EXCERPT)}"
+        ) from exc
     for el in root.iter():  # drop namespaces: {http://ec2.amazonaws.com/doc/2016-11-15/}requestId
         el.tag = el.tag.rsplit("}", 1)[-1]
     return root
@@ -111,9 +115,9 @@ def _error(text: str) -> str:
     try:
         root = _xml(text, "error")
     except cloud.CloudError:
-        return text[:300]
+        return bounds.clip(text, bounds.ERROR_TEXT)
     errors = [f"{e.findtext('Code')}: {e.findtext('Message')}" for e in root.iter("Error")]
-    return "; ".join(errors) or text[:300]
+    return "; ".join(errors) or bounds.clip(text, bounds.ERROR_TEXT)
 
 
 class AWS:
@@ -196,7 +200,11 @@ class AWS:
             r = self.session.post(url, data=body, headers=headers, timeout=cloud.TIMEOUT_S)
         except requests.RequestException as exc:
             raise TransientError(f"{what}: {exc}", delay=5.0) from exc
-        if r.status_code == 503 or r.status_code >= 500 or "RequestLimitExceeded" in r.text[:500]:
+        if (
+            r.status_code == 503
+            or r.status_code >= 500
+            or "RequestLimitExceeded" in r.text[:THROTTLED_WITHIN]
+        ):
             raise TransientError(f"{what}: HTTP {r.status_code}: {_error(r.text)}", delay=5.0)
         if r.status_code != 200:
             raise cloud.CloudError(f"{what}: HTTP {r.status_code}: {_error(r.text)}")
