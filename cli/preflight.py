@@ -105,13 +105,15 @@ def preflight(cfg: config.PreflightConfig) -> None:
     checks = _checks(cfg, backend)
     link = None
     if cfg.gang:
+        from faultline import bounds  # noqa: PLC0415
         from faultline.errors import ConfigError  # noqa: PLC0415
         from faultline.kube import lite  # noqa: PLC0415
 
         try:
             client = lite.Client.connect(cfg.kubeconfig)
         except ConfigError as exc:  # no credentials to reach the gang's Lease: check alone, as without RBAC
-            log.warning("preflight gang record unavailable; checking alone", extra={"error": str(exc)[:300]})
+            error = bounds.clip(str(exc), bounds.ERROR_TEXT)
+            log.warning("preflight gang record unavailable; checking alone", extra={"error": error})
         else:
             link = gang_lease.GangLink(
                 client,

@@ -31,7 +31,7 @@ echo 'nonroot:x:65532:' >> "$rootfs/etc/group"
 echo 'nonroot:!*:0::::::' >> "$rootfs/etc/shadow"
 install -d -o 65532 -g 65532 -m 0755 "$rootfs/home/nonroot"
 
-# Pruning, each with its reason (the README's Delivery section has what each one saves).
+# Pruning, each with its reason (docs/development/image.md has what each one saves).
 site="$rootfs/opt/faultline/lib/python3.11/site-packages"
 # - test suites that dependencies ship inside their packages: never imported at run time
 find "$site" -depth -type d \( -name tests -o -name test \) -prune -exec rm -rf {} +

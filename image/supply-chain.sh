@@ -29,7 +29,7 @@
 #                                            and a verify, then stopped (what `make verify-image` runs)
 #
 # No transparency log or certificate authority is reachable here: signing uses a key and skips the log
-# (--tlog-upload=false); verification says so (--insecure-ignore-tlog). The README's Delivery section has
+# (--tlog-upload=false); verification says so (--insecure-ignore-tlog). docs/development/image.md has
 # the keyless command for releases.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

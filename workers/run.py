@@ -13,7 +13,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from faultline import kube, liveness, store
+from faultline import bounds, kube, liveness, store
 from faultline.config import (
     DrainConfig,
     JanitorConfig,
@@ -55,8 +55,9 @@ def _connect(
                     st.ensure_indexes()
                 return st
             except TransientError as exc:
+                error = bounds.clip(str(exc), bounds.ERROR_TEXT)
                 log.warning("the store is not reachable yet; waiting for it",
-                            extra={"attempt": attempt, "delay": delay, "error": str(exc)[:300]})  # fmt: skip
+                            extra={"attempt": attempt, "delay": delay, "error": error})  # fmt: skip
                 sleep(delay)
                 delay = min(delay * 2, 30.0)
     except BaseException:
