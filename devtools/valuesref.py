@@ -11,7 +11,6 @@ runs the check, `make docs-gen` the rewrite; tests/unit/test_docs.py calls `chec
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from devtools import tools
+from devtools import docpage, tools
 
 SCHEMA = Path("charts/faultline/values.schema.json")
 VALUES = Path("charts/faultline/values.yaml")
@@ -253,30 +252,11 @@ def page(root: Path = tools.REPO) -> str:
 
 def check(root: Path = tools.REPO) -> str | None:
     """None when the page is current, else the message saying which file and what to run."""
-    path = root / PAGE
-    current = path.read_text(encoding="utf-8") if path.exists() else ""
-    if current == page(root):
-        return None
-    return f"{PAGE} is not current with {SCHEMA} and {VALUES}: run make docs-gen (or {COMMAND})"
+    return docpage.stale(root, PAGE, page, f"{SCHEMA} and {VALUES}", COMMAND)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--check", action="store_true", help="only check that the page is current")
-    parser.add_argument("--root", type=Path, default=tools.REPO, help="the repository (default: this one)")
-    args = parser.parse_args(argv)
-    if args.check:
-        problem = check(args.root)
-        if problem:
-            sys.stderr.write(f"error: {problem}\n")
-            return 1
-        return 0
-    target = args.root / PAGE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(page(args.root), encoding="utf-8")
-    return 0
+    return docpage.main(argv, description=__doc__, page=PAGE, render=page, check=check)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from devtools import tools
+from devtools import docpage, tools
 from patterns import loader
 from patterns.schema import Classification, SetStep
 
@@ -155,30 +154,11 @@ def page() -> str:
 
 def check(root: Path = tools.REPO) -> str | None:
     """None when the page is current, else the message saying which file and what to run."""
-    path = root / PAGE
-    current = path.read_text(encoding="utf-8") if path.exists() else ""
-    if current == page():
-        return None
-    return f"{PAGE} is not current with {PACK}: run make docs-gen (or {COMMAND})"
+    return docpage.stale(root, PAGE, lambda _root: page(), PACK, COMMAND)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--check", action="store_true", help="only check that the page is current")
-    parser.add_argument("--root", type=Path, default=tools.REPO, help="the repository (default: this one)")
-    args = parser.parse_args(argv)
-    if args.check:
-        problem = check(args.root)
-        if problem:
-            sys.stderr.write(f"error: {problem}\n")
-            return 1
-        return 0
-    target = args.root / PAGE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(page(), encoding="utf-8")
-    return 0
+    return docpage.main(argv, description=__doc__, page=PAGE, render=lambda _root: page(), check=check)
 
 
 if __name__ == "__main__":

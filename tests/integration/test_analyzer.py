@@ -23,6 +23,7 @@ from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
 from faultline.models import Action, Component, Entity, HealthEvent, event_id, fault_id
+from tests.integration import analyzerutil
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
@@ -223,21 +224,7 @@ def test_derives_faults_from_every_nodes_events_once_across_restarts_and_takeove
     assert [count(mongo_db, n) for n in ("n1", "n2", "n3")] == [6, 3, 5]
     assert standby.stop() == 0
     # no process of any replica is left: the second processes end with their first, or die with it
-    wait("every analyzer process gone", lambda: not helpers(), None, 10)
-
-
-def helpers(parent: int | None = None) -> list[int]:
-    """The pids of analyzer processes still alive that are a replica's second ones (of `parent`)."""
-    out = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-            ppid = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if argv[-3:-1] == [b"analyzer", b"process"] and parent in (None, ppid):
-            out.append(int(cmdline.parent.name))
-    return out
+    wait("every analyzer process gone", lambda: not analyzerutil.second_processes(), None, 10)
 
 
 def test_a_replica_whose_second_process_dies_stops_and_a_standby_takes_over(
@@ -251,7 +238,7 @@ def test_a_replica_whose_second_process_dies_stops_and_a_standby_takes_over(
     standby = analyzers("b")
     st.record_batch([xid("n1", 0)], [])
     wait("the feed read", lambda: caught_up(st), a)
-    (second,) = helpers(a.popen.pid)
+    (second,) = analyzerutil.second_processes(a.popen.pid)
     os.kill(second, signal.SIGKILL)
     assert a.popen.wait(20) == 1
     a.log.close()

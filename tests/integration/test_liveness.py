@@ -25,6 +25,7 @@ from devtools import procs
 from devtools.mongo import LocalMongo
 from faultline import kube, metrics, store
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from tests.integration import analyzerutil
 from workers import drainer, janitor, maintenance, object_monitor, quarantine, remediation
 
 pytestmark = pytest.mark.integration
@@ -256,7 +257,7 @@ def test_the_analyzer_whose_peer_process_hangs_fails_its_probe(
     try:
         procs.wait_for("its second process", lambda: "process 1 of 2 of a joining" in text(), 60, proc=proc)
         procs.wait_for("healthy", lambda: _probe_quietly(port) == (200, "ok\n"), 30, proc=proc)
-        (second,) = _children(proc.pid)
+        (second,) = analyzerutil.second_processes(proc.pid)
         os.kill(second, signal.SIGSTOP)
         try:
             procs.wait_for("the probe failing", lambda: _probe_quietly(port)[0] == 503, 30, proc=proc)
@@ -268,7 +269,7 @@ def test_the_analyzer_whose_peer_process_hangs_fails_its_probe(
         assert proc.popen.wait(30) == 0, proc.tail()
     finally:
         proc.stop()
-    procs.wait_for("its second process gone", lambda: not _children(proc.pid, any_parent=True), 10)
+    procs.wait_for("its second process gone", lambda: not analyzerutil.second_processes(), 10)
 
 
 def _probe_quietly(port: int) -> tuple[int, str]:
@@ -282,17 +283,3 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _children(parent: int, *, any_parent: bool = False) -> list[int]:
-    """The analyzer's second processes (`faultline analyzer process`) of `parent` (or of any parent)."""
-    out = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-            ppid = int((cmdline.parent / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if argv[-3:-1] == [b"analyzer", b"process"] and (any_parent or ppid == parent):
-            out.append(int(cmdline.parent.name))
-    return out
