@@ -72,6 +72,12 @@ def release_real_node(api: Any) -> None:
     left = [t for t in kube.nodes.conditions(api, NODE) if t in OWNED_TYPES]
     kube.nodes.write_conditions(api, NODE, [], left)
 
+    def untainted() -> bool:  # the node lifecycle controller takes its cordon taint away after a moment
+        taints = kube.nodes.read(api, NODE)["spec"].get("taints") or []
+        return not any(t["key"] == "node.kubernetes.io/unschedulable" for t in taints)
+
+    procs.wait_for("the cordon's taint gone from the real node", untainted, 60, interval=0.2)
+
 
 def chart_values(
     cluster: LocalCluster, uri: str, database: str, state: Path, *, workers: tuple[str, ...] = ()
