@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup system-deps tools test-tools replay check test demo bench bench-agent bench-quarantine bench-drain chaos sample cluster proto proto-check
+.PHONY: setup system-deps tools test-tools replay check test redteam demo bench bench-agent bench-quarantine bench-drain chaos sample cluster proto proto-check
 .PHONY: docs docs-gen
 .PHONY: image image-store image-analyzer lock image-tools sbom push verify-image registry
 
@@ -149,6 +149,10 @@ test-tools:
 
 test: system-deps check test-tools
 	$(BIN)/pytest
+
+# The red-team tests alone: each attack on faultline's trust or blast radius that is refused today.
+redteam: setup test-tools
+	$(BIN)/pytest -m redteam
 
 # The whole chart on a local cluster of simulated GPU nodes, four scripted faults shown live, a timeline
 # (the README's third command). DEMO_ARGS=--keep leaves it running.

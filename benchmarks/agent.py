@@ -59,7 +59,7 @@ def journal_writer(path: Path, rate: int, stop: threading.Event, work: Path) -> 
             text = NOISE[(n + i) % len(NOISE)].format(n + i)
             records.append(
                 f"__REALTIME_TIMESTAMP={now + i}\n__MONOTONIC_TIMESTAMP={now + i}\n_BOOT_ID={BOOT}\n"
-                f"_HOSTNAME=bench\n_TRANSPORT=kernel\nSYSLOG_IDENTIFIER=kernel\nMESSAGE={text}\n"
+                f"_HOSTNAME=bench\n_TRANSPORT=kernel\nSYSLOG_FACILITY=0\nMESSAGE={text}\n"
             )
         export = work / "batch.export"
         export.write_text("\n".join(records) + "\n")

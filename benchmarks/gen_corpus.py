@@ -102,6 +102,7 @@ def journal_fields(ts: float, host: str, tag: str, msg: str, boot: float) -> dic
     }
     if app == "kernel":
         fields["_TRANSPORT"] = "kernel"
+        fields["SYSLOG_FACILITY"] = "0"  # journald's, with the transport: what says the kernel wrote it
         fields["_SOURCE_MONOTONIC_TIMESTAMP"] = fields["__MONOTONIC_TIMESTAMP"]
     return fields
 

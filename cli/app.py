@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from bytewax.recovery import RecoveryConfig
 
     from faultline.store import Store
+    from faultline.store import documents as store_documents
     from patterns.compiler import CompiledPacks
     from sources import scheduled_events
     from sources.files import FileInfo
@@ -47,6 +48,9 @@ app.add_typer(dev_app, name="dev")
 sim_app = typer.Typer(help="Drive simulated GPUs (the `sim` GPU backend).", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
 store_app = typer.Typer(help="Maintain the MongoDB event store.", no_args_is_help=True)
+breaker_app = typer.Typer(help="The quarantine's circuit breaker: once tripped, it waits for a person.",
+                          no_args_is_help=True)  # fmt: skip
+app.add_typer(breaker_app, name="breaker")
 app.add_typer(store_app, name="store")
 worker_app = typer.Typer(help="faultline's workers, each run as a Deployment.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
@@ -116,6 +120,13 @@ def replay(
         LogFormat | None, typer.Option("--format", help="Skip detection: treat every file as this format.")
     ] = None,
     builtin: Annotated[bool, typer.Option(help="Load the built-in packs.")] = True,
+    syslog_trusted: Annotated[
+        bool,
+        typer.Option(
+            help="Take syslog lines tagged `kernel` as the kernel's (any local user can write such a line; "
+            "the agent does not by default: --no-syslog-trusted shows what it would conclude)."
+        ),
+    ] = True,
     progress: Annotated[
         bool | None, typer.Option(help="Progress bar (default: when stdout is a terminal).")
     ] = None,
@@ -137,6 +148,7 @@ def replay(
         year=year,
         boot_time=boot_time.timestamp() if boot_time else None,
         force_format=log_format.value if log_format else None,
+        syslog_trusted=syslog_trusted,
     )
     for problem in inputs.errors:
         _error(problem)
@@ -340,7 +352,8 @@ def _run_agent(config: config.AgentConfig) -> None:
             node_flow.STEP_MONGO: MongoSink(
                 config.mongodb_uri.get_secret_value(),
                 config.database,
-                spool=config.state_dir / "mongo-spool.jsonl",
+                spool=config.state_dir / "mongo-spool",  # takes in an older agent's mongo-spool.jsonl
+                spool_max_bytes=config.spool_max_bytes,
                 feed=config.analyzer_feed,
                 shared=st,
             ),
@@ -399,7 +412,7 @@ def _ingest_servers(config: config.AgentConfig, spool: IngestSpool, parts: conte
         from sources import ingest_server  # noqa: PLC0415 - grpc only when ingest is on
 
         tls = None
-        if config.ingest_tls_cert and config.ingest_tls_key:
+        if config.ingest_tls_cert and config.ingest_tls_key and config.ingest_tls_client_ca:
             tls = ingest_server.TlsFiles(
                 config.ingest_tls_cert, config.ingest_tls_key, config.ingest_tls_client_ca
             )
@@ -480,7 +493,8 @@ def _log_inputs(config: config.AgentConfig, compiled: CompiledPacks) -> list[Log
         journal = JournalSource(file=config.journal_file, directory=config.journal_dir, prefilter=compiled)
         logs.append(LogInput("journal", "journal", journal))
     if config.syslog_file:
-        logs.append(LogInput("syslog", "syslog", LogFollowSource("syslog", config.syslog_file)))
+        follow = LogFollowSource("syslog", config.syslog_file, syslog_trusted=config.syslog_trusted)
+        logs.append(LogInput("syslog", "syslog", follow))
     if config.kmsg:
         logs.append(LogInput("kmsg", "kmsg", LogFollowSource("kmsg", config.kmsg)))
     if config.sysfs_root:
@@ -644,8 +658,7 @@ def status(cfg: config.StatusConfig) -> None:
             analyzer = st.analyzer_status(PARTITIONS)
     finally:
         st.close()
-    since = f" since {brk.since:%Y-%m-%d %H:%M:%S}Z ({brk.reason})" if brk.since else ""
-    out.print(f"circuit breaker: {brk.state}{since}", markup=False)
+    _print_breaker(brk)
     if analyzer is not None:
         who = f"active: {analyzer.owner}" if analyzer.owner else "no replica active"
         at = analyzer.checkpointed_at
@@ -665,6 +678,50 @@ def status(cfg: config.StatusConfig) -> None:
         when = f"{item.at:%Y-%m-%d %H:%M:%S}Z" if item.at else ""
         table.add_row(item.stage, item.item, item.node, str(item.attempts), item.reason, when)
     out.print(table)
+
+
+def _print_breaker(brk: store_documents.Breaker) -> None:
+    """The breaker's state, why, and its last reset (who, why, when)."""
+    since = f" since {brk.since:%Y-%m-%d %H:%M:%S}Z ({brk.reason})" if brk.since else ""
+    out.print(f"circuit breaker: {brk.state}{since}", markup=False)
+    if brk.state == "open":
+        out.print("  it stays open until a person runs `faultline breaker reset --reason TEXT`", markup=False)
+    if brk.reset_at is not None:
+        out.print(f"  last reset {brk.reset_at:%Y-%m-%d %H:%M:%S}Z by {brk.reset_by}: {brk.reset_reason}",
+                  markup=False)  # fmt: skip
+
+
+@options.command(breaker_app, "status", config.StatusConfig)
+def breaker_status(cfg: config.StatusConfig) -> None:
+    """The quarantine circuit breaker: closed or tripped (open), why, and its last reset."""
+    from faultline import store  # noqa: PLC0415
+
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+    try:
+        with store.unreachable_is_transient("reading the breaker"):
+            brk = st.breaker()
+    finally:
+        st.close()
+    _print_breaker(brk)
+
+
+@options.command(breaker_app, "reset", config.BreakerResetConfig)
+def breaker_reset(cfg: config.BreakerResetConfig) -> None:
+    """Close the tripped quarantine circuit breaker: new quarantines go ahead again, up to its limits
+    (counted from now), and it trips again at them. Who and why are recorded and shown by `status`."""
+    from faultline import store  # noqa: PLC0415
+    from workers import breaker  # noqa: PLC0415
+
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+    try:
+        with store.unreachable_is_transient("resetting the breaker"):
+            was = st.breaker()
+            new = breaker.reset(st.now(), cfg.by, cfg.reason)
+            assert new.since is not None
+            st.reset_breaker(new.state, new.since, new.reason, by=cfg.by, why=cfg.reason)
+    finally:
+        st.close()
+    out.print(f"circuit breaker reset (was {was.state}) by {cfg.by}: {cfg.reason}", markup=False)
 
 
 @cluster_app.command("up")

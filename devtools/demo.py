@@ -41,7 +41,8 @@ CONFIG_DIR = "/etc/faultline/config"
 
 # The demo's settings, through the chart's values (each lands in the component's settings file): short
 # polls, leases and hold-down so the scenario runs in minutes. Six simulated nodes, three quarantined by
-# the scenario: the breaker's share is 0.7 (at the default 0.1 a second quarantine waits for the cooldown).
+# the scenario: the breaker's shares are 0.7 (at the default 0.1 a second quarantine would trip it, and it
+# would wait for a person's `faultline breaker reset`).
 DEMO_VALUES: dict[str, Any] = {
     "agent": {
         "gpuBackend": "sim",
@@ -55,7 +56,7 @@ DEMO_VALUES: dict[str, Any] = {
     "quarantine": {
         "enabled": True,
         "holdDown": "3s",
-        "breaker": {"maxShare": 0.7},
+        "breaker": {"maxShare": 0.7, "maxHeldShare": 0.7},
         "config": {"lease": "10s", "resync_interval": "500ms"},
     },
     # gpuOnly: the drain moves the GPU workload only (faultline's own worker pods, scheduled on these GPU
@@ -272,6 +273,7 @@ class DemoStack:
         if node is not None:  # the simulated node's kernel log is a file the demo writes, not a journal
             settings.pop("journal_dir", None)
             settings["syslog_file"] = str(self.kernel_log(node))
+            settings["syslog_trusted"] = True  # only the demo's simulated kernel writes that file
             settings["sim_dir"] = str(self.sim_dir())
         config.write_text(yaml.safe_dump(settings))
         token = self.cluster.service_account_kubeconfig(NAMESPACE, pod["service_account_name"],

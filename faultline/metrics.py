@@ -24,6 +24,11 @@ UNTRUSTED_LINES = Counter("faultline_untrusted_kernel_lines",
                           "Kernel-looking log lines that user space wrote (never a fault)", ["source"],
                           registry=REGISTRY)  # fmt: skip
 SPOOL_DEPTH = Gauge("faultline_spool_depth", "Writes waiting in the MongoDB spool", registry=REGISTRY)
+SPOOL_BYTES = Gauge("faultline_spool_bytes", "Bytes of the MongoDB spool on disk", registry=REGISTRY)
+SPOOL_DROPPED = Counter("faultline_spool_dropped", "Writes a full MongoDB spool refused, by kind", ["kind"],
+                        registry=REGISTRY)  # fmt: skip
+for _kind in ("event", "fault"):
+    SPOOL_DROPPED.labels(kind=_kind)  # exported as 0 before the first drop
 BACKEND_WAIT = Histogram("faultline_gpu_backend_call_seconds", "Duration of GPU backend waits and calls",
                          registry=REGISTRY, buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30))  # fmt: skip
 FIELD_READ = Histogram("faultline_gpu_field_read_seconds", "Duration of one read of all GPU health fields",

@@ -7,6 +7,7 @@ restart produces the same ids and the store's unique indexes absorb duplicates.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from datetime import UTC, datetime
@@ -156,6 +157,19 @@ class NodeUpdate:
     faults: list[Fault]
     changed: list[tuple[Fault, int]]
     events: list[HealthEvent] = dc_field(default_factory=list)
+
+
+# A fault code is the value of the quarantine's taint (`faultline.io/fault=<code>`): Kubernetes' label-value
+# syntax, or the node could never be tainted for it
+FAULT_CODE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+FAULT_CODE_RULE = "1-63 of A-Z a-z 0-9 - _ . beginning and ending with a letter or digit (a taint value)"
+
+
+def code_problem(code: str) -> str | None:
+    """Why `code` cannot be a fault code, or None when it can."""
+    if FAULT_CODE.fullmatch(code):
+        return None
+    return f"code {code[:80]!r} is not a valid taint value: {FAULT_CODE_RULE}"
 
 
 def fault_key(node: str, entity_type: str, entity_id: str, code: str) -> tuple[str, str, str, str]:

@@ -51,7 +51,7 @@ from faultline import yamldoc
 from faultline.errors import PackError
 from faultline.models import Action, Component, Entity, fault_id
 from patterns import cel
-from patterns.schema import Duration
+from patterns.schema import Code, Duration
 
 BUILTIN_DIR = Path(__file__).parent / "objects"
 NODE_ENTITY = Entity(type="NODE", id="")
@@ -86,7 +86,7 @@ class Watch(_Strict):
 
 
 class FaultSpec(_Strict):
-    code: str = Field(pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")
+    code: Code = Field(pattern=r"^[A-Z0-9][A-Z0-9_.-]*$")  # and a valid taint value (63 at most, ...)
     component: Component = Component.NODE
     fatal: bool = False
     action: Action = Action.NONE

@@ -10,8 +10,17 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
+from faultline import models
 from faultline.models import Action, Component
 from patterns.templates import Template
 
@@ -47,6 +56,27 @@ def _offset(value: object) -> float:
 
 Offset = Annotated[float, BeforeValidator(_offset)]
 """A duration that may be zero (when a cluster example's record happens)."""
+
+
+def _code(value: str) -> str:
+    """A fault code (template) that renders a valid taint value: its fields stand in as `0` here, so the
+    literal parts and their length are checked at load."""
+    if value:
+        try:
+            template = Template(value)
+        except ValueError:
+            return value  # the compiler names a bad template
+        rendered = template.render(dict.fromkeys(template.fields, "0")) if template.fields else value
+        if models.code_problem(rendered or value) is not None:
+            fields = f" (as {rendered!r}, each field taken as 0)" if template.fields else ""
+            raise ValueError(
+                f"code {value[:80]!r}{fields} is not a valid taint value: {models.FAULT_CODE_RULE}"
+            )
+    return value
+
+
+Code = Annotated[str, AfterValidator(_code)]
+"""A fault code or code template: what it renders must be a valid taint value."""
 
 
 class _Strict(BaseModel):
@@ -106,7 +136,7 @@ class Flapping(_Strict):
 
     count: int = Field(ge=2)
     within: Duration
-    code: str
+    code: Code
     fatal: bool = True
     action: Action = Action.CONTACT_SUPPORT
     description: str = ""
@@ -119,7 +149,7 @@ class Then(_Strict):
     first: list[str] = Field(default_factory=lambda: ["*"])
     codes: list[str] = Field(min_length=1)
     within: Duration
-    code: str
+    code: Code
     fatal: bool = True
     action: Action = Action.COMPONENT_RESET
     description: str = ""
@@ -190,7 +220,7 @@ class Pattern(_Strict):
     prefilter: list[str] | None = Field(
         default=None, description="literals one of which every matching line contains; derived if omitted"
     )
-    code: str = ""
+    code: Code = ""
     component: Component = Component.NODE
     entity: EntitySpec | None = None
     classify: list[ClassifyStep] = Field(default_factory=list)
@@ -304,7 +334,7 @@ class ClusterSuppress(_Strict):
 class ClusterFault(_Strict):
     """The derived fault, written to `faults` like any other (one per node: `nodes`)."""
 
-    code: str = Field(min_length=1, description="template over the key's fields, e.g. 'GPU-REPEAT-{code}'")
+    code: Code = Field(min_length=1, description="template over the key's fields, e.g. 'GPU-REPEAT-{code}'")
     component: Component = Component.NODE
     entity: EntitySpec | None = Field(default=None, description="default: {type: NODE, id: '{node}'}")
     fatal: bool = False

@@ -117,8 +117,12 @@ def sniff(
     year: int | None = None,
     boot_time: float | None = None,
     force_format: str | None = None,
+    syslog_trusted: bool = True,
 ) -> FileInfo:
-    """Open `path`, detect its format and build its parse context. Raises InputError if unusable."""
+    """Open `path`, detect its format and build its parse context. Raises InputError if unusable.
+
+    `syslog_trusted`: read syslog lines' `kernel` tags as the kernel's (see `sources.formats`). Replay's
+    default, unlike the agent's: it reads files an operator chose and acts on nothing."""
     try:
         st = os.stat(path)
     except FileNotFoundError as exc:
@@ -134,7 +138,7 @@ def sniff(
         raise InputError(f"{path}: cannot read: {exc}") from exc
     mtime = datetime.fromtimestamp(st.st_mtime, tz=UTC)
     guess = formats.YearGuess(year, 1, fixed=True) if year else formats.YearGuess(mtime.year, mtime.month)
-    ctx = formats.Context(guess)
+    ctx = formats.Context(guess, syslog_trusted=syslog_trusted)
     notes: list[str] = []
     if not head:
         return FileInfo(index, path, "empty", ctx, _default_node(path), st.st_size, ("file is empty",))
@@ -158,7 +162,7 @@ def sniff(
                     f"times are seconds since boot; boot taken as file mtime minus the last stamp "
                     f"({datetime.fromtimestamp(base, tz=UTC).isoformat()}); pass --boot-time to set it"
                 )
-        ctx = formats.Context(guess, base)
+        ctx = formats.Context(guess, base, syslog_trusted=syslog_trusted)
     return FileInfo(index, path, fmt, ctx, _default_node(path), st.st_size, tuple(notes))
 
 
@@ -197,11 +201,15 @@ def sniff_all(
     year: int | None = None,
     boot_time: float | None = None,
     force_format: str | None = None,
+    syslog_trusted: bool = True,
 ) -> Inputs:
     inputs = Inputs()
     for index, path in enumerate(paths):
         try:
-            info = sniff(index, path, year=year, boot_time=boot_time, force_format=force_format)
+            info = sniff(
+                index, path, year=year, boot_time=boot_time, force_format=force_format,
+                syslog_trusted=syslog_trusted,
+            )  # fmt: skip
         except InputError as exc:
             inputs.errors.append(str(exc))
             continue

@@ -169,12 +169,17 @@ class _FollowPartition(StatefulSourcePartition[Entry, tuple[Any, ...]]):
             return []
         self.next_poll = now + dt.timedelta(seconds=self.source.interval)
         year = now.year
-        ctx = formats.Context(formats.YearGuess(year, now.month), boot_base=_boot_epoch())
+        trusted = self.source.syslog_trusted
+        ctx = formats.Context(formats.YearGuess(year, now.month), _boot_epoch(), syslog_trusted=trusted)
+        kmsg = self.source.kind == "kmsg"
         out = []
         for line in self.reader.poll():
-            parsed = formats.parse_line("kmsg" if self.source.kind == "kmsg" else "rfc3164", line, ctx)
+            parsed = formats.parse_line("kmsg" if kmsg else "rfc3164", line, ctx)
             if parsed is not None:
-                out.append(Entry(f"{self.source.kind}:{self.snapshot()}", parsed[1]))
+                record = parsed[1]
+                if not (kmsg or trusted) and record.kernel:  # a dmesg-looking line: it shows no writer
+                    record = record._replace(kernel=False)
+                out.append(Entry(f"{self.source.kind}:{self.snapshot()}", record))
         return out
 
     def next_awake(self) -> dt.datetime | None:
@@ -190,14 +195,18 @@ class _FollowPartition(StatefulSourcePartition[Entry, tuple[Any, ...]]):
 
 
 class LogFollowSource(FixedPartitionedSource[Entry, tuple[Any, ...]]):
-    """Polls a syslog file (`kind="syslog"`) or a kmsg device (`kind="kmsg"`) every `interval` seconds."""
+    """Polls a syslog file (`kind="syslog"`) or a kmsg device (`kind="kmsg"`) every `interval` seconds.
 
-    def __init__(self, kind: str, path: Path, *, interval: float = 0.2) -> None:
+    A syslog file's lines are never the kernel's unless `syslog_trusted` (the agent's setting): its tags are
+    the writers' word, and any local user can write `logger -t kernel`."""
+
+    def __init__(self, kind: str, path: Path, *, interval: float = 0.2, syslog_trusted: bool = False) -> None:
         if kind not in ("syslog", "kmsg"):
             raise ValueError(f"unknown log kind {kind!r} (syslog or kmsg)")
         self.kind = kind
         self.path = path
         self.interval = interval
+        self.syslog_trusted = syslog_trusted
 
     def list_parts(self) -> list[str]:
         return [self.kind]

@@ -13,10 +13,14 @@ that format.  Time is the line's own time as float epoch seconds (UTC):
   `2026-12-01T10:00:00,123456+00:00 msg` (`dmesg --time-format iso`)
 - `kmsg`     `/dev/kmsg` records `6,1234,1108858286,-;msg` (microseconds since boot)
 
-Origin (`Parsed.kernel`): False when the line itself says it is not the kernel's: a syslog tag or RFC 5424
-app-name other than `kernel` (or none), a syslog priority whose facility is not kern (0), a journal
-`_TRANSPORT` (else `SYSLOG_IDENTIFIER`) other than `kernel`, a kmsg record of another facility. dmesg
-lines carry no origin and are the kernel's.
+Origin (`Parsed.kernel`): whether the kernel wrote the line, as far as the line can prove it. A journal
+record is the kernel's only when journald itself says so: `_TRANSPORT=kernel` (set by journald, not the
+writer) and `SYSLOG_FACILITY=0` (user space writing to /dev/kmsg gets facility user, 1, whatever it asks
+for). A kmsg record is the kernel's when its facility is kern (0). A syslog line's tag (`kernel:`), RFC 5424
+app-name and priority are chosen by its writer (`logger -t kernel -p kern.err` forges both), so syslog
+lines are never the kernel's unless `Context.syslog_trusted` says the file's tags can be trusted (a file
+only the kernel's logger writes to); then a tag or app-name other than `kernel`, or a facility other than
+kern, still makes a line user space's. dmesg lines carry no origin and are the kernel's.
 
 Records the writer split over lines inside one entry are joined here (`join_lines`): a journal MESSAGE
 with newlines, rsyslog's `#012` escapes, kmsg's `\x0a` escapes. dmesg's indented continuation lines
@@ -106,6 +110,7 @@ class YearGuess:
 class Context:
     year: YearGuess
     boot_base: float | None = None  # epoch of the boot, for relative dmesg/kmsg times
+    syslog_trusted: bool = False  # a syslog line's `kernel` tag can be believed (see the module doc)
 
 
 _ISO_CACHE: dict[str, float] = {}
@@ -223,7 +228,7 @@ def parse_rfc3164(line: str, ctx: Context) -> Parsed | None:
         return None
     tag, text = _split_tag(rest)
     message, boot = _strip_uptime(_syslog_message(text), ts)
-    return Parsed(ts, host, message, boot, kern_facility and tag == "kernel")
+    return Parsed(ts, host, message, boot, ctx.syslog_trusted and kern_facility and tag == "kernel")
 
 
 def parse_iso(line: str, ctx: Context) -> Parsed | None:
@@ -239,7 +244,7 @@ def parse_iso(line: str, ctx: Context) -> Parsed | None:
         return None
     tag, text = _split_tag(rest)
     message, boot = _strip_uptime(_syslog_message(text), ts)
-    return Parsed(ts, host, message, boot, tag == "kernel")
+    return Parsed(ts, host, message, boot, ctx.syslog_trusted and tag == "kernel")
 
 
 def parse_rfc5424(line: str, ctx: Context) -> Parsed | None:
@@ -278,7 +283,7 @@ def parse_rfc5424(line: str, ctx: Context) -> Parsed | None:
     if rest.startswith("\ufeff"):
         rest = rest[1:]
     message, boot = _strip_uptime(_syslog_message(rest), ts)
-    return Parsed(ts, host, message, boot, kern_facility and parts[3] == "kernel")
+    return Parsed(ts, host, message, boot, ctx.syslog_trusted and kern_facility and parts[3] == "kernel")
 
 
 def _journal_message(value: Any) -> str | None:
@@ -305,9 +310,9 @@ def journal_record(fields: dict[str, Any]) -> Parsed | None:
     host = fields.get("_HOSTNAME")
     if not isinstance(host, str) or not host or any(c.isspace() for c in host):
         host = None  # a journal file's own word: no host rather than '' or one with blanks
-    # _TRANSPORT is set by journald itself; SYSLOG_IDENTIFIER by the writer (used when it is alone)
-    origin = fields.get("_TRANSPORT", fields.get("SYSLOG_IDENTIFIER"))
-    kernel = origin is None or origin == "kernel"
+    # journald sets both itself (SYSLOG_IDENTIFIER is the writer's word, and not looked at): kmsg records
+    # come with _TRANSPORT=kernel, and those user space wrote to /dev/kmsg with a facility other than kern
+    kernel = fields.get("_TRANSPORT") == "kernel" and fields.get("SYSLOG_FACILITY") == "0"
     return Parsed(ts, host, message, boot, kernel)
 
 
@@ -433,7 +438,7 @@ def parse_export_fields(record: dict[str, bytes]) -> Parsed | None:
         "__MONOTONIC_TIMESTAMP",
         "_HOSTNAME",
         "_TRANSPORT",
-        "SYSLOG_IDENTIFIER",
+        "SYSLOG_FACILITY",
     ):
         if key in record:
             fields[key] = record[key].decode("utf-8", "replace")

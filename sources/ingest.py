@@ -43,7 +43,8 @@ MAX_METADATA_KEY = 64  # characters of a metadata key (as _META_KEY says); a bad
 MAX_FUTURE = dt.timedelta(minutes=5)
 MAX_AGE = dt.timedelta(days=7)
 COMPONENTS = ("GPU", "NVSWITCH", "NIC", "NODE")
-_CODE = re.compile(r"[A-Z0-9][A-Z0-9_.-]{0,63}")
+_CODE = re.compile(r"[A-Z0-9](?:[A-Z0-9_.-]{0,61}[A-Z0-9])?")  # upper case, a taint value (models.FAULT_CODE)
+_CODE_RULE = "1-63 of A-Z 0-9 _ . - starting and ending with A-Z or 0-9 (a taint value)"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")  # agent, check: no spaces (they go in a line)
 _ENTITY_TYPE = re.compile(r"[A-Z][A-Z_]{0,31}")
 _ENTITY_ID = re.compile(r"[A-Za-z0-9_.:/-]{1,128}")
@@ -73,7 +74,7 @@ def validate(batch: health_pb2.HealthEventBatch, node: str, now: dt.datetime) ->
         _require(bool(_NAME.fullmatch(e.agent)), f"{at}.agent", "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")
         _require(bool(_NAME.fullmatch(e.check)), f"{at}.check", "1-128 of A-Z a-z 0-9 _ . : / - (no spaces)")
         _require(e.component in COMPONENTS, f"{at}.component", f"one of {', '.join(COMPONENTS)}")
-        _require(bool(_CODE.fullmatch(e.code)), f"{at}.code", "1-64 of A-Z 0-9 _ . - starting A-Z or 0-9")
+        _require(bool(_CODE.fullmatch(e.code)), f"{at}.code", _CODE_RULE)
         action = e.action or "NONE"
         _require(action in Action.__members__, f"{at}.action", f"one of {', '.join(Action.__members__)}")
         _require(len(e.entities) <= MAX_ENTITIES, f"{at}.entities", f"at most {MAX_ENTITIES}")

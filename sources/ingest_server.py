@@ -3,7 +3,8 @@
 that an agent without ingest never imports grpc and protobuf (about 20 MiB of its footprint).
 
 Served on a Unix socket created with mode 0600 (only the socket's owner, root in the DaemonSet, may
-connect), and optionally on TCP with TLS.
+connect), and optionally on TCP with mutual TLS only: a client must present a certificate the configured
+CA signed (whoever reaches a TCP port is no one in particular).
 
 The method takes the request as bytes and decodes it itself: with the generated handler a request that
 is not a HealthEventBatch failed in grpc's deserializer as INTERNAL "Exception deserializing request!"
@@ -69,7 +70,7 @@ def _handler(service: HealthIngestService) -> grpc.GenericRpcHandler:
 class TlsFiles:
     cert: Path
     key: Path
-    client_ca: Path | None = None  # set: clients must present a certificate it signed
+    client_ca: Path  # clients must present a certificate it signed
 
 
 def serve(node: str, spool: IngestSpool, *, socket: Path | None = None, tcp: str | None = None,
@@ -78,7 +79,7 @@ def serve(node: str, spool: IngestSpool, *, socket: Path | None = None, tcp: str
     if socket is None and tcp is None:
         raise ValueError("the ingest server needs a socket path or a TCP address")
     if tcp is not None and tls is None:
-        raise ValueError("TCP ingest requires TLS (--ingest-tls-cert and --ingest-tls-key)")
+        raise ValueError("TCP ingest requires mutual TLS (a certificate, its key and a client CA)")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ingest"))
     server.add_generic_rpc_handlers((_handler(HealthIngestService(node, spool)),))
     if socket is not None:
@@ -88,8 +89,8 @@ def serve(node: str, spool: IngestSpool, *, socket: Path | None = None, tcp: str
     if tcp is not None and tls is not None:
         credentials = grpc.ssl_server_credentials(
             [(tls.key.read_bytes(), tls.cert.read_bytes())],
-            root_certificates=tls.client_ca.read_bytes() if tls.client_ca else None,
-            require_client_auth=tls.client_ca is not None,
+            root_certificates=tls.client_ca.read_bytes(),
+            require_client_auth=True,
         )
         server.add_secure_port(tcp, credentials)
     with _umask(0o177):  # the socket file is created 0600: no window in which others may connect

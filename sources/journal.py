@@ -65,7 +65,8 @@ def command(*, file: Path | None = None, directory: Path | None = None, after: s
         argv += ["--directory", str(directory)]
     argv += ["--after-cursor", after] if after else ["--boot"]
     # only what journal_record reads (the cursor and timestamps always come): a third of the JSON to parse
-    argv += ["--output-fields=MESSAGE,_HOSTNAME,_SOURCE_MONOTONIC_TIMESTAMP"]
+    argv += ["--output-fields=MESSAGE,_HOSTNAME,_SOURCE_MONOTONIC_TIMESTAMP,_TRANSPORT,SYSLOG_FACILITY"]
+    # kmsg's records; those user space wrote to /dev/kmsg (facility user) come too, to be counted untrusted
     return [*argv, "_TRANSPORT=kernel"]
 
 

@@ -39,6 +39,10 @@ API_VERSION = "2020-07-01"
 COMPUTE_API_VERSION = "2021-02-01"
 DEFAULT_ENDPOINT = "http://169.254.169.254"
 DESCRIPTION = 1024  # characters of an event's Description (Azure's free text) kept in the store
+# bytes of a metadata-service answer read at most: the events document is a few KiB, and whatever answers at
+# the link-local address (a proxy, a broken service) must not make the agent hold an unbounded body
+MAX_ANSWER = 1 << 20
+ERROR_BYTES = 4096  # of an error answer's body, read for its first words
 
 
 class Imds:
@@ -58,13 +62,16 @@ class Imds:
         what = f"instance metadata service {'POST' if data else 'GET'} {path}"
         try:
             with self.opener.open(request, timeout=self.timeout) as response:
-                text = response.read().decode()
+                raw = response.read(MAX_ANSWER + 1)
         except urllib.error.HTTPError as exc:
-            said = bounds.clip(exc.read().decode(errors="replace"), bounds.ERROR_TEXT)
+            said = bounds.clip(exc.read(ERROR_BYTES).decode(errors="replace"), bounds.ERROR_TEXT)
             exc.close()
             raise TransientError(f"{what}: HTTP {exc.code}: {said}", delay=10.0) from exc
         except OSError as exc:
             raise TransientError(f"{what}: {exc}", delay=10.0) from exc
+        if len(raw) > MAX_ANSWER:
+            raise TransientError(f"{what}: the answer is over {MAX_ANSWER} bytes, not read", delay=10.0)
+        text = raw.decode(errors="replace")
         try:
             return json.loads(text) if text.strip() else {}
         except ValueError as exc:

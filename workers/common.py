@@ -86,6 +86,8 @@ class WorkerMetrics:
         self.actions = Counter(f"faultline_{worker}_actions", "Actions by result", ["result"], registry=r)
         self.lease_losses = Counter(f"faultline_{worker}_lease_losses", "Claims lost to others", registry=r)
         self.queue = Gauge(f"faultline_{worker}_queue_depth", "Pending work items", registry=r)
+        held_back = "Work held back by a limit: the breaker tripping, or a cap on repairs in flight reached"
+        self.limited = Counter(f"faultline_{worker}_limit_reached", held_back, ["limit"], registry=r)
         self.latency = Histogram(
             f"faultline_{worker}_action_latency_seconds", "Fault first seen -> action applied", registry=r,
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),

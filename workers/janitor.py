@@ -40,8 +40,9 @@ claim stays held and the next look comes after `poll` (a tenth of the time waite
 while a node reboots) on whichever thread is free, from the repair as stored. So `threads` bounds the
 looks at once, not the repairs in progress: an outage that releases many repairs at once waits for all
 their reboots together (the chaos suite's 10-minute store outage released 26, which 8 threads holding
-their repairs took in four rounds). How many nodes are repaired at once is remediation's decision (its
-breaker and caps).
+their repairs took in four rounds). How many repairs are carried out at once, fleet-wide, is capped
+(`max_repairs_in_flight`, and `max_replacements_in_flight` for cloud replacements, `workers.inflight`):
+a round over a cap does not start; it is given back and tried again after CAP_RETRY_S.
 
 A janitor killed mid-repair loses nothing: the round records when it started, the node's boot id before
 the repair, whether the Job was created and the provider call made, and validation's deadline, so
@@ -69,7 +70,7 @@ from pydantic import SkipValidation, field_validator
 from faultline import bounds, config, kube, liveness, store
 from faultline.errors import ApiError, ConflictError, NotFoundError, TransientError
 from faultline.models import RepairOutcome, RepairStep
-from workers import cloud, common, remedies, user_requests
+from workers import cloud, common, inflight, overrides, remedies, rules, user_requests
 
 log = logging.getLogger(__name__)
 WORKER = "janitor"
@@ -91,6 +92,7 @@ RECORD_SCRIPT = 'echo "faultline janitor (record only): would run $0: $*"'
 _Provider = cloud.Provider | None
 Verdict = tuple[RepairOutcome, str]  # how a round's step (or its validation) ended, and why
 REQUEST_PHASES = (RepairOutcome.SUCCEEDED, RepairOutcome.FAILED, RepairOutcome.TIMED_OUT)  # its own phase
+CAP_RETRY_S = 15.0  # a round held back by a cap on repairs in flight is tried again after this
 
 
 class Settings(config.JanitorTuning):
@@ -107,6 +109,11 @@ class Settings(config.JanitorTuning):
     @classmethod
     def from_config(cls, cfg: config.JanitorConfig, provider: cloud.Provider | None) -> Settings:
         return config.part(cfg, cls, provider=provider, caps=config.part(cfg, remedies.Caps))
+
+    @property
+    def repair_caps(self) -> inflight.Caps:
+        """The caps on repairs in flight (0 in a setting: no cap)."""
+        return inflight.Caps(self.max_repairs_in_flight or None, self.max_replacements_in_flight or None)
 
 
 class Janitor:
@@ -151,6 +158,9 @@ class Janitor:
         user = repair.user
         if user is not None and current.started_at is None and not user_requests.still_wanted(self.api, user):
             return self._cancel(repair, index, current)
+        unstarted = current.started_at is None and not current.external
+        if unstarted and (why := self._left_alone(node)) is not None:  # an operator's override wins
+            return self._cancel(repair, index, current, why, refused=True)
         external = current.external
         status = self._noop_status if external else self._status  # an external CR's status is its own
         if user is not None:  # a person's request: written only while it is still that request
@@ -163,6 +173,8 @@ class Janitor:
             boot = self._boot_id_or_gone(node)
             current = current.model_copy(update={"started_at": started, "boot_before": boot})
             self.store.start_round(repair.id, index, started, boot)
+            if not external and (held_back := self._over_cap(repair, index, step)) is not None:
+                return held_back
         if self.owner not in current.lookers:  # this replica's first look (the round's first, or a takeover)
             lookers = [*current.lookers, self.owner]
             self.store.record_lookers(repair.id, index, lookers)
@@ -184,6 +196,24 @@ class Janitor:
         if isinstance(outcome_or_wait, common.Wait):
             return outcome_or_wait
         return self._finish(repair, index, current, *outcome_or_wait, status)
+
+    def _over_cap(self, repair: store.Repair, index: int, step: RepairStep) -> common.Outcome | None:
+        """The round just started: may it go ahead under the caps on repairs in flight (`workers.inflight`)?
+        If not, its start is taken back and it waits (given back, not failed); None: it goes ahead."""
+        limits = self.settings.repair_caps
+        if limits == inflight.NO_CAPS:
+            return None
+        others = [r.step for r in self.store.repairs_in_flight() if r.repair_id != repair.id]
+        why = inflight.over(limits, step, others)
+        if why is None:
+            return None
+        self.store.withdraw_start(repair.id, index)
+        self.metrics.limited.labels(limit="replacements" if "replace" in why else "repairs").inc()
+        log.warning("repair waits: a cap on repairs in flight is reached",
+                    extra={"node": repair.node, "item": repair.id, "action": str(step), "reason": why,
+                           "worker": WORKER})  # fmt: skip
+        retry = self.store.clock() + dt.timedelta(seconds=CAP_RETRY_S)
+        return store.Completion(state=store.State.PENDING, retry_after=retry, fresh=True)
 
     def _validating(
         self, repair: store.Repair, index: int, current: store.RepairRound, message: str,
@@ -257,10 +287,38 @@ class Janitor:
         except Exception as exc:  # noqa: BLE001 - a failed repair is an outcome, recorded and escalated
             return RepairOutcome.FAILED, bounds.clip(f"{type(exc).__name__}: {exc}", bounds.STORED_TEXT)
 
-    def _cancel(self, repair: store.Repair, index: int, current: store.RepairRound) -> common.Outcome:
-        """A person's request deleted before its round started: nothing is carried out."""
+    def _left_alone(self, node: str) -> str | None:
+        """Why an operator's override forbids starting a repair on the node (`workers.overrides`: the opt-out
+        label `faultline.io/managed=false`, a pause in force), or None. A node that is gone is not refused
+        here (a replacement's wait knows what that means)."""
+        try:
+            obj = kube.nodes.read(self.api, node)
+        except NotFoundError:
+            return None
+        meta = obj.get("metadata") or {}
+        if (meta.get("labels") or {}).get(rules.MANAGED_LABEL) == "false":
+            return f"the node is labelled {rules.MANAGED_LABEL}=false: faultline leaves it alone"
+        until, _ = overrides.paused_until((meta.get("annotations") or {}).get(overrides.PAUSE_ANNOTATION),
+                                          self.store.clock())  # fmt: skip
+        if until is not None:
+            return f"faultline is paused on the node until {until.isoformat()} ({overrides.PAUSE_ANNOTATION})"
+        return None
+
+    def _cancel(
+        self, repair: store.Repair, index: int, current: store.RepairRound,
+        message: str = "the RemediationRequest was deleted before the repair started",
+        *, refused: bool = False,
+    ) -> common.Outcome:  # fmt: skip
+        """A round not started, and never to be: a person's request deleted, or (`refused`) an operator's
+        override on the node (`_left_alone`). Nothing is carried out; the reason is recorded on the round, in
+        an Event and on the request (Refused) where there is one."""
         now = self.store.clock()
-        message = "the RemediationRequest was deleted before the repair started"
+        if refused:
+            log.warning("repair refused: an operator's override on the node",
+                        extra={"node": repair.node, "item": repair.id, "action": str(current.step),
+                               "reason": message, "worker": WORKER})  # fmt: skip
+            uid = repair.user.uid if repair.user is not None else None
+            self._status(current.request, "Refused", finished=now, message=message, uid=uid)
         self.store.record_round_outcome(
             repair.id, index, outcome=remedies.CANCELLED, at=now, message=message, started_at=now
         )

@@ -11,7 +11,7 @@ after restarts and rule changes; a node cordoned by an operator stays cordoned.
 A resync pass (every `resync_interval`) revisits the nodes faultline holds and the faults the breaker
 held back: that is where nodes are released (after `hold_down` since their last fault resolved, and
 not while the janitor is still carrying out or validating a repair of the node) and
-where held-back quarantines go ahead once the breaker half-opens. The circuit breaker (`workers.breaker`)
+where held-back quarantines go ahead once a person resets the breaker. The circuit breaker (`workers.breaker`)
 lives in the store's `nodes` collection (document `breaker:quarantine`), next to one document per node
 faultline holds (`quarantined`, `quarantined_at`, the faults, what it owns). Faults whose last sighting
 is older than `max_fault_age` when a worker first sees them are recorded (their work item turns
@@ -42,6 +42,9 @@ WORKER = "quarantine"
 OWNED_ANNOTATION = "faultline.io/quarantine"
 BREAKER_ID = store.BREAKER_ID
 BREAKER_REFRESH_S = 1.0
+# a node this replica admitted counts against the breaker until a read of the store shows its record (its
+# patch and record may still be under way: a slow API server, a conflict), for this long at most
+ADMITTED_CARRY_S = 30.0
 FULL_RESYNC_S = 60.0
 # Work items are taken fatal faults first, then in first-seen order: after an outage every open fault's
 # item waits (non-fatal ones too, which the default rules act on by doing nothing), and the nodes to
@@ -71,7 +74,7 @@ class Settings(config.QuarantineTuning):
     def from_config(cls, cfg: config.QuarantineConfig) -> Settings:
         limits = breaker.BreakerConfig(
             window=cfg.breaker_window, max_share=cfg.breaker_max_share, max_count=cfg.breaker_max_count,
-            cooldown=cfg.breaker_cooldown,
+            max_held_share=cfg.breaker_max_held_share, max_held=cfg.breaker_max_held or None,
         )  # fmt: skip
         return config.part(cfg, cls, rules=rules.load_rules(cfg.rules), breaker=limits)
 
@@ -391,40 +394,53 @@ class QuarantineWorker:
 
     def _admit(self, node: str, now: dt.datetime) -> bool:
         """May this node be newly quarantined? The breaker's view (its stored state, and the nodes
-        quarantined since it counts) is read from MongoDB at most every BREAKER_REFRESH_S and whenever
-        its state moves on; in between, this replica counts its own admissions, so it alone never passes
-        the limit, and other replicas' admissions show within that time. No database call is made while
-        the decision's lock is held, except the refresh itself."""
+        quarantined since it counts, and the nodes held now) is read from MongoDB at most every
+        BREAKER_REFRESH_S (a person's reset shows within that time); in between, this replica counts its
+        own admissions (until a read shows their records), so it alone never passes a limit, and other
+        replicas' admissions show within that time. No database call is made while the decision's lock
+        is held, except the refresh itself."""
         cfg = self.settings.breaker
         with self.breaker_lock:
             view = self.breaker_view
             if view is None or (now - view.read_at).total_seconds() > BREAKER_REFRESH_S:
+                # this replica's recent admissions whose records are not written yet are carried over
+                pending = {n: at for n, at in (view.admitted if view else {}).items()
+                           if (now - at).total_seconds() < ADMITTED_CARRY_S}  # fmt: skip
                 view = self._read_breaker(now)
-            if breaker.current(view.state, cfg, now).state != view.state.state:
-                view = self._read_breaker(now)  # half-open or closed now: count from the new start
-            recent = len(view.counted | view.admitted) - (node in view.counted or node in view.admitted)
-            admitted, new = breaker.admit(view.state, cfg, now, recent, view.gpu_nodes)
+                if pending:
+                    recorded = self.store.quarantined_since(min(pending.values()))
+                    view.admitted.update({n: at for n, at in pending.items() if n not in recorded})
+            start = breaker.counting_from(view.state, cfg, now)
+            mine = {n for n, at in view.admitted.items() if at >= start}
+            recent = len(view.counted | mine) - (node in view.counted or node in mine)
+            held = len(view.held | set(view.admitted)) - (node in view.held or node in view.admitted)
+            admitted, new = breaker.admit(view.state, cfg, now, recent, view.gpu_nodes, held)
             store_it = new != view.stored
             if admitted:
-                view.admitted.add(node)
+                view.admitted[node] = now
             view.state = view.stored = new
             self.breaker_view = view
         if store_it:
             self.store.save_breaker(new.state, new.since, new.reason)
             if new.state == breaker.OPEN:
-                log.warning("circuit breaker open: %s", new.reason)
+                self.metrics.limited.labels(limit="breaker").inc()
+                log.warning("circuit breaker tripped: it stays open until `faultline breaker reset`: %s",
+                            new.reason, extra={"node": node, "worker": WORKER})  # fmt: skip
         return admitted  # other replicas count it once its record (quarantined_at) is written
 
     def _read_breaker(self, now: dt.datetime) -> _BreakerView:
         doc = self.store.breaker()
         stored = breaker.BreakerState(doc.state, doc.since, doc.reason)
-        state = breaker.current(stored, self.settings.breaker, now)
+        state = breaker.current(stored)
         since = breaker.counting_from(state, self.settings.breaker, now)
         counted: set[str] = set()
-        if self.settings.breaker.limited:  # with no limit there is nothing to count against
+        held: set[str] = set()
+        if self.settings.breaker.rate_limited:  # with no limit there is nothing to count against
             counted = self.store.quarantined_since(since)
+        if self.settings.breaker.capped:
+            held = self.store.held_node_names()
         gpu_nodes = self._gpu_node_count() if self.settings.breaker.limited else 0
-        return _BreakerView(now, stored, state, counted, set(), gpu_nodes)
+        return _BreakerView(now, stored, state, counted, held, {}, gpu_nodes)
 
 
 @dataclass
@@ -433,7 +449,8 @@ class _BreakerView:
     stored: breaker.BreakerState  # as in MongoDB
     state: breaker.BreakerState  # as of now
     counted: set[str]  # nodes quarantined since the breaker counts, as read
-    admitted: set[str]  # admitted by this replica since the read
+    held: set[str]  # nodes held now, as read (the cap)
+    admitted: dict[str, dt.datetime]  # admitted by this replica since the read (and ADMITTED_CARRY_S before)
     gpu_nodes: int
 
 

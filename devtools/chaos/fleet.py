@@ -30,16 +30,18 @@ JANITOR_ACCOUNT = "faultline-janitor"
 
 # Worker settings for the chaos runs (field: value, as in a --config file). Leases of 15 s (default 30 s)
 # so a killed worker's claims are taken over well inside the 60 s goal; a hold-down of 3 s (default
-# 60 s) so a repaired node is released in seconds; no circuit breaker (half the fleet is faulted on
-# purpose); resync and polls of about a second. Timeouts that only bound how long a failure takes to
-# show (the janitor's reboot and validation waits) keep their defaults: a wait ends when its condition
-# holds, and a shorter one turns slow reports after an outage into failed repairs and escalations.
+# 60 s) so a repaired node is released in seconds; no circuit breaker and no cap on repairs in flight
+# (half the fleet is faulted on purpose, and an outage's backlog of repairs is the subject); resync and
+# polls of about a second. Timeouts that only bound how long a failure takes to show (the janitor's
+# reboot and validation waits) keep their defaults: a wait ends when its condition holds, and a shorter
+# one turns slow reports after an outage into failed repairs and escalations.
 WORKER_SETTINGS: dict[str, dict[str, Any]] = {
     "quarantine": {"lease": "15s", "hold_down": "3s", "resync_interval": "1s", "threads": 8,
-                   "breaker_max_share": None, "breaker_max_count": None},
+                   "breaker_max_share": None, "breaker_max_count": None, "breaker_max_held_share": None,
+                   "breaker_max_held": 0},
     "drain": {"lease": "15s", "poll": "500ms", "resync_interval": "1s", "backoff_max": "2s", "threads": 8},
     "remediation": {"lease": "15s", "resync_interval": "1s"},
-    "janitor": {"lease": "15s", "poll": "1s", "threads": 8,
+    "janitor": {"lease": "15s", "poll": "1s", "threads": 8, "max_repairs_in_flight": 0,
                 "namespace": JANITOR_NAMESPACE, "service_account": JANITOR_ACCOUNT,
                 "image": "registry.invalid/faultline:chaos"},
 }  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 from faultline.config.agent import AgentConfig
 from faultline.config.analyzer import AnalyzerConfig
 from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
-from faultline.config.commands import RetentionConfig, StatusConfig, UninstallConfig
+from faultline.config.commands import BreakerResetConfig, RetentionConfig, StatusConfig, UninstallConfig
 from faultline.config.maintenance import MaintenanceConfig, MaintenanceTuning
 from faultline.config.object_monitor import ObjectMonitorConfig, ObjectMonitorTuning
 from faultline.config.preflight import PreflightConfig, WebhookConfig
@@ -30,6 +30,7 @@ COMPONENTS: dict[str, type[Component]] = {
     "remediation": RemediationConfig,
     "janitor": JanitorConfig,
     "status": StatusConfig,
+    "breaker-reset": BreakerResetConfig,
     "retention": RetentionConfig,
     "uninstall": UninstallConfig,
     "webhook": WebhookConfig,
@@ -40,7 +41,8 @@ COMPONENTS: dict[str, type[Component]] = {
 }
 
 __all__ = [
-    "COMPONENTS", "AgentConfig", "AnalyzerConfig", "Component", "DrainConfig", "DrainTuning", "Duration",
+    "COMPONENTS", "AgentConfig", "AnalyzerConfig", "BreakerResetConfig", "Component", "DrainConfig",
+    "DrainTuning", "Duration",
     "Flag",
     "JanitorConfig", "JanitorTuning", "MaintenanceConfig", "MaintenanceTuning",
     "ObjectMonitorConfig", "ObjectMonitorTuning",

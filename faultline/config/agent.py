@@ -35,7 +35,21 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
         description="the agent's own files: MongoDB spool, recovery snapshots (a hostPath in a DaemonSet); "
         "unset: faultline-agent-<node> in the temporary directory"
     )
+    spool_max_bytes: int = Field(
+        default=64 << 20, ge=1 << 20, le=1 << 40,
+        description="bound of the store spool under state_dir, in bytes (default 64 MiB, a quarter of the "
+        "chart's 256 MiB memory limit; a drain holds one 4 MiB segment at a time, whatever the bound): "
+        "once full, health events are refused first (at 3/4 of it), then fault writes, each counted in "
+        "faultline_spool_dropped_total",
+    )  # fmt: skip
     syslog_file: Path | None = Field(default=None, description="follow this syslog file across rotations")
+    syslog_trusted: bool = Field(
+        default=False,
+        description="believe syslog_file's `kernel` tags: only for a file that nothing but the kernel's "
+        "logger writes to (e.g. rsyslog's `kern.*  /var/log/kern.log`); in a shared file any local user's "
+        "`logger -t kernel 'NVRM: Xid ... 79'` would open a fatal fault. Off: its lines are counted in "
+        "faultline_untrusted_kernel_lines_total, never a fault (the journal and kmsg say who wrote a line)",
+    )
     kmsg: Path | None = Field(default=None, description="read kernel messages from this kmsg device")
     sysfs_root: Path | None = Field(
         default=None, description="poll NIC ports under this sysfs root (e.g. /sys)"
@@ -75,11 +89,15 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
     ingest_socket: Path | None = Field(
         default=None, description="serve gRPC HealthIngest on this Unix socket (mode 0600); unset: off"
     )
-    ingest_tcp: str | None = Field(default=None, description="also serve it on HOST:PORT, with TLS only")
+    ingest_tcp: str | None = Field(
+        default=None,
+        description="also serve it on HOST:PORT, with mutual TLS only (needs ingest_tls_cert, ingest_tls_key "
+        "and ingest_tls_client_ca: whoever reaches the port must prove who it is)",
+    )
     ingest_tls_cert: Path | None = Field(default=None, description="TLS certificate file for ingest_tcp")
     ingest_tls_key: Path | None = Field(default=None, description="TLS private key file for ingest_tcp")
     ingest_tls_client_ca: Path | None = Field(
-        default=None, description="require client certificates signed by this CA file on ingest_tcp"
+        default=None, description="clients of ingest_tcp must present a certificate this CA file signed"
     )
     nvsentinel_socket: Path | None = Field(
         default=None,
@@ -122,8 +140,12 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
 
     @model_validator(mode="after")
     def _tls_for_tcp(self) -> AgentConfig:
-        if self.ingest_tcp and not (self.ingest_tls_cert and self.ingest_tls_key):
-            raise ValueError("ingest_tcp needs ingest_tls_cert and ingest_tls_key (plain TCP is not offered)")
+        mutual_tls = self.ingest_tls_cert and self.ingest_tls_key and self.ingest_tls_client_ca
+        if self.ingest_tcp and not mutual_tls:
+            raise ValueError(
+                "ingest_tcp needs ingest_tls_cert, ingest_tls_key and ingest_tls_client_ca (mutual TLS: "
+                "neither plain TCP nor clients without a certificate are accepted)"
+            )
         if self.nvsentinel_socket is not None and self.nvsentinel_socket == self.ingest_socket:
             raise ValueError("nvsentinel_socket and ingest_socket must be different paths")
         return self

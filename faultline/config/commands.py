@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import getpass
+import os
 
 from pydantic import Field
 
@@ -11,6 +13,20 @@ from faultline.config.base import Component, Duration, KubeFields, StoreFields, 
 
 class StatusConfig(Component, StoreFields):
     """`faultline status`: the breaker and the nodes faultline holds."""
+
+
+def _os_user() -> str:
+    return os.environ.get("USER") or getpass.getuser()
+
+
+class BreakerResetConfig(Component, StoreFields):
+    """`faultline breaker reset`: close the quarantine's tripped circuit breaker (who and why recorded)."""
+
+    reason: str = Field(min_length=1, max_length=500, description="why it is safe to quarantine again")
+    by: str = Field(
+        default_factory=_os_user, min_length=1, max_length=200,
+        description="who resets it (recorded); default: the OS user ($USER)",
+    )  # fmt: skip
 
 
 class RetentionConfig(Component, StoreFields):

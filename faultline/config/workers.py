@@ -85,9 +85,15 @@ class QuarantineConfig(Component, StoreFields, KubeFields, WorkerFields, Quarant
     breaker_max_count: int | None = Field(
         default=None, ge=1, description="open the breaker past this many nodes quarantined in the window"
     )
-    breaker_cooldown: Duration = Field(
-        default=dt.timedelta(minutes=15), gt=_ZERO,
-        description="an open breaker half-opens after this long (duration)",
+    breaker_max_held_share: float | None = Field(
+        default=0.1, gt=0, le=1,
+        description="trip the breaker rather than hold more than this share (0-1) of the GPU nodes at "
+        "once (a storm that comes slower than the window still stops there); null: no share cap",
+    )  # fmt: skip
+    breaker_max_held: int = Field(
+        default=50, ge=0,
+        description="trip the breaker rather than hold more than this many nodes at once (the bound on "
+        "a large fleet, where 10 % is many nodes); 0: no cap",
     )  # fmt: skip
 
 
@@ -245,10 +251,21 @@ class JanitorTuning(Part):
         default=3, ge=1, description="tries (count) of a provider call that fails transiently"
     )
     user_actions: tuple[Literal["GPU_RESET", "REBOOT", "REPLACE"], ...] = Field(
-        default=("GPU_RESET", "REBOOT", "REPLACE"),
+        default=("GPU_RESET", "REBOOT"),
         description="what a RemediationRequest created by a person may ask for; empty: every such "
-        "request is refused",
+        "request is refused. REPLACE (terminate the instance for a new one) is not in the default: a "
+        "person opts in to it here",
     )
+    max_repairs_in_flight: int = Field(
+        default=10, ge=0,
+        description="fleet-wide cap on repair rounds carried out at once (reboots, GPU resets, "
+        "replacements) over every janitor replica; a round over it waits, it does not fail; 0: no cap",
+    )  # fmt: skip
+    max_replacements_in_flight: int = Field(
+        default=2, ge=0,
+        description="fleet-wide cap on cloud replacements (terminate/replace, which cannot be undone) at "
+        "once; a round over it waits; 0: no cap",
+    )  # fmt: skip
     user_cordon: bool = Field(
         default=True,
         description="cordon the node while a person's RemediationRequest is carried out, and uncordon it "

@@ -84,7 +84,7 @@ from faultline.store.drains import DRAINED
 from faultline.store.feed import FeedBatch, FeedRead, Position, position_doc, position_from
 from faultline.store.holds import BREAKER_ID
 from faultline.store.maintenance import MAINTENANCE_PATTERN
-from faultline.store.repairs import RoundLook, episode_label, repair_key, user_repair_key
+from faultline.store.repairs import RepairInFlight, RoundLook, episode_label, repair_key, user_repair_key
 
 __all__ = [
     "ANALYZER_ITEM",
@@ -93,7 +93,7 @@ __all__ = [
     "Clock", "Completion", "Drain",
     "DryRun", "FaultRecord", "FeedBatch", "FeedRead", "GpuAssignment", "GpuPods", "HandOver", "Lease",
     "NodeHold", "Owned", "Parked",
-    "PodRecord", "Position", "Repair", "RepairNotice",
+    "PodRecord", "Position", "Repair", "RepairInFlight", "RepairNotice",
     "RepairRound", "RoundLook", "ScheduledEvent", "ScheduledEvents",
     "Stage", "StageStatus", "State", "Store", "UserRequest", "Work", "WorkItem", "connect", "episode_label",
     "position_doc", "position_from",

@@ -13,10 +13,15 @@ from typing import Any
 import pymongo
 from pymongo import monitoring
 from pymongo.database import Database
-from pymongo.errors import ConnectionFailure, OperationFailure, ServerSelectionTimeoutError
+from pymongo.errors import (
+    ConfigurationError,
+    ConnectionFailure,
+    OperationFailure,
+    ServerSelectionTimeoutError,
+)
 
 from faultline import bounds
-from faultline.errors import TransientError
+from faultline.errors import ConfigError, TransientError
 from faultline.store.analyzer import Analyzer
 from faultline.store.base import CODEC, MAINTENANCE, STAGES, Clock, Stage, Work, utcnow
 from faultline.store.claims import Claims
@@ -42,18 +47,29 @@ def connect(
     """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
     call waits for an unreachable server before it fails with TransientError; `call_timeout` (default:
     the same) how long a call to a server that was reached may take; `pool`: the most connections the
-    client opens to each server (default: pymongo's 100). Slow calls are logged (`SlowCalls`)."""
+    client opens to each server (default: pymongo's 100). Slow calls are logged (`SlowCalls`).
+
+    A URI pymongo cannot use (not `mongodb://` or `mongodb+srv://`, a bad port or option, an SRV name that
+    does not resolve) is the settings' error: ConfigError naming `mongodb_uri`, never the URI (it may hold
+    a password), and one line, not a crash loop's traceback."""
     ms = int(timeout * 1000)
-    client: pymongo.MongoClient[Any] = pymongo.MongoClient(
-        uri,
-        maxPoolSize=PYMONGO_POOL if pool is None else pool,
-        serverSelectionTimeoutMS=ms,
-        connectTimeoutMS=ms,
-        socketTimeoutMS=int((timeout if call_timeout is None else call_timeout) * 1000),
-        tz_aware=True,
-        tzinfo=CODEC.tzinfo,
-        event_listeners=[SlowCalls()],
-    )
+    if not uri.startswith(("mongodb://", "mongodb+srv://")):  # pymongo would take a bare word for a host
+        raise ConfigError("mongodb_uri (MONGODB_URI): not a MongoDB URI: it must begin with mongodb:// or "
+                          "mongodb+srv://")  # fmt: skip
+    try:
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(
+            uri,
+            maxPoolSize=PYMONGO_POOL if pool is None else pool,
+            serverSelectionTimeoutMS=ms,
+            connectTimeoutMS=ms,
+            socketTimeoutMS=int((timeout if call_timeout is None else call_timeout) * 1000),
+            tz_aware=True,
+            tzinfo=CODEC.tzinfo,
+            event_listeners=[SlowCalls()],
+        )
+    except (ConfigurationError, ValueError, TypeError) as exc:  # InvalidURI is a ConfigurationError
+        said = bounds.clip(" ".join(str(exc).replace(uri, "<the URI>").split()), bounds.ERROR_TEXT)
+        raise ConfigError(f"mongodb_uri (MONGODB_URI): not a usable MongoDB URI: {said}") from None
     return Store(client[database], clock=clock)
 
 

@@ -154,11 +154,15 @@ class DryRun(Document):
 
 
 class Breaker(Document):
-    """`nodes/breaker:quarantine`: the quarantine circuit breaker's stored state."""
+    """`nodes/breaker:quarantine`: the quarantine circuit breaker's stored state, and its last reset by a
+    person (`faultline breaker reset`): who, why and when."""
 
     state: str = "closed"
     since: UTCDateTime | None = None
     reason: str = ""
+    reset_by: str = ""
+    reset_reason: str = ""
+    reset_at: UTCDateTime | None = None
 
 
 class PodRecord(Document):

@@ -90,3 +90,11 @@ class Holds(Base):
         self.upsert(
             self.nodes, {"_id": BREAKER_ID}, {"$set": {"state": state, "since": since, "reason": reason}}
         )
+
+    def reset_breaker(self, state: str, at: dt.datetime, reason: str, *, by: str, why: str) -> None:
+        """A person's reset of the breaker: its new state, and who reset it, why and when (kept until the
+        next reset; a later trip leaves them)."""
+        at = utc(at)
+        fields = {"state": state, "since": at, "reason": reason, "reset_by": by, "reset_reason": why,
+                  "reset_at": at}  # fmt: skip
+        self.upsert(self.nodes, {"_id": BREAKER_ID}, {"$set": fields})

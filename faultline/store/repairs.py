@@ -58,6 +58,15 @@ class RoundLook:
     validate_until: dt.datetime | None = None
 
 
+@dataclass(frozen=True)
+class RepairInFlight:
+    """A repair the janitor is carrying out now (`Store.repairs_in_flight`): its id, node and step."""
+
+    repair_id: str
+    node: str
+    step: str
+
+
 class Repairs(Base):
     def repair_ids(self) -> set[str]:
         return {str(d["_id"]) for d in self.repairs.find({}, {"_id": 1})}
@@ -103,6 +112,28 @@ class Repairs(Base):
         return any(
             (d.get(Stage.JANITOR) or {}).get("state") in JANITOR_OPEN
             for d in self.repairs.find({"node": node}, {Stage.JANITOR: 1})
+        )
+
+    def repairs_in_flight(self) -> list[RepairInFlight]:
+        """The repairs whose janitor stage is open and whose last round started (`start_round`) and has
+        no outcome yet: what the janitor's caps count (`workers.inflight`). One query on the stage's state."""
+        out = []
+        fields = {"rounds": 1, "node": 1}
+        for doc in self.repairs.find({f"{Stage.JANITOR}.state": {"$in": list(JANITOR_OPEN)}}, fields):
+            rounds = doc.get("rounds") or []
+            if not rounds:
+                continue
+            last = documents.RepairRound.from_doc(rounds[-1])
+            if last.started_at is not None and not last.outcome and not last.external:
+                out.append(RepairInFlight(str(doc["_id"]), str(doc.get("node", "")), str(last.step)))
+        return out
+
+    def withdraw_start(self, repair_id: str, index: int) -> None:
+        """Take back `start_round` of round `index` before anything was done for it (a cap was reached):
+        it starts afresh later."""
+        here = f"rounds.{index}"
+        self.repairs.update_one(
+            {"_id": repair_id}, {"$unset": {f"{here}.started_at": "", f"{here}.boot_before": ""}}
         )
 
     def repairs_in_state(self, stage: Stage, state: State) -> list[documents.Repair]:

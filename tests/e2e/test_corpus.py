@@ -12,7 +12,7 @@ import pytest
 
 from dataflows import replay
 from patterns import compiler
-from sources import files
+from sources import files, formats
 from tests.corpus import corpus
 
 FIXED_TIME = ["--year", str(corpus.YEAR), "--boot-time", "2026-12-01T09:00:00"]
@@ -74,6 +74,28 @@ def test_cli_summary_names_untrusted_lines() -> None:
     assert f"untrusted kernel-looking lines {spoofs} (not written by the kernel)" in done.stderr
     nodes = {json.loads(line)["node"] for line in done.stdout.splitlines()}
     assert nodes == {corpus.node_of(w) for w in corpus.WRITERS}
+
+
+def test_syslog_files_not_trusted_give_no_kernel_fault(
+    builtin: compiler.CompiledPacks, result: replay.ReplayResult
+) -> None:
+    """The agent's default (`syslog_trusted` off): a syslog file's `kernel` tags are its writers' word, so its
+    kernel-looking lines are all counted untrusted and none is a fault; the journal, kmsg and dmesg files
+    conclude what they did. (The fixture replays as `faultline replay` does by default: tags believed.)"""
+    inputs = files.sniff_all(
+        files.expand_paths([str(corpus.LOGS)]), year=corpus.YEAR, boot_time=float(corpus.BOOT),
+        syslog_trusted=False,
+    )  # fmt: skip
+    untrusted = replay.run(inputs.groups(), builtin)
+    syslog = {
+        corpus.node_of(WRITERS[n]) for n, source in formats.SOURCE_OF_FORMAT.items() if source == "syslog"
+    }
+    assert len(syslog) == 3  # rfc3164, iso, rfc5424
+    assert not [f for f in untrusted.faults if f.node in syslog]
+    assert [f.model_dump() for f in untrusted.faults] == [
+        f.model_dump() for f in result.faults if f.node not in syslog
+    ]
+    assert untrusted.stats.untrusted > result.stats.untrusted
 
 
 def test_one_and_two_workers_agree(builtin: compiler.CompiledPacks) -> None:

@@ -163,7 +163,8 @@ def test_bad_inputs_are_named_and_the_replay_goes_on(tmp_path: Path) -> None:
         + b"Dec  1 10:00:03 gpu-2 kernel: " + b"NVRM: Xid " + b"B" * (1 << 20) + b"\n"
         + b"Dec  1 10:00:04 gpu-2 kernel: \xff\xfe " + XID.encode() + b"\n"
         + b"NVRM: Xid with no header\n"
-        + b'{"__REALTIME_TIMESTAMP": "1764583205000000", "_HOSTNAME": "gpu-2", "MESSAGE": "' + XID.encode() + b'"}\n'
+        + b'{"__REALTIME_TIMESTAMP": "1764583205000000", "_HOSTNAME": "gpu-2", "_TRANSPORT": "kernel", '
+        + b'"SYSLOG_FACILITY": "0", "MESSAGE": "' + XID.encode() + b'"}\n'
     )  # fmt: skip
     rotated = tmp_path / "gpu-3.log.1.gz"
     rotated.write_bytes(gzip.compress(f"Dec  1 09:00:00 gpu-3 kernel: {XID}\n".encode()))

@@ -106,7 +106,8 @@ def chart_values(
                        "repair_poll_interval": "500ms", "snapshot_interval": "2s"},
         },
         "quarantine": {"enabled": "quarantine" in workers, "replicas": 1, "holdDown": "3s",
-                       "breaker": {"maxShare": ""}, "config": fast, **place},  # one GPU node: no breaker
+                       "breaker": {"maxShare": "", "maxHeldShare": ""},  # one GPU node: no breaker
+                       "config": fast, **place},
         "drain": {"enabled": "drain" in workers, "replicas": 1, "gpuOnly": True,
                   "config": {**fast, "poll": "300ms"}, **place},
         "remediation": {"enabled": "remediation" in workers, "replicas": 1, "config": fast, **place},

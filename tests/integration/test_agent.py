@@ -125,8 +125,8 @@ def test_syslog_file_and_kmsg_lines_become_faults(
     syslog, kmsg = tmp_path / "syslog", tmp_path / "kmsg"
     syslog.write_text("Dec  1 10:00:00 gpu-node-04 systemd[1]: Started x.\n")
     kmsg.write_text("")
-    with running_agent(
-        cluster, mongo, node, tmp_path, "--syslog-file", str(syslog), "--kmsg", str(kmsg)
+    with running_agent(  # a file only the kernel's logger writes: its `kernel` tags are believed
+        cluster, mongo, node, tmp_path, "--syslog-file", str(syslog), "--syslog-trusted", "--kmsg", str(kmsg)
     ) as faults:
         time.sleep(1.0)  # the followers open their files on the dataflow's first poll
         with syslog.open("a") as fh:
@@ -142,6 +142,26 @@ def test_syslog_file_and_kmsg_lines_become_faults(
         want = {"SXID-24007", "XID-48", "GPU-INIT-FAILED"}
         poll("faults from syslog and kmsg", lambda: {d["code"] for d in faults.find()} >= want, 20)
         assert {(d["code"], d["fatal"]) for d in faults.find()} == {(c, True) for c in want}
+
+
+@pytest.mark.redteam
+def test_a_forged_kernel_tag_in_a_syslog_file_is_counted_never_a_fault(
+    cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path
+) -> None:
+    """`logger -t kernel -p kern.crit 'NVRM: Xid ... 79'` by any local user, in the agent's default syslog file
+    (not trusted): counted in faultline_untrusted_kernel_lines_total, no fault."""
+    node = cluster.node_names[3]
+    syslog, port = tmp_path / "syslog", procs.free_port()
+    syslog.write_text("Dec  1 10:00:00 gpu-node-04 systemd[1]: Started x.\n")
+    extra = ("--syslog-file", str(syslog), "--metrics-port", str(port))
+    with running_agent(cluster, mongo, node, tmp_path, *extra) as faults:
+        time.sleep(1.0)  # the follower opens its file on the dataflow's first poll
+        with syslog.open("a") as fh:
+            fh.write("<2>Dec  1 10:00:01 gpu-node-04 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU "
+                     "has fallen off the bus.\n")  # fmt: skip
+        counted = 'faultline_untrusted_kernel_lines_total{source="syslog"} 1.0'
+        poll("the untrusted line counted", lambda: counted in http_get(port, "/metrics")[1], 20)
+        assert faults.count_documents({"code": "XID-79"}) == 0
 
 
 def test_nic_flapping_in_sysfs_is_one_fault_and_a_condition(
@@ -250,7 +270,7 @@ def test_agent_killed_mid_stream_resumes_with_no_gaps_and_no_duplicates(
     db = client[database]
     fid = fault_id(node, "GPU", "0000:18:00", "XID-13")
     xids = {"code": "XID-13"}  # (each start also records the GPU monitor reading the GPUs)
-    args = ("--syslog-file", str(syslog), "--state-dir", str(tmp_path / "state"))
+    args = ("--syslog-file", str(syslog), "--syslog-trusted", "--state-dir", str(tmp_path / "state"))
     agent = start_agent(cluster, mongo, node, database, tmp_path, *args)
     try:
         time.sleep(1.0)

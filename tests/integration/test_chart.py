@@ -28,7 +28,7 @@ from faultline.kube import lite
 from faultline.models import Action, FaultState
 from tests.integration.test_drainer import pod, pods_on
 from tests.integration.test_janitor import _fault
-from workers import breaker, drainer, janitor, quarantine, remediation
+from workers import breaker, drainer, inflight, janitor, quarantine, remediation
 
 pytestmark = pytest.mark.integration
 CHART = Path(__file__).resolve().parents[2] / "charts" / "faultline"
@@ -916,3 +916,23 @@ def test_an_empty_breaker_limit_turns_it_off() -> None:
 
     assert breaker_limits() == (0.1, None)  # the default share; no count limit
     assert breaker_limits("quarantine.breaker.maxShare=", "quarantine.breaker.maxCount=20") == (None, 20)
+
+
+def test_the_breakers_cap_and_the_repair_caps_reach_the_workers() -> None:
+    """The cap on nodes held at once ("" and 0 turn it off) and the janitor's caps on repairs in flight
+    flow from the values into each worker's settings; an older values file's `cooldown` still installs."""
+    from faultline.config import JanitorConfig, QuarantineConfig  # noqa: PLC0415
+
+    def quarantine_caps(*sets: str) -> tuple[Any, Any]:
+        settings = settings_files(render("quarantine.enabled=true", *sets))["quarantine"]
+        config = QuarantineConfig.model_validate({**settings, "mongodb_uri": "mongodb://mongo:27017"})
+        assert quarantine.Settings.from_config(config).breaker.max_held == (config.breaker_max_held or None)
+        return config.breaker_max_held_share, config.breaker_max_held
+
+    assert quarantine_caps() == (0.1, 50)
+    assert quarantine_caps("quarantine.breaker.maxHeldShare=", "quarantine.breaker.maxHeld=0") == (None, 0)
+    assert quarantine_caps("quarantine.breaker.cooldown=15m", "quarantine.breaker.maxHeld=7") == (0.1, 7)
+    settings = settings_files(render("janitor.enabled=true", "janitor.maxRepairsInFlight=4",
+                                     "janitor.maxReplacementsInFlight=1"))["janitor"]  # fmt: skip
+    config = JanitorConfig.model_validate({**settings, "mongodb_uri": "mongodb://mongo:27017"})
+    assert janitor.Settings.from_config(config, None).repair_caps == inflight.Caps(4, 1)

@@ -55,6 +55,7 @@ def test_the_demo_values_reach_every_settings_file(tmp_path: Path) -> None:
     assert resolved["agent"].nic_interval == 0.2  # type: ignore[attr-defined]
     assert resolved["quarantine"].hold_down.total_seconds() == 3  # type: ignore[attr-defined]
     assert resolved["quarantine"].breaker_max_share == 0.7  # type: ignore[attr-defined]
+    assert resolved["quarantine"].breaker_max_held_share == 0.7  # type: ignore[attr-defined]
     assert resolved["drain"].gpu_only is True  # type: ignore[attr-defined]
     assert resolved["janitor"].service_account == "faultline-repair"  # type: ignore[attr-defined]
 

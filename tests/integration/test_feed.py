@@ -227,7 +227,7 @@ def test_the_agents_sink_feeds_what_it_spooled_once_the_store_is_back(tmp_path: 
 
     server = LocalMongo(workdir=tmp_path / "ferretdb")
     server.start()
-    sink = MongoSink(server.uri, "agent", spool=tmp_path / "spool.jsonl", timeout=1.0, feed=True).build(
+    sink = MongoSink(server.uri, "agent", spool=tmp_path / "spool", timeout=1.0, feed=True).build(
         "mongo_out", 0, 1
     )
     try:
@@ -257,9 +257,7 @@ def test_an_agents_sink_without_the_feed_writes_none(
     """The feed is written only where an analyzer reads it (the agent's analyzer_feed): without it the
     sink stores events and faults as before, and no feed document or head."""
     f = fault("n1", 1)
-    sink = MongoSink(mongo.uri, mongo_db.name, spool=tmp_path / "spool.jsonl", timeout=1.0).build(
-        "mongo_out", 0, 1
-    )
+    sink = MongoSink(mongo.uri, mongo_db.name, spool=tmp_path / "spool", timeout=1.0).build("mongo_out", 0, 1)
     try:
         sink.write_batch([NodeUpdate("n1", [f], [(f, 1)], [event("n1", 0)])])
     finally:

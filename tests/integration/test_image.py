@@ -155,7 +155,7 @@ def test_runs_as_the_non_root_user_and_journalctl_reads_a_journal_file(
     export = tmp_path / "kernel.export"
     export.write_text(
         "__REALTIME_TIMESTAMP=1796000000000000\n__MONOTONIC_TIMESTAMP=5000000\n"
-        "_BOOT_ID=4b1d3c2a9e8f4d7c8b6a5f4e3d2c1b0a\n_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\n"
+        "_BOOT_ID=4b1d3c2a9e8f4d7c8b6a5f4e3d2c1b0a\n_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\nSYSLOG_FACILITY=0\n"
         "MESSAGE=NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n\n"
     )
     ok("/lib/systemd/systemd-journal-remote", f"--output={root / 'tmp' / 'kernel.journal'}", export)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ def event(node: str, **overrides: Any) -> health_pb2.HealthEvent:
     return e
 
 
+@pytest.mark.redteam
 def test_ingest_over_a_unix_socket_and_mutual_tls(
     cluster: LocalCluster, mongo: LocalMongo, tmp_path: Path
 ) -> None:
@@ -98,3 +101,18 @@ def test_ingest_over_a_unix_socket_and_mutual_tls(
                     health_pb2.HealthEventBatch(events=[event(node)]), timeout=5
                 )
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # no client certificate: no handshake
+
+
+@pytest.mark.redteam
+def test_the_agent_refuses_tcp_ingest_without_a_client_ca(tmp_path: Path) -> None:
+    """TLS alone would let whoever reaches the port report faults for the node: the agent does not start."""
+    pki = LocalPKI(tmp_path / "pki")
+    done = subprocess.run(
+        [sys.executable, "-m", "faultline", "agent", "--node", "n", "--mongodb-uri", "mongodb://127.0.0.1:1",
+         "--state-dir", str(tmp_path / "state"), "--ingest-tcp", f"127.0.0.1:{procs.free_port()}",
+         "--ingest-tls-cert", str(pki.apiserver.cert), "--ingest-tls-key", str(pki.apiserver.key)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "ingest_tcp needs ingest_tls_cert, ingest_tls_key and ingest_tls_client_ca" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -136,6 +136,42 @@ def test_cloud_reboot_through_the_aws_api(
         assert "EC2 RebootInstances" in rounds[0]["cloud_call"]
 
 
+@pytest.mark.parametrize(
+    ("meta", "says"),
+    [
+        ({"labels": {"faultline.io/managed": "false"}}, "labelled faultline.io/managed=false"),
+        (
+            {"annotations": {"faultline.io/paused-until": "2999-01-01T00:00:00Z"}},
+            "paused on the node until 2999",
+        ),
+    ],
+)
+@pytest.mark.redteam
+def test_an_operators_pause_or_opt_out_refuses_the_repair(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None, meta: dict[str, Any], says: str
+) -> None:
+    node, _instance_id, st, fault = _aws_node(cluster, api, mongo_db)
+    kube.core(api).patch_node(node, {"metadata": meta})
+    try:
+        with fakes.FakeCloud() as fake:
+            worker = _aws_janitor(st, api, fake, dt.timedelta(seconds=30))
+            request = f"refused-{'label' if 'labels' in meta else 'pause'}-1"
+            key = _repair(st, node, remedies.REBOOT, fault, request)
+            worker.start()
+            try:
+                procs.wait_for("refused", lambda: _outcome(st, key) == "Cancelled", 20)
+            finally:
+                worker.halt()
+            assert fake.actions("aws") == []  # nothing was rebooted
+        doc = st.db["repairs"].find_one({"_id": key})
+        assert says in doc["rounds"][-1]["message"]
+        status = kube.resources.get_request(api, request).get("status") or {}
+        assert status.get("phase") == "Refused" and says in status.get("message", "")
+    finally:
+        undo = {k: dict.fromkeys(v) for k, v in meta.items()}
+        kube.core(api).patch_node(node, {"metadata": undo})
+
+
 def test_a_janitor_stopped_mid_repair_leaves_the_round_open_for_a_takeover(
     cluster: LocalCluster, api: Any, mongo_db: Any, setup: None
 ) -> None:
@@ -159,6 +195,48 @@ def test_a_janitor_stopped_mid_repair_leaves_the_round_open_for_a_takeover(
     assert doc["remediation"]["state"] == "idle"  # nothing to escalate
     got = kube.core(api).list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
     assert not [e.reason for e in got if "stopped-reboot-1" in (e.message or "")]
+
+
+def test_a_repair_over_the_in_flight_cap_waits_and_goes_ahead_when_one_finishes(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the fleet-wide cap at one repair in flight and another node's reboot under way, a new round
+    does not start: nothing is called, it is given back (pending, its attempts fresh, its start taken
+    back), not failed; once the other round has its outcome, it goes ahead."""
+    monkeypatch.setattr(janitor, "CAP_RETRY_S", 0.5)
+    node, instance_id, st, fault = _aws_node(cluster, api, mongo_db)
+    at = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
+    st.db["repairs"].insert_one({  # another node's round, started and waiting (its look due in an hour)
+        "_id": "elsewhere/1", "node": "elsewhere", "episode": at, "first_seen": at, "fatal": True,
+        "rounds": [{"step": remedies.REBOOT, "request": "elsewhere-1", "fault_keys": [], "gpus": [],
+                    "reason": "test", "requested_at": at, "started_at": at, "outcome": None, "at": None}],
+        "remediation": {"state": "idle", "attempts": 0},
+        "janitor": {"state": store.State.PENDING, "attempts": 0, "retry_after": at + dt.timedelta(hours=1)},
+    })  # fmt: skip
+    assert [r.repair_id for r in st.repairs_in_flight()] == ["elsewhere/1"]
+    with fakes.FakeCloud() as fake:  # the reboot is accepted, the node never comes back
+        env = {"AWS_ACCESS_KEY_ID": fakes.AWS_KEY, "AWS_SECRET_ACCESS_KEY": fakes.AWS_SECRET}
+        provider = aws.AWS(aws.Settings(endpoint=f"{fake.url}/aws/ec2/", env=env))
+        worker = janitor.Janitor(st, api, janitor.Settings(
+            provider=provider, reboot_via="cloud", reboot_timeout=dt.timedelta(minutes=5),
+            max_repairs_in_flight=1, **FAST), "j")  # fmt: skip
+        key = _repair(st, node, remedies.REBOOT, fault, "capped-reboot-1")
+        worker.start()
+        try:
+            held = worker.metrics.limited.labels(limit="repairs")
+            procs.wait_for("held back three times", lambda: held._value.get() >= 3, 20)
+            doc = mongo_db["repairs"].find_one({"_id": key})
+            assert fake.actions("aws") == []  # nothing called
+            assert doc["rounds"][0]["outcome"] is None and "started_at" not in doc["rounds"][0]
+            assert doc["janitor"]["state"] in (store.State.PENDING, store.State.CLAIMED)
+            assert doc["janitor"]["attempts"] <= 1 and doc["janitor"].get("error") is None  # no failure
+            assert doc["remediation"]["state"] == "idle"  # nothing to escalate
+            st.db["repairs"].update_one({"_id": "elsewhere/1"}, {"$set": {"rounds.0.outcome": "Succeeded"}})
+            procs.wait_for("then it goes ahead",
+                           lambda: mongo_db["repairs"].find_one({"_id": key})["rounds"][0].get("cloud_call"), 20)  # fmt: skip
+        finally:
+            assert worker.halt(10)
+        assert fake.actions("aws") == [("RebootInstances", instance_id)]
 
 
 def test_replace_through_gcp_and_oci(

@@ -24,7 +24,7 @@ def append(journal_file: Path, first: int, count: int, tmp: Path, *, boot: str =
     now = int(time.time() * 1e6)
     records = [
         f"__REALTIME_TIMESTAMP={now + i}\n__MONOTONIC_TIMESTAMP={5_000_000 + i}\n_BOOT_ID={boot}\n"
-        f"_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\nSYSLOG_IDENTIFIER=kernel\n"
+        f"_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\nSYSLOG_FACILITY=0\nSYSLOG_IDENTIFIER=kernel\n"
         f"MESSAGE=NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, entry #{i}\n"
         for i in range(first, first + count)
     ]
@@ -96,7 +96,7 @@ def test_prefilter_hands_on_pattern_lines_and_each_chunks_last(journal_file: Pat
     now = int(time.time() * 1e6)
     records = [
         f"__REALTIME_TIMESTAMP={now + i}\n__MONOTONIC_TIMESTAMP={5_000_000 + i}\n_BOOT_ID={BOOT}\n"
-        f"_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\nSYSLOG_IDENTIFIER=kernel\n"
+        f"_HOSTNAME=gpu-node-09\n_TRANSPORT=kernel\nSYSLOG_FACILITY=0\nSYSLOG_IDENTIFIER=kernel\n"
         + (
             f"MESSAGE=NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, entry #{i}\n"
             if i % 3 == 0

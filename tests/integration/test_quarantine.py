@@ -1,6 +1,7 @@
 """The quarantine worker against the real API server and FerretDB: cordon, taint and label on a fatal
 fault, release after resolution, an operator's cordon left alone, opt-out, dry run, stale faults, the
-circuit breaker during a storm, and two replicas that never double-act."""
+circuit breaker during a storm (latched until a person resets it; the cap on nodes held at once over a
+sustained storm of the whole fleet), and two replicas that never double-act."""
 
 from __future__ import annotations
 
@@ -180,17 +181,40 @@ def test_opt_out_dry_run_non_fatal_and_stale_faults_change_nothing(
     assert events(api, opted, "FaultlineQuarantined") == 0
 
 
-def test_breaker_trips_in_a_storm_half_opens_and_never_blocks_release(
-    running: Any, nodes: Any, mongo_db: Any, api: Any
+def breaker_doc(mongo_db: Any) -> dict[str, Any]:
+    return mongo_db["nodes"].find_one({"_id": "breaker:quarantine"}) or {}
+
+
+def blocked_looks(w: quarantine.QuarantineWorker) -> float:
+    """How often the worker has held a node back (each resync pass looks at every blocked node)."""
+    return float(w.metrics.actions.labels(result="blocked")._value.get())
+
+
+def faultline(mongo: Any, mongo_db: Any, *args: str) -> str:
+    """A `faultline` command against the test's database, as a person runs it."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from cli import app  # noqa: PLC0415
+
+    got = CliRunner().invoke(app.app, [*args, "--mongodb-uri", mongo.uri, "--database", mongo_db.name])
+    assert got.exit_code == 0, got.output
+    return got.output
+
+
+def reset_breaker(mongo: Any, mongo_db: Any, why: str) -> str:
+    """`faultline breaker reset`."""
+    return faultline(mongo, mongo_db, "breaker", "reset", "--reason", why, "--by", "alice")
+
+
+def test_breaker_trips_in_a_storm_stays_tripped_and_never_blocks_release(
+    running: Any, nodes: Any, mongo: Any, mongo_db: Any, api: Any
 ) -> None:
     storm = nodes(4)
-    cfg = breaker.BreakerConfig(window=dt.timedelta(minutes=10), max_share=None, max_count=2,
-                                cooldown=dt.timedelta(seconds=3))  # fmt: skip
+    cfg = breaker.BreakerConfig(window=dt.timedelta(minutes=10), max_share=None, max_count=2)
     w = running(breaker=cfg, threads=1)
     for name in storm:
         w.store.write_fault(fault(name), 1)
-    procs.wait_for("breaker open", lambda: (mongo_db["nodes"].find_one({"_id": "breaker:quarantine"}) or {})
-                   .get("state") == "open", 10)  # fmt: skip
+    procs.wait_for("breaker open", lambda: breaker_doc(mongo_db).get("state") == "open", 10)
     held = [n for n in storm if node_view(api, n)["cordoned"]]
     assert len(held) == 2
     blocked = [n for n in storm if n not in held]
@@ -201,10 +225,73 @@ def test_breaker_trips_in_a_storm_half_opens_and_never_blocks_release(
     assert not any(node_view(api, n)["cordoned"] for n in blocked)
     w.store.write_fault(fault(held[0], resolved=True), 2)  # recovery goes ahead while it is open
     procs.wait_for("release while open", lambda: not node_view(api, held[0])["cordoned"], 10)
-    assert (mongo_db["nodes"].find_one({"_id": "breaker:quarantine"}) or {})["state"] == "open"
-    procs.wait_for("half-open: the held-back nodes go ahead", lambda: all(
+    # latched: many resync passes later (well past the old 3 s cool-down of this test) nothing new
+    looks = blocked_looks(w)
+    procs.wait_for("20 more resync looks", lambda: blocked_looks(w) >= looks + 20 * len(blocked), 30)
+    assert breaker_doc(mongo_db)["state"] == "open"
+    assert not any(node_view(api, n)["cordoned"] for n in blocked)
+    out = faultline(mongo, mongo_db, "breaker", "status")
+    assert "circuit breaker: open since" in out and "until a person runs `faultline breaker reset" in out
+    out = reset_breaker(mongo, mongo_db, "storm understood")
+    assert "reset (was open) by alice: storm understood" in out
+    procs.wait_for("after the reset the held-back nodes go ahead", lambda: all(
         node_view(api, n)["cordoned"] for n in blocked), 15)  # fmt: skip
-    assert mongo_db["nodes"].find_one({"_id": "breaker:quarantine"})["state"] == "half-open"
+    doc = breaker_doc(mongo_db)
+    assert (doc["state"], doc["reset_by"], doc["reset_reason"]) == ("closed", "alice", "storm understood")
+    out = faultline(mongo, mongo_db, "status")
+    assert "circuit breaker: closed since" in out and "by alice: storm understood" in out
+
+
+@pytest.mark.redteam
+def test_a_sustained_storm_over_the_fleet_is_capped_until_a_person_resets(
+    running: Any, nodes: Any, mongo: Any, mongo_db: Any, api: Any
+) -> None:
+    """Every node of a 40-node fleet faults and keeps faulting; with the cap at 5 nodes held at once no more
+    than 5 are ever cordoned, over many resync rounds and releases, until a person resets the breaker; then
+    5 more are taken and it trips again at the cap."""
+    fleet = nodes(40)
+    cap = breaker.BreakerConfig(window=dt.timedelta(minutes=10), max_share=None, max_count=None, max_held=5)
+    w = running(breaker=cap)
+    for name in fleet:
+        w.store.write_fault(fault(name), 1)
+    seen_max = 0
+
+    def cordoned() -> set[str]:
+        nonlocal seen_max
+        got = {n for n in fleet if node_view(api, n)["cordoned"]}
+        seen_max = max(seen_max, len(got))
+        assert len(got) <= 5, sorted(got)
+        return got
+
+    procs.wait_for("the breaker trips at the cap", lambda: breaker_doc(mongo_db).get("state") == "open", 20)
+    first = cordoned()
+    assert len(first) == 5 and "cap 5" in breaker_doc(mongo_db)["reason"]
+    looks = blocked_looks(w)  # the storm goes on: the faults are seen again, resync passes come and go
+    for count in range(2, 5):
+        for name in fleet:
+            if name not in first:
+                w.store.write_fault(fault(name), count)
+        cordoned()
+    procs.wait_for(
+        "many resync rounds", lambda: bool(cordoned() or True) and blocked_looks(w) >= looks + 35 * 5, 60
+    )
+    assert cordoned() == first
+    for name in first:  # the first five are repaired: released even while tripped
+        w.store.write_fault(fault(name, resolved=True), 5)
+    procs.wait_for("released while tripped", lambda: not cordoned(), 15)
+    looks = blocked_looks(w)
+    procs.wait_for(
+        "more resync rounds", lambda: bool(cordoned() or True) and blocked_looks(w) >= looks + 35 * 5, 60
+    )
+    assert not cordoned() and breaker_doc(mongo_db)["state"] == "open"  # latched, with nothing held
+    reset_breaker(mongo, mongo_db, "bad pack rolled back")
+    procs.wait_for("5 more taken after the reset", lambda: len(cordoned()) == 5, 20)
+    procs.wait_for("tripped again at the cap", lambda: breaker_doc(mongo_db).get("state") == "open", 10)
+    looks = blocked_looks(w)
+    procs.wait_for(
+        "and it holds", lambda: bool(cordoned() or True) and blocked_looks(w) >= looks + 30 * 5, 60
+    )
+    assert len(cordoned()) == 5 and seen_max == 5 and not (cordoned() & first)
 
 
 def test_two_replicas_never_double_act(running: Any, nodes: Any, mongo_db: Any, api: Any) -> None:

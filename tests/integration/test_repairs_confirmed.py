@@ -137,7 +137,9 @@ def test_a_user_space_reset_line_clears_nothing(
     syslog = tmp_path / "syslog"
     kernel = f"Dec  1 10:00:01 {node} kernel: NVRM: Xid (PCI:0000:3b:00): 95, pid=1, name=x, Uncontained\n"
     syslog.write_text(kernel)
-    with running_agent(cluster, mongo, node, tmp_path, "--syslog-file", str(syslog)) as faults:
+    # the file's `kernel` tags believed (--syslog-trusted): what else a line says still makes it user space's
+    trusted = ("--syslog-file", str(syslog), "--syslog-trusted")
+    with running_agent(cluster, mongo, node, tmp_path, *trusted) as faults:
         spoofed = fault_id(node, "GPU", "0000:3b:00", "XID-95")
         poll("the kernel's XID", lambda: faults.find_one({"_id": spoofed}), 20)
         with syslog.open("a") as fh:

@@ -175,6 +175,17 @@ def test_bad_cluster_patterns_fail_at_load_naming_the_pattern(
     assert reason in str(exc.value)
 
 
+@pytest.mark.redteam
+def test_a_derived_fault_code_must_be_a_taint_value(write_pack: Callable[[str, str], Path]) -> None:
+    path = write_pack(
+        "long.yaml", STICKY.replace("fault: {code: GPU-STICKY", "fault: {code: 'GPU-STICKY-{gpu}.'")
+    )
+    with pytest.raises(PackError, match="pattern 'sticky'") as exc:
+        cluster.load([path], builtin=False)
+    assert "fault.code" in str(exc.value) and "'GPU-STICKY-{gpu}.' (as 'GPU-STICKY-0.'" in str(exc.value)
+    assert "is not a valid taint value" in str(exc.value)
+
+
 def test_a_derived_fault_needs_a_code(write_pack: Callable[[str, str], Path]) -> None:
     """Found by fuzzing: `fault.code: ""` loaded and derived faults without a code (node patterns refuse
     one); one whose template renders empty derives nothing."""

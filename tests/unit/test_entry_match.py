@@ -13,7 +13,10 @@ from patterns import compiler
 from sources import entry_match, follow, formats, journal
 from tests.corpus import corpus
 
-CTX = formats.Context(formats.YearGuess(corpus.YEAR, 12, fixed=True), boot_base=float(corpus.BOOT))
+# an agent with syslog_trusted (its file is one only the kernel writes): the corpus's syslog kernel lines count
+CTX = formats.Context(
+    formats.YearGuess(corpus.YEAR, 12, fixed=True), boot_base=float(corpus.BOOT), syslog_trusted=True
+)
 WRITERS = {w.name: w for w in corpus.WRITERS}
 # what a match shows without the detector: every family's code and entity (thresholds come later)
 WANT = {(f.fault[1], f.fault[2]) for f in corpus.FAMILIES}
@@ -95,3 +98,37 @@ def test_untrusted_lines_count_in_the_agent_metric(builtin: compiler.CompiledPac
     )
     assert [(t.hit.code, t.ts) for t in hits] == [("XID-79", real[1].ts)]
     assert counter._value.get() == before + 1
+
+
+@pytest.mark.redteam
+def test_a_forged_kernel_tag_counts_untrusted_in_an_untrusted_syslog_file(
+    builtin: compiler.CompiledPacks,
+) -> None:
+    """`logger -t kernel -p kern.crit 'NVRM: Xid ... 79'` in an agent's default syslog file: no hit, counted."""
+    counter = metrics.UNTRUSTED_LINES.labels(source="syslog")
+    before = counter._value.get()
+    default = formats.Context(CTX.year, CTX.boot_base)
+    forged = formats.parse_line("rfc3164", "<2>Dec  1 10:00:01 h kernel: " + corpus.SPOOFED[0][0], default)
+    assert forged is not None
+    assert node._entry_matcher(builtin, "syslog", 1)([journal.Entry("a", forged[1])]) == []
+    assert counter._value.get() == before + 1
+
+
+@pytest.mark.parametrize(("trusted", "kernel"), [(False, False), (True, True)])
+def test_the_agents_syslog_follower_believes_kernel_tags_only_where_trusted(
+    tmp_path: Path, trusted: bool, kernel: bool
+) -> None:
+    """The agent's `syslog_trusted`: off, a `kernel:` tag (and a dmesg-looking line) in the file is no one's."""
+    path = tmp_path / "kern.log"
+    path.write_text(
+        f"<2>Dec  1 10:00:01 h kernel: {corpus.SPOOFED[0][0]}\n"
+        f"2026-12-01T10:00:02.000001+00:00 h kernel: {corpus.SPOOFED[0][0]}\n"
+        f"[    5.000000] {corpus.SPOOFED[0][0]}\n"
+    )
+    source = follow.LogFollowSource("syslog", path, interval=0.0, syslog_trusted=trusted)
+    part = source.build_part("syslog", "syslog", None)
+    try:
+        entries = part.next_batch()
+    finally:
+        part.close()
+    assert [e.record.kernel for e in entries] == [kernel] * 3

@@ -19,7 +19,8 @@ XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus
 
 
 def info(fmt: str = "rfc3164", path: str = "/x/gpu-9.log") -> files.FileInfo:
-    return files.FileInfo(0, path, fmt, formats.Context(formats.YearGuess(2026, 12, fixed=True)), "gpu-9", 0)
+    ctx = formats.Context(formats.YearGuess(2026, 12, fixed=True), syslog_trusted=True)  # replay's default
+    return files.FileInfo(0, path, fmt, ctx, "gpu-9", 0)
 
 
 def line(i: int, text: str = "systemd[1]: Started x.") -> bytes:
@@ -95,6 +96,16 @@ def test_relative_dmesg_times_are_anchored_to_the_file_mtime(tmp_path: Path) -> 
     assert sniffed.ctx.boot_base == 2_000_000_000 - 100
     assert sniffed.default_node == "gpu-5"
     assert files.sniff(0, str(path), boot_time=5.0).ctx.boot_base == 5.0
+
+
+def test_replay_believes_syslog_kernel_tags_unless_told_not_to(tmp_path: Path) -> None:
+    path = tmp_path / "syslog"
+    path.write_text(
+        "Dec  1 10:00:00 gpu-9 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, fell off.\n"
+    )
+    assert files.sniff(0, str(path), year=2026).ctx.syslog_trusted
+    assert not files.sniff(0, str(path), year=2026, syslog_trusted=False).ctx.syslog_trusted
+    assert not files.sniff_all([str(path)], year=2026, syslog_trusted=False).files[0].ctx.syslog_trusted
 
 
 def test_rotation_groups_read_oldest_first() -> None:

@@ -133,7 +133,7 @@ values = st.one_of(
 )  # fmt: skip
 keys = st.sampled_from(
     ("MESSAGE", "__REALTIME_TIMESTAMP", "_SOURCE_MONOTONIC_TIMESTAMP", "__MONOTONIC_TIMESTAMP", "_HOSTNAME",
-     "_TRANSPORT", "SYSLOG_IDENTIFIER", "__CURSOR")
+     "_TRANSPORT", "SYSLOG_IDENTIFIER", "SYSLOG_FACILITY", "__CURSOR")
 )  # fmt: skip
 
 
@@ -177,7 +177,7 @@ messages = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9 :.,()=_/<>;'-]{0,100}", fullmat
 @given(stamps, st.integers(0, 999_999), hosts, messages)
 def test_written_lines_parse_back(when: dt.datetime, micros: int, host: str, message: str) -> None:
     epoch = float(calendar.timegm(when.timetuple()))
-    year = formats.Context(formats.YearGuess(when.year, 12, fixed=True), boot_base=epoch - 5000.0)
+    year = formats.Context(formats.YearGuess(when.year, 12, fixed=True), epoch - 5000.0, syslog_trusted=True)
     iso = when.strftime("%Y-%m-%dT%H:%M:%S")
     frac = micros / 1e6
     up = 5000 + micros // 1000  # seconds since boot, for dmesg and kmsg
@@ -186,7 +186,11 @@ def test_written_lines_parse_back(when: dt.datetime, micros: int, host: str, mes
         "rfc3164": (f"<6>{when:%b} {when.day:2d} {when:%H:%M:%S} {host} kernel: {message}", epoch, host),
         "iso": (f"{iso}.{micros:06d}+00:00 {host} kernel: {message}", epoch + frac, host),
         "rfc5424": (f"<6>1 {iso}.{micros:06d}Z {host} kernel - - - {message}", epoch + frac, host),
-        "json": (json.dumps({**journal, "_TRANSPORT": "kernel", "MESSAGE": message}), epoch + frac, host),
+        "json": (
+            json.dumps({**journal, "_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0", "MESSAGE": message}),
+            epoch + frac,
+            host,
+        ),
         "dmesg": (f"[{up:5d}.{micros:06d}] {message}", epoch - 5000 + up + frac, None),
         "kmsg": (f"6,7,{up * 10**6 + micros},-;{message}", epoch - 5000 + up + frac, None),
     }

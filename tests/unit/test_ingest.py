@@ -44,6 +44,8 @@ def test_a_valid_batch_becomes_records() -> None:
         ({"component": "TOASTER"}, "events[1].component"),
         ({"code": "gpu memtest"}, "events[1].code"),
         ({"code": "X" * 65}, "events[1].code"),
+        ({"code": "X" * 64}, "events[1].code"),  # a taint value holds 63 at most
+        ({"code": "GPU-MEMTEST-"}, "events[1].code"),  # and ends with a letter or digit
         ({"action": "REBOOT"}, "events[1].action"),
         ({"entities": [health_pb2.Entity(type="GPU", id="")]}, "events[1].entities[0].id"),
         ({"entities": [health_pb2.Entity(type="gpu", id="1")]}, "events[1].entities[0].type"),

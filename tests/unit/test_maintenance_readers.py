@@ -6,12 +6,14 @@ Azure's events as the store keeps them."""
 from __future__ import annotations
 
 import datetime as dt
+import http.server
+import threading
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from faultline.errors import FaultlineError
+from faultline.errors import FaultlineError, TransientError
 from faultline.models import PROVIDER_REPAIR
 from sources import scheduled_events
 from tests.fakes import cloud as fakes
@@ -110,3 +112,37 @@ def test_the_relayed_events_as_the_store_keeps_them() -> None:
         ("e-1", "Reboot", "Scheduled", "vm_1,vm_2", "Mon, 19 Sep 2016 18:29:47 GMT", 7),
         ("e-2", "Preempt", "Scheduled", "vm_1", "", -1),
     ]
+
+
+@pytest.mark.parametrize(
+    ("size", "error"), [(64, None), (scheduled_events.MAX_ANSWER + 10, "over 1048576 bytes")]
+)
+@pytest.mark.redteam
+def test_a_metadata_answer_is_read_up_to_its_bound(size: int, error: str | None) -> None:
+    """Whatever answers at the metadata address, the agent holds at most MAX_ANSWER bytes of it."""
+    body = b'{"DocumentIncarnation": 1, "Events": []}'.ljust(size)
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        imds = scheduled_events.Imds(f"http://127.0.0.1:{server.server_address[1]}")
+        if error is None:
+            assert imds.document() == (1, [])
+        else:
+            with pytest.raises(TransientError, match=error):
+                imds.document()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

@@ -92,6 +92,21 @@ def test_since_from_the_object_times_the_rule_across_restarts() -> None:
     assert faults.wanted(T0 + 70 * S) == {}
 
 
+@pytest.mark.redteam
+def test_a_not_ready_control_plane_or_cpu_node_is_no_fault() -> None:
+    """node-not-ready restarts GPU nodes only: a control-plane node (GPUs or not) and a CPU node are left alone."""
+    faults = monitor()
+    long_ago = T0 - 3600 * S
+    control_plane = node("cp-1", ready="Unknown", since=long_ago)
+    control_plane["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] = ""
+    cpu = node("cpu-1", ready="False", since=long_ago)
+    cpu["metadata"]["labels"] = {"kubernetes.io/os": "linux"}
+    cpu["status"]["allocatable"] = {"cpu": "8"}
+    for obj in (control_plane, cpu, node("gpu-1", ready="False", since=long_ago)):
+        faults.upsert(NODES, obj, T0)
+    assert list(faults.wanted(T0)) == [fid("gpu-1", "KUBE-NODE-NOT-READY")]
+
+
 def test_objects_gone_from_a_new_list_or_deleted_resolve() -> None:
     faults = monitor()
     faults.upsert(NODES, node("gpu-1", ready="Unknown", since=T0 - 3600 * S), T0)
@@ -144,7 +159,8 @@ def test_open_faults_of_a_watch_not_listed_yet_are_left_alone() -> None:
 @pytest.mark.parametrize("status", [{"conditions": "not a list"}, {"conditions": [{"type": "Ready"}]}])
 def test_an_evaluation_that_fails_is_counted_and_holds_nothing(status: dict[str, Any]) -> None:
     faults = monitor()
-    faults.upsert(NODES, {"kind": "Node", "metadata": {"name": "odd"}, "status": status}, T0)
+    gpus = {"nvidia.com/gpu.present": "true"}
+    faults.upsert(NODES, {"kind": "Node", "metadata": {"name": "odd", "labels": gpus}, "status": status}, T0)
     assert faults.wanted(T0 + 3600 * S) == {}
     assert faults.errors["node-not-ready"] == 1
     assert faults.last_error["node-not-ready"].startswith("Node odd: when: ")

@@ -58,7 +58,7 @@ def test_patterns_test_runs_the_object_rules_examples_too(tmp_path: Path) -> Non
     done = subprocess.run([sys.executable, "-m", "faultline", "patterns", "test"],
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "ok: 21 examples of 4 object rules in 1 files" in done.stdout.splitlines()
+    assert "ok: 25 examples of 4 object rules in 1 files" in done.stdout.splitlines()
     broken = write(tmp_path, RULE.replace("expect: {node: gpu-1,", "expect: {node: gpu-2,"))
     done = subprocess.run([sys.executable, "-m", "faultline", "patterns", "test", "--objects", str(broken)],
                           capture_output=True, text=True, check=False)  # fmt: skip
@@ -101,6 +101,10 @@ def test_a_user_rule_loads_and_reads_its_object(tmp_path: Path) -> None:
         (
             ("fault: {code: BIG-POD,", "fault: {code: big pod,"),
             "rule 'big-pods': fault.code: String should match pattern",
+        ),
+        (
+            ("fault: {code: BIG-POD,", "fault: {code: BIG-POD-" + "X" * 60 + ","),
+            "rule 'big-pods': fault.code: Value error, code 'BIG-POD-XXX",
         ),
         (("kind: Pod}", "kind: pod}"), "rule 'big-pods': watch.kind: String should match pattern"),
         (
@@ -183,7 +187,7 @@ def test_overrides_change_params_for_fault_and_switch_rules_off(tmp_path: Path) 
     ("overrides", "reason"),
     [
         ("nope: {for: 1m}", "overrides: no rule 'nope' is loaded before these overrides"),
-        ("node-not-ready: {params: {x: 1}}", "overrides: rule 'node-not-ready': params: unknown param 'x' (the rule has none)"),
+        ("node-not-ready: {params: {x: 1}}", "overrides: rule 'node-not-ready': params: unknown param 'x' (the rule has control_plane_label, gpu_label, resource)"),
         ("node-not-ready: {for: soon}", "overrides.node-not-ready.for: Value error, not a duration: 'soon'"),
     ],
 )  # fmt: skip
@@ -223,7 +227,14 @@ def test_the_plural_is_guessed_as_the_api_servers_rest_mapper_does(kind: str, pl
 def test_a_predicate_that_errs_is_not_true_and_says_why() -> None:
     rule = object_rules.load().rules["node-not-ready"]
     verdict = rule.evaluate(
-        cel.value({"kind": "Node", "metadata": {"name": "n"}, "status": {"conditions": "x"}}), T0
+        cel.value(
+            {
+                "kind": "Node",
+                "metadata": {"name": "n", "labels": {"nvidia.com/gpu.present": "true"}},
+                "status": {"conditions": "x"},
+            }
+        ),
+        T0,
     )
     assert not verdict.holds
     assert verdict.error is not None and verdict.error.startswith("when: ")

@@ -62,6 +62,25 @@ def good(pid: str = "thing", regex: str = "THING (?P<x>\\\\d+)", pos: str = "THI
         (good(regex="(?=x)x\\\\d", pos="x1"), "thing", "cannot derive a prefilter literal"),
         (good() + good().split("patterns:\n")[1], "thing", "duplicate pattern id"),
         (good(pid="Bad Id"), "Bad Id", "String should match pattern"),
+        # a code that cannot be a taint value: the node could never be quarantined for it
+        (good().replace("code: THING", "code: THING-" + "X" * 58), "thing", "is not a valid taint value"),
+        (
+            good().replace("code: THING", "code: 'THING-'"),
+            "thing",
+            "code 'THING-' is not a valid taint value",
+        ),
+        (
+            good().replace("code: THING", "code: 'THING {x}'"),
+            "thing",
+            "(as 'THING 0', each field taken as 0)",
+        ),
+        (
+            good().replace(
+                "code: THING", "code: THING\n    flapping: {count: 2, within: 1h, code: 'FLAP/X'}"
+            ),
+            "thing",
+            "flapping.code: Value error, code 'FLAP/X' is not a valid taint value",
+        ),
     ],
 )
 def test_bad_pack_fails_at_load_with_file_pattern_and_reason(

@@ -1,4 +1,4 @@
-"""Quarantine rules, the plan from node state to wanted state, and the circuit breaker (pure logic)."""
+"""Quarantine rules and the plan from node state to wanted state (pure logic; the breaker: test_breaker)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from faultline.errors import ConfigError
 from faultline.models import Action, Component
-from workers import breaker, rules
+from workers import rules
 
 T0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
@@ -107,34 +107,3 @@ def test_plan_leaves_what_others_set() -> None:
     theirs = ("faultline.io/fault", "MANUAL", "NoSchedule")
     p = rules.plan(rules.NodeState(False, (theirs,), {}, rules.Owned()), WANT)
     assert p.taints == (theirs,) and p.owned.taints == ()
-
-
-def test_breaker_opens_half_opens_and_closes() -> None:
-    cfg = breaker.BreakerConfig(window=dt.timedelta(minutes=10), max_share=0.1, max_count=5,
-                                cooldown=dt.timedelta(minutes=15))  # fmt: skip
-    assert cfg.limit(30) == 3 and cfg.limit(1000) == 5 and cfg.limit(3) == 1
-    state = breaker.BreakerState()
-    ok, state = breaker.admit(state, cfg, T0, recent=2, gpu_nodes=30)
-    assert ok and state.state == breaker.CLOSED
-    ok, state = breaker.admit(state, cfg, T0, recent=3, gpu_nodes=30)
-    assert not ok and state.state == breaker.OPEN and "limit 3 of 30" in state.reason
-    later = T0 + dt.timedelta(minutes=14)
-    assert not breaker.admit(state, cfg, later, recent=0, gpu_nodes=30)[0]  # open: nothing new
-    half = T0 + dt.timedelta(minutes=15)
-    ok, state = breaker.admit(state, cfg, half, recent=0, gpu_nodes=30)
-    assert ok and state.state == breaker.HALF_OPEN
-    assert breaker.counting_from(state, cfg, half + dt.timedelta(minutes=1)) == half  # counts from half-open
-    ok, reopened = breaker.admit(state, cfg, half + dt.timedelta(minutes=1), recent=3, gpu_nodes=30)
-    assert not ok and reopened.state == breaker.OPEN
-    assert breaker.current(state, cfg, half + dt.timedelta(minutes=10)).state == breaker.CLOSED
-
-
-def test_breaker_without_limits_never_opens_by_itself() -> None:
-    wide = breaker.BreakerConfig(max_share=None, max_count=None)
-    assert not wide.limited and breaker.BreakerConfig(max_share=None, max_count=3).limited
-    assert breaker.BreakerConfig().limited  # the default limits a share of the GPU nodes
-    ok, state = breaker.admit(breaker.BreakerState(), wide, T0, recent=100_000, gpu_nodes=10)
-    assert ok and state.state == breaker.CLOSED
-    # an open state stored before the limits were lifted still waits out its cool-down
-    opened = breaker.BreakerState(breaker.OPEN, T0, "storm")
-    assert not breaker.admit(opened, wide, T0 + dt.timedelta(minutes=1), recent=0, gpu_nodes=10)[0]

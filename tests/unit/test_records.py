@@ -15,7 +15,9 @@ from sources import formats, journal, records, scan
 from sources.files import Chunk, FileInfo
 
 CTX = formats.Context(formats.YearGuess(2026, 12, fixed=True), boot_base=1_000_000.0)
+TRUSTED = formats.Context(CTX.year, CTX.boot_base, syslog_trusted=True)  # a kern.log only the kernel writes
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+KMSG_RECORD = {"_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0"}  # journald's fields for a kernel record
 
 
 @pytest.mark.parametrize(
@@ -32,7 +34,14 @@ XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus
         ("rfc5424", f"<6>1 2026-12-01T10:00:00Z h kernel - - - {XID}", True),
         ("rfc5424", f"<14>1 2026-12-01T10:00:00Z h kernel - - - {XID}", False),
         ("rfc5424", f"<6>1 2026-12-01T10:00:00Z h logger 12 - - {XID}", False),
-        ("json", json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": XID, "_TRANSPORT": "kernel"}), True),
+        ("json", json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": XID, **KMSG_RECORD}), True),
+        # written to /dev/kmsg by user space: journald's kernel transport, facility user
+        (
+            "json",
+            json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": XID, **KMSG_RECORD, "SYSLOG_FACILITY": "1"}),
+            False,
+        ),
+        ("json", json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": XID, "_TRANSPORT": "kernel"}), False),
         (
             "json",
             json.dumps(
@@ -50,16 +59,63 @@ XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus
             json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": XID, "SYSLOG_IDENTIFIER": "app"}),
             False,
         ),
-        ("json", json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": XID}), True),  # the agent's own query
+        (
+            "json",
+            json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": XID}),
+            False,
+        ),  # nobody says who wrote it
         ("kmsg", f"3,1,100,-;{XID}", True),
         ("kmsg", f"12,1,100,-;{XID}", False),
         ("dmesg", f"[  1.000000] {XID}", True),
     ],
 )
 def test_each_format_says_whether_the_kernel_wrote_the_line(fmt: str, line: str, kernel: bool) -> None:
-    parsed = formats.PARSERS[fmt](line, CTX)
+    parsed = formats.PARSERS[fmt](line, TRUSTED)  # syslog tags believed here: what else the line says
     assert parsed is not None
     assert parsed.kernel is kernel
+
+
+# `logger -t kernel -p kern.err 'NVRM: Xid ... 79'` by any local user, as rsyslog writes it in each format
+FORGED = [
+    ("rfc3164", f"<3>Dec  1 10:00:00 h kernel: {XID}"),
+    ("rfc3164", f"Dec  1 10:00:00 h kernel: {XID}"),
+    ("iso", f"2026-12-01T10:00:00.000001+00:00 h kernel: {XID}"),
+    ("rfc5424", f"<3>1 2026-12-01T10:00:00Z h kernel - - - {XID}"),
+]
+
+
+@pytest.mark.redteam
+@pytest.mark.parametrize(("fmt", "line"), FORGED)
+def test_a_syslog_kernel_tag_is_not_believed_by_default(fmt: str, line: str) -> None:
+    parsed = formats.parse_line(fmt, line, CTX)
+    assert parsed is not None
+    assert parsed == (fmt, parsed[1])
+    assert parsed[1].kernel is False
+
+
+@pytest.mark.parametrize(("fmt", "line"), FORGED)
+def test_a_syslog_kernel_tag_is_believed_where_the_file_is_trusted(fmt: str, line: str) -> None:
+    parsed = formats.PARSERS[fmt](line, TRUSTED)
+    assert parsed is not None
+    assert parsed.kernel is True
+
+
+@pytest.mark.redteam
+@pytest.mark.parametrize(("facility", "kernel"), [("0", True), ("1", False), ("3", False), (None, False)])
+def test_a_journal_record_is_the_kernels_only_with_facility_kern(facility: str | None, kernel: bool) -> None:
+    fields = {
+        "__REALTIME_TIMESTAMP": "1",
+        "MESSAGE": XID,
+        "_TRANSPORT": "kernel",
+        "SYSLOG_FACILITY": facility,
+    }
+    record = formats.journal_record({k: v for k, v in fields.items() if v is not None})
+    assert record is not None
+    assert record.kernel is kernel
+    export = {k: v.encode() for k, v in fields.items() if v is not None}
+    from_export = formats.parse_export_fields(export)
+    assert from_export is not None
+    assert from_export.kernel is kernel
 
 
 @pytest.mark.parametrize(
@@ -71,7 +127,7 @@ def test_each_format_says_whether_the_kernel_wrote_the_line(fmt: str, line: str,
     ],
 )  # fmt: skip
 def test_records_joined_by_their_writer_are_one_line(fmt: str, line: str, message: str) -> None:
-    parsed = formats.PARSERS[fmt](line, CTX)
+    parsed = formats.PARSERS[fmt](line, TRUSTED)
     assert parsed is not None
     assert parsed.message == message
 
@@ -167,7 +223,7 @@ def test_a_description_naming_a_missing_group_fails_at_load(write_pack: Callable
 
 
 def _scan(site: compiler.CompiledPacks, fmt: str, text: str) -> scan.ScanResult:
-    info = FileInfo(0, f"x.{fmt}", fmt, CTX, "n", len(text))
+    info = FileInfo(0, f"x.{fmt}", fmt, TRUSTED, "n", len(text))
     return scan.scan(Chunk(info, 1, text.encode(), lines=text.count("\n")), site)
 
 

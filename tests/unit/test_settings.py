@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ from typer.testing import CliRunner
 
 from cli import app as cli_app
 from cli import options, settings
-from faultline import config
+from faultline import config, store
 from faultline.errors import ConfigError
 from workers import drainer, janitor, quarantine, remediation
 
@@ -217,3 +220,52 @@ def test_the_webhooks_host_paths_and_simulator_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"preflight_settings gpu_backend 'nvml' contradicts it"):
         settings.resolve(config.WebhookConfig, environ={},
                          flags={**base, "sim_dir": "/sim", "preflight_settings": {"gpu_backend": "nvml"}})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tls",
+    [
+        {},
+        {"ingest_tls_cert": "/tls/crt", "ingest_tls_key": "/tls/key"},  # TLS, but anyone may connect
+        {"ingest_tls_client_ca": "/tls/ca"},
+    ],
+)
+@pytest.mark.redteam
+def test_tcp_ingest_is_refused_without_mutual_tls(tls: dict[str, str]) -> None:
+    env = {"MONGODB_URI": URI, "NODE_NAME": "n"}
+    with pytest.raises(
+        ConfigError, match=r"ingest_tcp needs ingest_tls_cert, ingest_tls_key and ingest_tls_c"
+    ):
+        settings.resolve(config.AgentConfig, flags={"ingest_tcp": "0.0.0.0:7443", **tls}, environ=env)
+    mutual = {"ingest_tls_cert": "/tls/crt", "ingest_tls_key": "/tls/key", "ingest_tls_client_ca": "/tls/ca"}
+    agent = settings.resolve(config.AgentConfig, flags={"ingest_tcp": "0.0.0.0:7443", **mutual}, environ=env)
+    assert agent.config.ingest_tls_client_ca == Path("/tls/ca")  # type: ignore[attr-defined]
+    assert settings.resolve(config.AgentConfig, flags={"ingest_socket": "/run/i.sock"}, environ=env).config
+
+
+@pytest.mark.parametrize(
+    ("uri", "says"),
+    [
+        ("garbage", "it must begin with mongodb:// or mongodb+srv://"),
+        ("mongodb://", "Must provide at least one hostname or IP"),
+        ("mongodb://faultline:s3cret@db:99999/faultline", "Port must be an integer"),
+        ("mongodb://faultline:s3c@ret@db/faultline", "must be escaped"),
+    ],
+)
+def test_a_bad_store_uri_is_a_config_error_naming_the_setting(uri: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=r"^mongodb_uri \(MONGODB_URI\): not a ") as caught:
+        store.connect(uri)
+    assert says in str(caught.value)
+    assert "s3c" not in str(caught.value)  # the URI may hold a password: never quoted
+
+
+@pytest.mark.redteam
+def test_a_bad_store_uri_is_one_line_from_the_cli() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "faultline", "status"], capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "MONGODB_URI": "mongodb://faultline:s3cret@db:99999"},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: mongodb_uri (MONGODB_URI): not a usable MongoDB URI: Port must be an integer between 0 and 65535"
+    ]

@@ -12,7 +12,8 @@ import pytest
 
 from faultline.errors import TransientError
 from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, fault_id
-from sinks.mongo import Spool, coalesced, drain
+from sinks.mongo import drain
+from sinks.spool import Spool, coalesced
 
 T0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
@@ -84,7 +85,7 @@ def _event(i: int) -> HealthEvent:
 def test_a_drain_cut_by_a_timeout_resumes_where_it_stopped(tmp_path: Path) -> None:
     """25 faults and 3 events spooled; the 14th fault write times out: the events are not sent again, the
     13 faults written are not written again (only the chunk under way, 11 to 13, is), nothing is lost."""
-    spool = Spool(tmp_path / "spool.jsonl")
+    spool = Spool(tmp_path / "spool")
     spool.append([(_f(f"XID-{i}", 1), 1) for i in range(25)], [_event(i) for i in range(3)])
     st = _FlakyStore(fail_at=14)
     with pytest.raises(TransientError):
@@ -96,12 +97,12 @@ def test_a_drain_cut_by_a_timeout_resumes_where_it_stopped(tmp_path: Path) -> No
     drain(spool, st)  # type: ignore[arg-type]
     assert st.events == ["e0", "e1", "e2"]
     assert [code for code, _ in st.faults][13:] == [f"XID-{i}" for i in range(10, 25)]
-    assert len(spool) == 0 and not spool.path.exists()
+    assert len(spool) == 0 and not list(spool.directory.glob("spool-*"))
 
 
 def test_fatal_faults_are_drained_first_and_each_faults_writes_in_order(tmp_path: Path) -> None:
     fatal = _f("XID-79", 1).model_copy(update={"fatal": True, "action": Action.RESTART_BM})
-    spool = Spool(tmp_path / "spool.jsonl")
+    spool = Spool(tmp_path / "spool")
     spool.append([(_f("XID-31", 1), 1), (fatal, 2), (_f("XID-13", 1), 3),
                   (fatal.model_copy(update={"state": RS, "resolved_at": T0}), 4), (fatal, 5)])  # fmt: skip
     st = _FlakyStore()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from faultline import store
+from faultline import config, store
 from workers import remedies, user_requests
 from workers.user_requests import ADOPT, REFUSE, WAIT, Limits, Request
 
@@ -94,6 +94,19 @@ def test_actions_the_janitor_is_not_allowed_to_take_for_people() -> None:
                                "not REBOOT (its user_actions setting)")  # fmt: skip
     none = Limits(actions=(), caps=remedies.Caps(), can_replace=True)
     assert "carries out nothing for requests people create" in check(req(), limits=none).message
+
+
+def test_a_person_may_not_ask_for_replace_unless_the_janitor_is_told_so() -> None:
+    """REPLACE terminates the instance: out of `user_actions` by default, a person opts in to it."""
+    default = config.JanitorConfig.model_fields["user_actions"].default
+    assert "REPLACE" not in default
+    limits = Limits(actions=default, caps=remedies.Caps(can_replace=True), can_replace=True)
+    verdict = check(req("REPLACE"), limits=limits)
+    assert verdict.outcome == REFUSE and "not REPLACE (its user_actions setting)" in verdict.message
+    opted_in = config.JanitorConfig(
+        mongodb_uri="mongodb://x", user_actions=("GPU_RESET", "REBOOT", "REPLACE")
+    )
+    assert "REPLACE" in opted_in.user_actions
 
 
 def test_a_reboot_validates_the_nodes_open_fatal_faults() -> None:
