@@ -5,18 +5,13 @@ documents give, and only user-space patterns trust lines from user space."""
 from __future__ import annotations
 
 from devtools import xidref
-from patterns import catalogue, loader
+from patterns import loader
 from patterns.schema import LOG_SOURCES, SetStep
 from tests.conftest import ROOT
 
 
 def test_the_xid_catalogue_page_is_generated_from_the_pack() -> None:
     assert xidref.check(ROOT) is None, "run make docs-gen (python -m devtools.xidref)"
-
-
-def test_render_replaces_only_the_block_between_the_markers() -> None:
-    text = f"before\n{catalogue.START}\nold\n{catalogue.END}\nafter\n"
-    assert catalogue.render(text, "new") == f"before\n{catalogue.START}\nnew\n{catalogue.END}\nafter\n"
 
 
 def test_unused_reserved_and_unknown_xids_are_handled_one_way() -> None:
