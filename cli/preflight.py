@@ -76,6 +76,7 @@ def webhook(cfg: config.WebhookConfig) -> None:
         certificates,
         check_interval=cfg.check_interval,
         stall=stall,
+        max_concurrent=cfg.max_concurrent,
     )
     metrics_server = None
     if cfg.metrics_port:
@@ -101,8 +102,18 @@ def preflight(cfg: config.PreflightConfig) -> None:
     from workers import gang_lease  # noqa: PLC0415
     from workers import preflight as run  # noqa: PLC0415
 
-    backend = _backend(cfg)
-    checks = _checks(cfg, backend)
+    backends: list[GpuBackend] = []
+
+    def gpus() -> GpuBackend:
+        if not backends:
+            backends.append(_backend(cfg))
+        return backends[0]
+
+    def checks() -> list[Finding]:
+        # all made on the checks' thread: a GPU library or pack that fails to load is a checker error (a
+        # warning, or a failure with fail_on_error), one that hangs is PREFLIGHT-HUNG; never a traceback
+        return _checks(cfg, gpus)()
+
     link = None
     if cfg.gang:
         from faultline import bounds  # noqa: PLC0415
@@ -129,12 +140,18 @@ def preflight(cfg: config.PreflightConfig) -> None:
         gang_timeout=cfg.gang_timeout,
         gang_timeout_action=cfg.gang_timeout_action,
         gang_poll=poll,
+        fail_on_error=cfg.fail_on_error,
     )
     outcome = run.run(checks, settings=settings, gang=link, report=_reporter(cfg))
     if outcome.code == 0:
-        err.print(f"preflight: passed ({', '.join(cfg.checks)})", markup=False)
+        if outcome.warning:  # the checks could not run; the pod proceeds: say so where people look
+            err.print(outcome.warning, markup=False)
+            _terminate(cfg.termination_log, outcome.warning)
+        else:
+            err.print(f"preflight: passed ({', '.join(cfg.checks)})", markup=False)
         with contextlib.suppress(Exception):
-            backend.close()
+            for backend in backends:
+                backend.close()
         raise typer.Exit(0)
     err.print(outcome.reason, markup=False)
     _terminate(cfg.termination_log, outcome.reason)
@@ -152,7 +169,7 @@ def _backend(cfg: config.PreflightConfig) -> GpuBackend:
     return NvmlBackend()
 
 
-def _checks(cfg: config.PreflightConfig, backend: GpuBackend) -> Callable[[], list[Finding]]:
+def _checks(cfg: config.PreflightConfig, gpus: Callable[[], GpuBackend]) -> Callable[[], list[Finding]]:
     from sources import preflight as checks  # noqa: PLC0415
 
     expect = checks.Expect(
@@ -178,6 +195,7 @@ def _checks(cfg: config.PreflightConfig, backend: GpuBackend) -> Callable[[], li
                     lines += checks.journal_lines(directory=directory)
             if cfg.kmsg is not None:
                 lines += checks.kmsg_lines(cfg.kmsg)
+            backend = gpus()
             if isinstance(backend, simulator.SimulatorBackend):  # the simulated boot's kernel log
                 devices = {d.index: d for d in backend.devices()}
                 rendered = (gpu.message(e, devices.get(e.gpu)) for e in backend.history())
@@ -196,7 +214,7 @@ def _checks(cfg: config.PreflightConfig, backend: GpuBackend) -> Callable[[], li
 
     def run_checks() -> list[Finding]:
         return checks.evaluate(
-            checks.read(backend, expect, kernel_lines=kernel, compiled=compiled, diagnose=diagnose), expect
+            checks.read(gpus(), expect, kernel_lines=kernel, compiled=compiled, diagnose=diagnose), expect
         )
 
     return run_checks

@@ -12,10 +12,14 @@ ingest socket), so this is the order of things and nothing else:
                           with its reason; `gang_timeout` -> exit 1 (or 0 with gang_timeout_action proceed)
     checks take longer than `check_timeout` -> PREFLIGHT-HUNG (a GPU call that does not return is a hung
                           driver: the node's fault)
+    the checks raise   -> the checker's own error, not a finding: a one-line warning, then on as if passed
+                          (the pod starts unchecked), or, with `fail_on_error`, exit 1 with that line (the
+                          gang marked failed); never reported, never a traceback
 
-Success writes nothing and sends nothing. A gang record that cannot be reached (no RBAC in the pod's
-namespace, API server away) does not fail the pod: preflight carries on alone and says so in the log;
-a report the agent did not keep is named in the termination message.
+Success writes nothing and sends nothing (but a checker error's warning, the termination message). A gang
+record that cannot be reached (no RBAC in the pod's namespace, API server away) does not fail the pod:
+preflight carries on alone and says so in the log; a report the agent did not keep is named in the
+termination message.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Settings:
     gang_timeout: float = 300.0  # seconds a passed member waits for the rest of its gang
     gang_timeout_action: Literal["fail", "proceed"] = "fail"
     gang_poll: float = 1.0  # seconds between reads of the gang record
+    fail_on_error: bool = False  # a checker's own error fails the pod (else: a warning, the pod proceeds)
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Outcome:
     reason: str  # the termination message ("" when it passed)
     findings: list[Finding] = field(default_factory=list)
     reported: int = 0  # health events the node agent kept
+    warning: str = ""  # the checks could not run and the pod proceeds anyway: why, in one line
 
 
 def run(
@@ -100,19 +106,30 @@ def run(
             log.warning("preflight gang failed", extra={"outcome": "gang-failed", "reason": verdict.reason})
             return Outcome(1, verdict.reason)
         worker.join(settings.gang_poll if gang is not None else min(settings.gang_poll, 0.2))
+    warning = ""
     if failure:
-        raise failure[0]
-    findings = result[0]
+        error = failure[0]
+        if not isinstance(error, Exception):
+            raise error
+        if settings.fail_on_error:
+            text = checker_error(error, fail=True)
+            log.error("preflight checks error", extra={"outcome": "check-error", "error": text})
+            if gang is not None:
+                _write(gang, "failed", text)
+            return Outcome(1, text)
+        warning = checker_error(error, fail=False)
+        log.warning("preflight checks error; proceeding", extra={"outcome": "check-error", "error": warning})
+    findings = result[0] if result else []
     if findings:
         return _failed(findings, gang, report)
     if gang is None:
-        return Outcome(0, "")
+        return Outcome(0, "", warning=warning)
     _write(gang, "passed")
     waited_from = clock()
     while True:
         verdict = _verdict(gang)
         if verdict is None or verdict.state == "proceed":
-            return Outcome(0, "")
+            return Outcome(0, "", warning=warning)
         if verdict.state == "failed":
             log.warning("preflight gang failed", extra={"outcome": "gang-failed", "reason": verdict.reason})
             return Outcome(1, verdict.reason)
@@ -122,9 +139,23 @@ def run(
                 log.warning(
                     "preflight gang incomplete; proceeding", extra={"outcome": "gang-timeout", "reason": text}
                 )
-                return Outcome(0, "")
+                return Outcome(0, "", warning=warning)
             return Outcome(1, f"{text}: the gang did not assemble")
         sleep(settings.gang_poll)
+
+
+def checker_error(error: Exception, *, fail: bool) -> str:
+    """The one line that says the checks could not run (a bug or a missing piece of the checker, not a
+    finding on the GPUs), clipped for the termination message."""
+    what = " ".join(f"{type(error).__name__}: {error}".split())
+    if fail:
+        line = f"preflight error: the checks could not run ({what}); failing the pod (fail_on_error)"
+    else:
+        line = (
+            f"preflight warning: the checks could not run ({what}); the pod proceeds unchecked "
+            f"(fail_on_error: false)"
+        )
+    return bounds.clip(line, TERMINATION_MESSAGE)
 
 
 def _failed(

@@ -8,6 +8,15 @@ A pod gets the init container when all of these hold:
 - it does not opt out (annotation faultline.io/preflight: "false");
 - it does not have the init container already (a re-invocation, or a pod made from one that had it).
 
+The injected volumes are the host's (the agent's ingest socket, the journal, the simulator's directory), so
+their names (`RESERVED_VOLUME_PREFIX`, "faultline-preflight-...") are faultline's alone. A pod that brings a
+volume under such a name (a crafted "journal" the check would read, next to the real socket it would
+report to) or has a container of its own mount one (an application reading the host's journal or writing
+to the agent's socket) is refused, naming the volume or container. The one exception is a pod faultline
+injected already (a re-invocation): its init container is the webhook's (name, image, args, no command),
+the only one that mounts a reserved name, its FAULTLINE_* environment is the one it would give, and its
+reserved volumes are exactly the ones it would inject.
+
 A pod whose annotations are wrong is refused, naming the annotation, the bad value and the valid ones:
 faultline.io/preflight other than "true"/"false", faultline.io/preflight-checks naming an unknown check,
 a gang size that is not a positive integer. Everything else is allowed unchanged.
@@ -32,6 +41,9 @@ from faultline import preflight
 from workers import gang
 
 ALLOWED_OPT = {"true": True, "false": False}
+# every volume the injection adds is named with this prefix (ingest, journal-<i>, sim): a pod's own volume
+# or mount under it is refused, so nothing but the injected init container sees the host paths behind them
+RESERVED_VOLUME_PREFIX = f"{preflight.CONTAINER}-"
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,9 @@ def _decide(
     spec = pod.get("spec") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
+    refused = _reserved_misuse(spec, settings)
+    if refused:
+        return refused
     count = gpu_count(spec)
     if count == 0:
         return []
@@ -130,9 +145,15 @@ def _decide(
     except ValueError as exc:
         return f"gang of this pod: {exc}"
     inits = spec.get("initContainers") or []
-    if any(c.get("name") == preflight.CONTAINER for c in inits):
-        return []  # already there
     container = _container(settings, checks, count, str(annotations.get(preflight.MODEL, "")), member_of)
+    ours = [c for c in inits if c.get("name") == preflight.CONTAINER]
+    if ours:  # already there; its image, args and volumes were checked above, its settings are checked here
+        if ours[0].get("envFrom") or _settings_env(ours[0]) != _settings_env(container):
+            return (
+                f"init container {preflight.CONTAINER!r} is reserved for faultline's preflight: its "
+                f"FAULTLINE_* environment is not the one the webhook gives it"
+            )
+        return []
     patch: list[dict[str, Any]] = []
     if inits:
         patch.append({"op": "add", "path": "/spec/initContainers/0", "value": container})
@@ -148,6 +169,62 @@ def _decide(
     return patch
 
 
+def _settings_env(container: Mapping[str, Any]) -> list[str]:
+    """The container's FAULTLINE_* variables (the preflight's settings: which journal it reads, which
+    socket it reports to), comparable. Other variables (another webhook's) are not faultline's business."""
+    env = container.get("env") or []
+    return sorted(
+        json.dumps(e, sort_keys=True) for e in env if str(e.get("name", "")).startswith("FAULTLINE_")
+    )
+
+
+def _reserved(name: object) -> bool:
+    return isinstance(name, str) and name.startswith(RESERVED_VOLUME_PREFIX)
+
+
+def _reserved_misuse(spec: Mapping[str, Any], settings: InjectSettings) -> str:
+    """Why the pod's use of the reserved volume names is refused ("" : it is not). A pod that has the
+    webhook's init container already may carry the reserved volumes this webhook makes, mounted by that
+    container only; any other pod may carry none."""
+    inits = spec.get("initContainers") or []
+    ours = [c for c in inits if c.get("name") == preflight.CONTAINER]
+    if ours:
+        own = ours[0]
+        if len(ours) > 1 or own.get("image") != settings.image or own.get("command"):
+            return (
+                f"init container {preflight.CONTAINER!r} is reserved for faultline's preflight: this one "
+                f"is not the webhook's (image {settings.image}, no command)"
+            )
+        if list(own.get("args") or []) != list(settings.args):
+            return (
+                f"init container {preflight.CONTAINER!r} is reserved for faultline's preflight: its args "
+                f"are not the webhook's {list(settings.args)}"
+            )
+    injected = {v["name"]: v["hostPath"] for v in _volumes(settings)} if ours else {}
+    for volume in spec.get("volumes") or []:
+        name = volume.get("name")
+        if not _reserved(name):
+            continue
+        want = injected.get(name)
+        host = volume.get("hostPath") or {}
+        if want is None or set(volume) != {"name", "hostPath"} or host.get("path") != want["path"]:
+            return (
+                f"volume {name!r}: the names {RESERVED_VOLUME_PREFIX}* are reserved for the volumes "
+                f"faultline's preflight adds (rename this volume)"
+            )
+    for part in ("initContainers", "containers", "ephemeralContainers"):
+        for c in spec.get(part) or []:
+            if part == "initContainers" and c.get("name") == preflight.CONTAINER:
+                continue
+            for mount in c.get("volumeMounts") or []:
+                if _reserved(mount.get("name")):
+                    return (
+                        f"container {c.get('name')!r} mounts volume {mount.get('name')!r}: the names "
+                        f"{RESERVED_VOLUME_PREFIX}* are reserved for faultline's preflight init container"
+                    )
+    return ""
+
+
 def _field(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -157,16 +234,16 @@ def _volumes(settings: InjectSettings) -> list[dict[str, Any]]:
     if settings.ingest_socket is not None:
         out.append(
             {
-                "name": "faultline-preflight-ingest",
+                "name": f"{RESERVED_VOLUME_PREFIX}ingest",
                 "hostPath": {"path": str(settings.ingest_socket.parent), "type": "Directory"},
             }
         )
     for i, directory in enumerate(settings.journal_dirs):
-        out.append({"name": f"faultline-preflight-journal-{i}", "hostPath": {"path": str(directory)}})
+        out.append({"name": f"{RESERVED_VOLUME_PREFIX}journal-{i}", "hostPath": {"path": str(directory)}})
     if settings.sim_dir is not None:
         out.append(
             {
-                "name": "faultline-preflight-sim",
+                "name": f"{RESERVED_VOLUME_PREFIX}sim",
                 "hostPath": {"path": str(settings.sim_dir), "type": "Directory"},
             }
         )
@@ -193,10 +270,12 @@ def _container(
     mounts: list[dict[str, Any]] = []
     if settings.ingest_socket is not None:
         env.append({"name": "FAULTLINE_INGEST_SOCKET", "value": str(settings.ingest_socket)})
-        mounts.append({"name": "faultline-preflight-ingest", "mountPath": str(settings.ingest_socket.parent)})
+        mounts.append(
+            {"name": f"{RESERVED_VOLUME_PREFIX}ingest", "mountPath": str(settings.ingest_socket.parent)}
+        )
     for i, directory in enumerate(settings.journal_dirs):
         mounts.append(
-            {"name": f"faultline-preflight-journal-{i}", "mountPath": str(directory), "readOnly": True}
+            {"name": f"{RESERVED_VOLUME_PREFIX}journal-{i}", "mountPath": str(directory), "readOnly": True}
         )
     if settings.journal_dirs:
         env.append(
@@ -208,7 +287,7 @@ def _container(
             {"name": "FAULTLINE_SIM_DIR", "value": str(settings.sim_dir)},
         ]
         mounts.append(
-            {"name": "faultline-preflight-sim", "mountPath": str(settings.sim_dir), "readOnly": True}
+            {"name": f"{RESERVED_VOLUME_PREFIX}sim", "mountPath": str(settings.sim_dir), "readOnly": True}
         )
     named = {e["name"] for e in env}
     env += [

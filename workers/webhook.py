@@ -5,8 +5,9 @@ The decision is `workers.preflight_inject.review` (pure); this module serves it:
 `workers.webhook_certs.Keeper` keeps in a Secret (or from files cert-manager mounts), a cache of namespace
 labels (the API server's namespaceSelector chose the namespace; the label is read again here, at most
 every `namespace_ttl`), `/healthz` for the probes, and metrics (`faultline_webhook_reviews_total` by
-outcome). A request that is not an AdmissionReview gets 400 naming what is wrong. The TLS context is
-rebuilt at every certificate sync, so a rotated certificate is served without a restart.
+outcome, `faultline_webhook_refused_total`: connections past `max_concurrent`). A request that is not an
+AdmissionReview gets 400 naming what is wrong. The TLS context is rebuilt at every certificate sync, so a
+rotated certificate is served without a restart.
 """
 
 from __future__ import annotations
@@ -37,11 +38,18 @@ log = logging.getLogger(__name__)
 MAX_BODY = 3 << 20  # an AdmissionReview of a large pod stays far below this
 REQUEST_TIMEOUT_S = 10.0
 POLL_S = 0.5  # the serving loop's turn when no connection comes (socketserver's default)
+# requests answered at once (WebhookConfig.max_concurrent's default): the API server's calls are short
+MAX_CONCURRENT = 32
 SERVE_LOOP, CERTIFICATES_LOOP = "webhook-serve", "webhook-certificates"  # its loops' names (liveness)
 
 REGISTRY = CollectorRegistry()
 REVIEWS = Counter(
     "faultline_webhook_reviews", "Admission reviews answered, by outcome", ["outcome"], registry=REGISTRY
+)
+REFUSED = Counter(
+    "faultline_webhook_refused",
+    "Connections closed unanswered because max_concurrent requests were already in flight",
+    registry=REGISTRY,
 )
 
 
@@ -91,7 +99,11 @@ def context_from_pem(cert: bytes, key: bytes) -> ssl.SSLContext:
 
 class WebhookServer(ThreadingHTTPServer):
     """The HTTPS server, its liveness (`alive`: the accepting loop, each request in flight, the
-    certificates' sync; one silent past `stall` seconds fails /healthz) and its threads (`close`)."""
+    certificates' sync; one silent past `stall` seconds fails /healthz) and its threads (`close`).
+
+    At most `max_concurrent` requests are in flight (a thread each): a connection accepted past that is
+    closed at once, before any TLS work, and counted in `faultline_webhook_refused_total`, so clients that
+    connect and never speak hold at most that many threads (each until it is silent REQUEST_TIMEOUT_S)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -104,6 +116,7 @@ class WebhookServer(ThreadingHTTPServer):
         context: ssl.SSLContext,
         *,
         stall: float = liveness.DEFAULT_LIMIT_S,
+        max_concurrent: int = MAX_CONCURRENT,
     ) -> None:
         self.settings = settings
         self.labels = labels
@@ -114,6 +127,9 @@ class WebhookServer(ThreadingHTTPServer):
         self.requests = itertools.count()
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
+        self.max_concurrent = max_concurrent
+        self.in_flight = 0  # requests holding a thread now (changed under _slots)
+        self._slots = threading.Lock()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
@@ -125,6 +141,28 @@ class WebhookServer(ThreadingHTTPServer):
         """Called by `serve_forever` at every turn (every POLL_S when idle)."""
         self.alive.beat(SERVE_LOOP)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """On the accepting thread: a thread for the request if fewer than `max_concurrent` are in flight,
+        else the connection closed unanswered (no handshake yet: no TLS work) and counted."""
+        with self._slots:
+            full = self.in_flight >= self.max_concurrent
+            if not full:
+                self.in_flight += 1
+        if full:
+            REFUSED.inc()
+            log.warning("webhook busy; connection refused", extra={"in_flight": self.max_concurrent})
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        with self._slots:
+            self.in_flight -= 1
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         """A request answered on its own thread, watched while it runs: one that hangs fails /healthz."""
         name = f"request-{next(self.requests)}"
@@ -133,6 +171,7 @@ class WebhookServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.alive.forget(name)
+            self._release()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop serving and syncing certificates, join both threads, close the socket."""
@@ -264,10 +303,13 @@ def serve(
     *,
     check_interval: float,
     stall: float = liveness.DEFAULT_LIMIT_S,
+    max_concurrent: int = MAX_CONCURRENT,
 ) -> WebhookServer:
     """Start serving (certificates loaded first: a failure to get them is raised) and a thread that
     syncs them every `check_interval`; returns the running server (`close()` stops both)."""
-    server = WebhookServer(address, settings, labels.get, certificates.context(), stall=stall)
+    server = WebhookServer(
+        address, settings, labels.get, certificates.context(), stall=stall, max_concurrent=max_concurrent
+    )
     beat = server.alive.loop(CERTIFICATES_LOOP, check_interval + stall)
 
     def keep() -> None:

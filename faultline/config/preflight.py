@@ -127,6 +127,11 @@ class PreflightConfig(Component, KubeFields):
         description="the checks fail as PREFLIGHT-HUNG when they take longer (duration): a GPU call that "
         "does not return is a hung driver",
     )
+    fail_on_error: bool = Field(
+        default=False,
+        description="a checker's own error (the checks could not run: not a finding on the GPUs) fails the "
+        "pod; false: a one-line warning in the log and termination message, and the pod starts unchecked",
+    )
     ingest_socket: Path | None = Field(
         default=None,
         description="the node agent's gRPC ingest socket: findings are reported there; unset: not",
@@ -229,6 +234,13 @@ class WebhookConfig(Component, KubeFields, MetricsFields):
     )
     namespace_ttl: Seconds = Field(
         default=10.0, ge=0, le=3600, description="how long a namespace's labels are reused (duration)"
+    )
+    max_concurrent: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="admission requests answered at once (a thread each); a connection past this is closed "
+        "unanswered and counted, so a flood of slow clients cannot exhaust threads or memory",
     )
     image: str = Field(min_length=1, description="the init container's image: the webhook's own")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(

@@ -278,6 +278,45 @@ def test_cert_manager_instead(tmp_path: Path) -> None:
     }
 
 
+def test_the_webhooks_network_policy() -> None:
+    """Ingress only to its HTTPS port and (from where the others allow scrapes) its metrics port; egress only
+    to DNS and the API server."""
+    assert ("NetworkPolicy", "fl-webhook") not in named(render(ON))
+    scrapers = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    docs = render(
+        ON,
+        "networkPolicy.enabled=true",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+    )
+    objects = named(docs)
+    policy = objects[("NetworkPolicy", "fl-webhook")]["spec"]
+    selector = objects[("Deployment", "fl-webhook")]["spec"]["selector"]["matchLabels"]
+    assert (
+        policy["podSelector"]["matchLabels"]
+        == selector
+        == {
+            "app.kubernetes.io/instance": "fl",
+            "app.kubernetes.io/component": "webhook",
+        }
+    )
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}]},
+        {"ports": [{"port": 9400, "protocol": "TCP"}], "from": [scrapers]},
+    ]
+    assert policy["egress"] == [
+        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+        {
+            "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+            "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
+        },
+    ]
+    no_metrics = named(render(ON, "networkPolicy.enabled=true", "metrics.port=0"))
+    assert no_metrics[("NetworkPolicy", "fl-webhook")]["spec"]["ingress"] == [
+        {"ports": [{"port": 8443, "protocol": "TCP"}]}
+    ]
+
+
 def test_every_webhook_setting_is_settable_from_values(tmp_path: Path) -> None:
     """preflight.config reaches each field of the webhook's settings (as `<component>.config` does for the
     others), and preflight.preflightSettings each setting of the init container the webhook may pass."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -285,3 +286,153 @@ def test_gangs_from_the_jobs_labels(
     )
     assert env["FAULTLINE_GANG"] == gang
     assert env.get("FAULTLINE_GANG_SIZE") == size
+
+
+def refusal(response: dict[str, Any]) -> str:
+    assert response["allowed"] is False and "patch" not in response
+    assert response["status"]["code"] == 400
+    return str(response["status"]["message"])
+
+
+def test_the_reserved_names_are_the_injected_volumes() -> None:
+    sim = InjectSettings(
+        image="img",
+        ingest_socket=Path("/run/x/ingest.sock"),
+        journal_dirs=(Path("/j"),),
+        sim_dir=Path("/sim"),
+    )
+    patched = apply(pod([1]), patch_of(review(pod([1]), settings=sim)))
+    names = [v["name"] for v in patched["spec"]["volumes"]]
+    assert names and all(n.startswith(preflight_inject.RESERVED_VOLUME_PREFIX) for n in names)
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        {
+            "name": "faultline-preflight-journal-0",
+            "emptyDir": {},
+        },  # a crafted journal next to the real socket
+        {"name": "faultline-preflight-journal-0", "hostPath": {"path": "/var/log/journal"}},
+        {"name": "faultline-preflight-ingest", "hostPath": {"path": "/run/faultline"}},
+        {"name": "faultline-preflight-sim", "configMap": {"name": "fake"}},
+        {"name": "faultline-preflight-journal-7", "emptyDir": {}},  # any name under the prefix
+    ],
+)
+def test_a_pod_bringing_a_reserved_volume_is_refused(volume: dict[str, Any]) -> None:
+    message = refusal(review(pod([1], volumes=[volume])))
+    assert message.startswith(f"volume {volume['name']!r}: the names faultline-preflight-* are reserved")
+    # refused whether or not the pod asks for GPUs or opts out: the names are faultline's in the namespace
+    assert refusal(review(pod([None], volumes=[volume]))) == message
+    assert refusal(review(pod([1], volumes=[volume], annotations={"faultline.io/preflight": "false"})))
+
+
+def test_a_pod_mounting_a_reserved_volume_is_refused() -> None:
+    obj = pod([1])
+    obj["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "faultline-preflight-ingest", "mountPath": "/run/faultline"}
+    ]
+    assert refusal(review(obj)).startswith(
+        "container 'c0' mounts volume 'faultline-preflight-ingest': the names faultline-preflight-* are reserved"
+    )
+    injected = apply(pod([1], init=[None]), patch_of(review(pod([1], init=[None]))))
+    injected["spec"]["initContainers"][1]["volumeMounts"] = [
+        {"name": "faultline-preflight-journal-1", "mountPath": "/j", "readOnly": True}
+    ]  # an application init container reaching for the injected host journal
+    assert refusal(review(injected)).startswith(
+        "container 'i0' mounts volume 'faultline-preflight-journal-1'"
+    )
+
+
+def test_outside_an_enabled_namespace_the_names_are_not_checked() -> None:
+    obj = pod([1], volumes=[{"name": "faultline-preflight-ingest", "emptyDir": {}}])
+    assert review(obj, labels={"kubernetes.io/metadata.name": "train"}) == {"uid": "u-1", "allowed": True}
+
+
+def test_a_pod_injected_already_keeps_its_volumes() -> None:
+    """A re-invocation (or the ServiceAccount plugin adding its token to every container meanwhile): the
+    webhook's own init container and volumes pass, and nothing is added twice."""
+    patched = apply(pod([2], init=[None]), patch_of(review(pod([2], init=[None]))))
+    for c in patched["spec"]["initContainers"] + patched["spec"]["containers"]:
+        c.setdefault("volumeMounts", []).append(
+            {"name": "kube-api-access-x", "mountPath": "/var/run/secrets"}
+        )
+    for v in patched["spec"]["volumes"]:
+        v["hostPath"].setdefault("type", "")  # the API server's default
+    patched["spec"]["initContainers"][0]["env"].append({"name": "OTHER_WEBHOOKS", "value": "x"})
+    assert review(patched) == {"uid": "u-1", "allowed": True}
+
+
+def _injected() -> dict[str, Any]:
+    return apply(pod([1]), patch_of(review(pod([1]))))
+
+
+def _other_image(obj: dict[str, Any]) -> None:
+    obj["spec"]["initContainers"][0]["image"] = "attacker/faultline:1"
+
+
+def _a_command(obj: dict[str, Any]) -> None:
+    obj["spec"]["initContainers"][0]["command"] = ["sh", "-c", "send-fake-xid"]
+
+
+def _other_args(obj: dict[str, Any]) -> None:
+    obj["spec"]["initContainers"][0]["args"] = ["ingest-send", "--xid", "79"]
+
+
+def _journal_swapped(obj: dict[str, Any]) -> None:
+    obj["spec"]["volumes"][1] = {"name": "faultline-preflight-journal-0", "emptyDir": {}}
+
+
+def _journal_elsewhere(obj: dict[str, Any]) -> None:
+    obj["spec"]["volumes"][1]["hostPath"]["path"] = "/home/tenant/journal"
+
+
+def _extra_reserved(obj: dict[str, Any]) -> None:
+    obj["spec"]["volumes"].append({"name": "faultline-preflight-sim", "hostPath": {"path": "/tmp/sim"}})
+
+
+def _journal_redirected(obj: dict[str, Any]) -> None:
+    init = obj["spec"]["initContainers"][0]
+    obj["spec"]["volumes"].append({"name": "mine", "emptyDir": {}})
+    init["volumeMounts"].append({"name": "mine", "mountPath": "/mine"})
+    for e in init["env"]:
+        if e["name"] == "FAULTLINE_JOURNAL_DIRS":
+            e["value"] = '["/mine"]'  # the check reads the tenant's crafted journal
+
+
+def _settings_from_a_config_map(obj: dict[str, Any]) -> None:
+    obj["spec"]["initContainers"][0]["envFrom"] = [{"configMapRef": {"name": "mine"}}]
+
+
+def _two_of_ours(obj: dict[str, Any]) -> None:
+    obj["spec"]["initContainers"].append(copy.deepcopy(obj["spec"]["initContainers"][0]))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (_other_image, "init container 'faultline-preflight' is reserved"),
+        (_a_command, "init container 'faultline-preflight' is reserved"),
+        (_other_args, "init container 'faultline-preflight' is reserved for faultline's preflight: its args"),
+        (_journal_swapped, "volume 'faultline-preflight-journal-0': the names"),
+        (_journal_elsewhere, "volume 'faultline-preflight-journal-0': the names"),
+        (_extra_reserved, "volume 'faultline-preflight-sim': the names"),
+        (_two_of_ours, "init container 'faultline-preflight' is reserved"),
+        (
+            _journal_redirected,
+            "init container 'faultline-preflight' is reserved for faultline's preflight: its "
+            "FAULTLINE_* environment",
+        ),
+        (
+            _settings_from_a_config_map,
+            "init container 'faultline-preflight' is reserved for faultline's "
+            "preflight: its FAULTLINE_* environment",
+        ),
+    ],
+)
+def test_a_pod_posing_as_injected_is_refused(tamper: Callable[[dict[str, Any]], None], message: str) -> None:
+    """The init container's name alone does not make a pod "injected already": a copy of an injected pod
+    with its journal swapped for the tenant's, or the container made to run something else, is refused."""
+    obj = _injected()
+    tamper(obj)
+    assert refusal(review(obj)).startswith(message)

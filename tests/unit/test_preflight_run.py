@@ -166,3 +166,52 @@ def test_an_unreachable_gang_record_leaves_it_alone(error: Exception) -> None:
     assert preflight.run(lambda: [], settings=FAST, gang=g) == preflight.Outcome(0, "")
     assert preflight.run(lambda: [BAD], settings=FAST, gang=g).code == 1
     assert g.writes == []
+
+
+def _broken_checker() -> list[Finding]:
+    raise RuntimeError("NVML Shared Library Not Found\n  (libnvidia-ml.so.1)")
+
+
+def test_a_checker_error_is_a_warning_and_the_pod_proceeds(caplog: pytest.LogCaptureFixture) -> None:
+    reported: list[list[Finding]] = []
+    outcome = preflight.run(_broken_checker, settings=FAST, report=lambda f: reported.append(f) or 1)
+    assert outcome == preflight.Outcome(
+        0,
+        "",
+        warning="preflight warning: the checks could not run (RuntimeError: NVML Shared Library Not Found "
+        "(libnvidia-ml.so.1)); the pod proceeds unchecked (fail_on_error: false)",
+    )
+    assert reported == []  # not a finding: nothing reaches the node agent
+    (record,) = [r for r in caplog.records if getattr(r, "outcome", None) == "check-error"]
+    assert record.levelname == "WARNING" and record.exc_info is None  # one line, no traceback
+    assert "\n" not in outcome.warning
+
+
+def test_a_checker_error_in_a_gang_counts_as_passed() -> None:
+    g = MemoryGang(2, others={"a": "passed"})
+    outcome = preflight.run(_broken_checker, settings=FAST, gang=g)
+    assert outcome.code == 0 and outcome.warning.startswith("preflight warning: the checks could not run")
+    assert g.writes == [("checking", ""), ("passed", "")]
+
+
+def test_with_fail_on_error_a_checker_error_fails_the_pod(caplog: pytest.LogCaptureFixture) -> None:
+    g = MemoryGang(2, others={"a": "passed"})
+    reported: list[list[Finding]] = []
+    settings = Settings(check_timeout=5.0, gang_poll=0.01, fail_on_error=True)
+    outcome = preflight.run(
+        _broken_checker, settings=settings, gang=g, report=lambda f: reported.append(f) or 1
+    )
+    text = (
+        "preflight error: the checks could not run (RuntimeError: NVML Shared Library Not Found "
+        "(libnvidia-ml.so.1)); failing the pod (fail_on_error)"
+    )
+    assert outcome == preflight.Outcome(1, text)
+    assert g.writes[-1] == ("failed", text)  # the rest of the gang stops waiting
+    assert reported == []  # the checker's fault, not the node's
+    (record,) = [r for r in caplog.records if getattr(r, "outcome", None) == "check-error"]
+    assert record.levelname == "ERROR" and record.exc_info is None
+
+
+def test_findings_still_fail_the_pod_without_fail_on_error() -> None:
+    outcome = preflight.run(lambda: [BAD], settings=FAST, report=len)
+    assert outcome.code == 1 and outcome.warning == "" and outcome.reported == 1
