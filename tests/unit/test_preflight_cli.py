@@ -4,6 +4,7 @@ with `fail_on_error`; never a traceback. The checks' own outcomes: tests/unit/te
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import NoReturn
@@ -28,6 +29,9 @@ def _exit(code: int) -> NoReturn:
 def broken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(command, "_backend", _no_library)
     monkeypatch.setattr(os, "_exit", _exit)  # the failure path leaves without unwinding
+    # no handler another test configured (its stream may be closed by now, and logging would report that
+    # with a traceback of its own): the log lines go to this test's stderr
+    monkeypatch.setattr(logging.root, "handlers", [])
 
 
 @pytest.mark.usefixtures("broken")

@@ -319,6 +319,7 @@ def test_the_reserved_names_are_the_injected_volumes() -> None:
         {"name": "faultline-preflight-journal-7", "emptyDir": {}},  # any name under the prefix
     ],
 )
+@pytest.mark.redteam
 def test_a_pod_bringing_a_reserved_volume_is_refused(volume: dict[str, Any]) -> None:
     message = refusal(review(pod([1], volumes=[volume])))
     assert message.startswith(f"volume {volume['name']!r}: the names faultline-preflight-* are reserved")
@@ -327,6 +328,7 @@ def test_a_pod_bringing_a_reserved_volume_is_refused(volume: dict[str, Any]) -> 
     assert refusal(review(pod([1], volumes=[volume], annotations={"faultline.io/preflight": "false"})))
 
 
+@pytest.mark.redteam
 def test_a_pod_mounting_a_reserved_volume_is_refused() -> None:
     obj = pod([1])
     obj["spec"]["containers"][0]["volumeMounts"] = [
@@ -430,6 +432,7 @@ def _two_of_ours(obj: dict[str, Any]) -> None:
         ),
     ],
 )
+@pytest.mark.redteam
 def test_a_pod_posing_as_injected_is_refused(tamper: Callable[[dict[str, Any]], None], message: str) -> None:
     """The init container's name alone does not make a pod "injected already": a copy of an injected pod
     with its journal swapped for the tenant's, or the container made to run something else, is refused."""

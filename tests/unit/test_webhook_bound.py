@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from workers import preflight_inject, webhook, webhook_certs
 from workers.webhook_certs import Validity, plan
 
@@ -31,6 +33,7 @@ def _wait(condition: Callable[[], bool], what: str) -> None:
     assert condition(), what
 
 
+@pytest.mark.redteam
 def test_a_flood_of_silent_clients_is_bounded_and_counted(tmp_path: Path) -> None:
     validity = Validity(dt.timedelta(days=100), dt.timedelta(days=30), dt.timedelta(days=10))
     now = dt.datetime.now(dt.UTC)
