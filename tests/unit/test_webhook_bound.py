@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_webhook_certs import ADMISSION_REVIEW
 from workers import preflight_inject, webhook, webhook_certs
 from workers.webhook_certs import Validity, plan
 
@@ -67,19 +68,7 @@ def test_a_flood_of_silent_clients_is_bounded_and_counted(tmp_path: Path) -> Non
             sock.close()  # their handshakes fail: the threads end
         _wait(lambda: server.in_flight == 0, "no request in flight")
         conn = http.client.HTTPSConnection("127.0.0.1", port, context=client, timeout=10)
-        body = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "u",
-                "kind": {"group": "", "kind": "Pod"},
-                "operation": "CREATE",
-                "namespace": "n",
-                "object": {
-                    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
-                },
-            },
-        }
+        body = ADMISSION_REVIEW
         try:
             conn.request("POST", "/mutate", json.dumps(body), {"Content-Type": "application/json"})
             answer = json.loads(conn.getresponse().read())

@@ -12,6 +12,7 @@ import json
 import ssl
 import threading
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 
@@ -21,6 +22,20 @@ from workers.webhook_certs import Bundle, Validity, plan
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 HOSTS = webhook_certs.service_hosts("fl-webhook", "faultline", ["127.0.0.1"])
 V = Validity(ca=dt.timedelta(days=100), serving=dt.timedelta(days=30), rotate_before=dt.timedelta(days=10))
+
+
+# a Pod asking for a GPU, as the API server asks the webhook about it
+ADMISSION_REVIEW: dict[str, Any] = {
+    "apiVersion": "admission.k8s.io/v1",
+    "kind": "AdmissionReview",
+    "request": {
+        "uid": "u",
+        "kind": {"group": "", "kind": "Pod"},
+        "operation": "CREATE",
+        "namespace": "n",
+        "object": {"spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}},
+    },
+}
 
 
 def cert(pem: bytes) -> x509.Certificate:
@@ -103,19 +118,7 @@ def test_a_client_trusting_the_bundle_gets_an_answer(tmp_path: Path) -> None:
         (tmp_path / "ca.crt").write_bytes(b.trusted(dt.datetime.now(dt.UTC)))
         context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
         conn = http.client.HTTPSConnection("127.0.0.1", server.server_address[1], context=context, timeout=10)
-        body = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "u",
-                "kind": {"group": "", "kind": "Pod"},
-                "operation": "CREATE",
-                "namespace": "n",
-                "object": {
-                    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
-                },
-            },
-        }
+        body = ADMISSION_REVIEW
         conn.request("POST", "/mutate", json.dumps(body), {"Content-Type": "application/json"})
         answer = json.loads(conn.getresponse().read())
         assert answer["response"]["allowed"] is True and answer["response"]["patchType"] == "JSONPatch"
