@@ -175,7 +175,7 @@ def _flow(
     from the checkpoints in the store; `reader`: this process reads the feed. Returns the flow, the node
     labels' reader (None: off; close it after) and the feed position reading starts after."""
     from dataflows import cluster as cluster_flow  # noqa: PLC0415
-    from faultline import store  # noqa: PLC0415
+    from faultline import evidence, store  # noqa: PLC0415
     from patterns import cluster  # noqa: PLC0415
     from sinks.analyzer import AnalyzerSink  # noqa: PLC0415
     from sources import node_labels  # noqa: PLC0415
@@ -205,7 +205,8 @@ def _flow(
         watermark=watermark, reader=reader, chunks=1 if workers == 1 else workers * CHUNKS_PER_WORKER,
         beat=beat,
     )  # fmt: skip
-    sink = AnalyzerSink(lambda: store.connect(uri, db), owner, guard=guard, on_fault=on_fault)
+    key = None if cfg.evidence_key is None else evidence.ClusterKey.from_file(cfg.evidence_key, "analyzer")
+    sink = AnalyzerSink(lambda: store.connect(uri, db, signer=key), owner, guard=guard, on_fault=on_fault)
     flow = cluster_flow.build(packs, source, sink, checkpoints=checkpoints,
                               checkpoint_interval=cfg.checkpoint_interval, scores=_scores(cfg),
                               labels=labels.get if labels else lambda _n: node_labels.NONE)  # fmt: skip

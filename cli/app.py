@@ -332,7 +332,7 @@ def _run_agent(config: config.AgentConfig) -> None:
     order when the flow ends (however it ends); one store client for the whole process."""
     from dataflows import node as node_flow  # noqa: PLC0415
     from dataflows import runner  # noqa: PLC0415
-    from faultline import store  # noqa: PLC0415
+    from faultline import evidence, store  # noqa: PLC0415
     from sinks.kube import KubeSink  # noqa: PLC0415
     from sinks.mongo import CALL_TIMEOUT_S, MongoSink  # noqa: PLC0415
     from sources import ingest  # noqa: PLC0415
@@ -343,10 +343,12 @@ def _run_agent(config: config.AgentConfig) -> None:
     compiled = _compile(list(config.packs))
     backend = _gpu_backend(config)
     gpu_names = {d.pci: f"GPU {d.index} {d.uuid}" for d in backend.devices()}
+    key = evidence.NodeKey.load_or_create(config.state_dir, config.node)  # signs its faults
     with contextlib.ExitStack() as parts:
         # the process's one store client: 2 s to reach the store before the sink spools, 15 s a call
         st = store.connect(config.mongodb_uri.get_secret_value(), config.database, timeout=STORE_REACH_S,
                            call_timeout=CALL_TIMEOUT_S, pool=AGENT_STORE_POOL)  # fmt: skip
+        st.signer = key
         parts.callback(st.close)
         sinks = {
             node_flow.STEP_MONGO: MongoSink(
@@ -357,7 +359,9 @@ def _run_agent(config: config.AgentConfig) -> None:
                 feed=config.analyzer_feed,
                 shared=st,
             ),
-            node_flow.STEP_KUBE: KubeSink(config.kubeconfig, gpu_names),
+            node_flow.STEP_KUBE: KubeSink(
+                config.kubeconfig, gpu_names, annotations={evidence.KEY_ANNOTATION: key.public}
+            ),
         }
         polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after,
                              config.repair_poll_interval, config.health_samples)  # fmt: skip

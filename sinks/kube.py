@@ -37,11 +37,13 @@ log = logging.getLogger(__name__)
 
 class _Partition(StatelessSinkPartition[NodeUpdate]):
     def __init__(
-        self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str], *, background: bool = True
-    ) -> None:
+        self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str], *,
+        background: bool = True, annotations: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.client = lite.Client.connect(kubeconfig)
         self.gpu_names = gpu_names
         self.types = types
+        self.annotations = dict(annotations or {})  # kept on the node (the agent's published key)
         self.limiter = conditions.EventLimiter()
         self.current: dict[str, dict[str, dict[str, str]]] = {}  # node -> its conditions as last seen
         self.read_at: dict[str, float] = {}
@@ -58,7 +60,11 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
     def _apply(self, node: str, wanted: dict[str, conditions.Condition]) -> None:
         current = self.current.get(node)
         if current is None or time.monotonic() - self.read_at.get(node, 0.0) > RESYNC_S:
-            current = bodies.node_conditions(lite.read_node_status(self.client, node))
+            obj = lite.read_node_status(self.client, node)
+            have = (obj.get("metadata") or {}).get("annotations") or {}
+            if any(have.get(k) != v for k, v in self.annotations.items()):
+                lite.annotate_node(self.client, node, self.annotations)
+            current = bodies.node_conditions(obj)
             self.current[node], self.read_at[node] = current, time.monotonic()
         patches, stale = conditions.changes(current, wanted, dt.datetime.now(dt.UTC))
         try:
@@ -131,12 +137,17 @@ class _Partition(StatelessSinkPartition[NodeUpdate]):
 
 
 class KubeSink(DynamicSink[NodeUpdate]):
+    """`annotations`: kept on the node, set again whenever a read finds them changed (the agent's
+    `faultline.io/agent-key`, which the workers verify its faults with)."""
+
     def __init__(
-        self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str] | None = None
-    ) -> None:
+        self, kubeconfig: Path | None, gpu_names: dict[str, str], types: list[str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.kubeconfig = kubeconfig
         self.gpu_names = gpu_names
         self.types = types or sorted(conditions.OWNED_TYPES)
+        self.annotations = annotations
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _Partition:
-        return _Partition(self.kubeconfig, self.gpu_names, self.types)
+        return _Partition(self.kubeconfig, self.gpu_names, self.types, annotations=self.annotations)

@@ -158,6 +158,9 @@ class Janitor:
         user = repair.user
         if user is not None and current.started_at is None and not user_requests.still_wanted(self.api, user):
             return self._cancel(repair, index, current)
+        unacted = current.validate_until is None and current.acted_at is None and current.cloud_call is None
+        if not current.external and unacted and (why := self._unrequested(node, current)) is not None:
+            return self._refuse(repair, index, current, why)  # before anything is written anywhere
         unstarted = current.started_at is None and not current.external
         if unstarted and (why := self._left_alone(node)) is not None:  # an operator's override wins
             return self._cancel(repair, index, current, why, refused=True)
@@ -327,6 +330,44 @@ class Janitor:
         self._event(repair.node, "FaultlineRepairCancelled", f"{current.step} ({current.request}): {message}",
                     False)  # fmt: skip
         self.metrics.actions.labels(result=remedies.CANCELLED).inc()
+        return store.State.DONE
+
+    def _unrequested(self, node: str, current: store.RepairRound) -> str | None:
+        """Why no RemediationRequest asks for this round's step (None: one does). The store alone never
+        makes the janitor act: the request must exist in the API server, where only the remediation
+        worker's ServiceAccount and the people RBAC allows can create one, name this node and this step
+        (and every GPU the round would reset), and not be finished already."""
+        try:
+            obj = kube.resources.get_request(self.api, current.request)
+        except NotFoundError:
+            return f"no RemediationRequest {current.request} exists"
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        if spec.get("node") != node:
+            return f"RemediationRequest {current.request} is for node {spec.get('node')!r}, not {node}"
+        if spec.get("action") != str(current.step):
+            return f"RemediationRequest {current.request} asks for {spec.get('action')!r}, not {current.step}"
+        asked = {str(g) for g in spec.get("gpus") or ()}
+        if asked and not {str(g) for g in current.gpus} <= asked:
+            return f"RemediationRequest {current.request} does not name every GPU the round would reset"
+        if status.get("finishedAt"):
+            return f"RemediationRequest {current.request} was carried out already"
+        return None
+
+    def _refuse(
+        self, repair: store.Repair, index: int, current: store.RepairRound, why: str
+    ) -> common.Outcome:
+        """A round no RemediationRequest asks for: nothing is carried out; recorded on the round and in a
+        warning Event (the request, if any, is someone else's and is left as it is)."""
+        now = self.store.clock()
+        log.warning("repair refused: no RemediationRequest asks for it",
+                    extra={"node": repair.node, "item": repair.id, "action": str(current.step), "reason": why,
+                           "worker": WORKER})  # fmt: skip
+        self.store.record_round_outcome(
+            repair.id, index, outcome=remedies.CANCELLED, at=now, message=why, started_at=now
+        )
+        self.store.set_repair_result(repair.id, "refused")
+        self._event(repair.node, "FaultlineRepairRefused", f"{current.step} ({current.request}): {why}", True)
+        self.metrics.actions.labels(result="refused").inc()
         return store.State.DONE
 
     def _event(self, node: str, reason: str, note: str, warning: bool) -> None:

@@ -31,10 +31,10 @@ from typing import Any
 
 from pydantic import SkipValidation
 
-from faultline import bounds, conditions, config, kube, liveness, store
+from faultline import bounds, conditions, config, evidence, kube, liveness, store
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from faultline.models import Action, Component, FaultState
-from workers import breaker, common, overrides, rules, suppression
+from workers import attribution, breaker, common, overrides, rules, suppression
 
 log = logging.getLogger(__name__)
 STAGE = store.Stage.QUARANTINE
@@ -55,6 +55,8 @@ FULL_RESYNC_S = 60.0
 # worked waits for the next read, CANDIDATES_REFRESH_S at most.
 CANDIDATES_REFRESH_S = 5.0
 STALE, BLOCKED, PAUSED_ITEM = store.State.STALE, store.State.BLOCKED, store.State.PAUSED  # items' own states
+REFUSED = store.State.REFUSED
+KEY_WAIT_S = 5.0  # a fault whose node has not published its agent key yet is looked at again after this
 DRY_RUN, GONE = "dry-run", "node-missing"
 OPTED_OUT = overrides.OPTED_OUT
 PAUSED, CANCELLED, FORCED = overrides.PAUSED, overrides.CANCELLED, overrides.FORCED
@@ -82,14 +84,16 @@ class Settings(config.QuarantineTuning):
 class QuarantineWorker:
     def __init__(
         self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str, *,
-        stall: float = liveness.DEFAULT_LIMIT_S,
+        stall: float = liveness.DEFAULT_LIMIT_S, verifier: evidence.Verifier | None = None,
     ) -> None:  # fmt: skip
+        """`verifier`: act only on faults whose writer it proves (`workers.attribution`); None: on any."""
         self.alive = liveness.Liveness()  # what its /healthz answers: `stall` s without progress fails it
         self.store = st
         self.api = api
         self.settings = settings
         self.owner = owner
         self.metrics = common.WorkerMetrics(WORKER)
+        self.attribution = None if verifier is None else attribution.Attribution(verifier, self.metrics)
         self.limiter = common.RateLimiter(settings.qps, settings.burst)
         self.node_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self.locks_lock = threading.Lock()
@@ -134,6 +138,8 @@ class QuarantineWorker:
         nodes."""
         held = self.store.held_node_names()
         blocked = self.store.nodes_in_state(STAGE, BLOCKED) | self.store.nodes_in_state(STAGE, PAUSED_ITEM)
+        if self.attribution is not None:  # a refused fault counts once its own agent writes it again
+            blocked |= self.store.nodes_in_state(STAGE, REFUSED)
         forced = {
             n["metadata"]["name"] for n in kube.nodes.list_all(self.api, label_selector=overrides.FORCE_LABEL)
         }
@@ -184,6 +190,13 @@ class QuarantineWorker:
         if last_seen is not None and now - last_seen > self.settings.max_fault_age:
             self.metrics.actions.labels(result=STALE).inc()
             return STALE  # recorded, not acted on
+        if self.attribution is not None and doc is not None and doc.state == FaultState.OPEN:
+            verdict = self.attribution.check(doc)
+            if verdict.retry:  # its agent's key is not on the Node yet (the agent just started)
+                raise TransientError(f"fault {doc.id}: {verdict.reason}", delay=KEY_WAIT_S)
+            if not verdict.ok:
+                self.metrics.actions.labels(result=REFUSED).inc()
+                return REFUSED  # recorded, not acted on (the resync pass looks again)
         result = self.reconcile(node, docs=docs, read_at=read_at)
         still_open = doc is not None and doc.state == FaultState.OPEN
         return store.State(result) if result in (BLOCKED, PAUSED) and still_open else store.State.DONE
@@ -232,11 +245,16 @@ class QuarantineWorker:
 
     def _open_faults(
         self, node: str, docs: list[store.FaultRecord] | None
-    ) -> tuple[list[rules.OpenFault], dt.datetime | None]:
+    ) -> tuple[list[rules.OpenFault], dt.datetime | None, list[store.FaultRecord]]:
         """The node's open faults that count (not stale, not suppressed by a derived fault of the node:
-        `workers.suppression`), and when its last resolved fault resolved."""
+        `workers.suppression`, written by a proven writer where that is required), when its last resolved
+        fault resolved, and its documents refused (`workers.attribution`)."""
         faults, last_resolved = [], None
         docs = self.store.faults_of({node}, STAGE)[node] if docs is None else docs
+        refused: list[store.FaultRecord] = []
+        if self.attribution is not None:
+            docs, unproven = self.attribution.split(docs)
+            refused = [doc for doc, _ in unproven]
         held_back = suppression.suppressed(d for d in docs if d.state != FaultState.RESOLVED)
         for doc in docs:
             if doc.state == FaultState.RESOLVED:
@@ -252,7 +270,7 @@ class QuarantineWorker:
                 )
                 continue
             faults.append(_open_fault(doc))
-        return faults, last_resolved
+        return faults, last_resolved, refused
 
     def _reconcile(self, node: str, record_unchanged: bool, docs: list[store.FaultRecord] | None) -> str:
         now = self.store.clock()
@@ -267,7 +285,9 @@ class QuarantineWorker:
         owned = owned_record(annotations.get(OWNED_ANNOTATION), node)
         taints = tuple(sorted((t["key"], t.get("value", ""), t["effect"]) for t in spec.get("taints") or ()))
         state = rules.NodeState(bool(spec.get("unschedulable")), taints, labels, owned)
-        faults, last_resolved = self._open_faults(node, docs)
+        if self.attribution is not None:
+            self.attribution.learn(node, annotations)
+        faults, last_resolved, refused = self._open_faults(node, docs)
         holds = owned != rules.Owned()
         d = overrides.decide(self.settings.rules, faults, state, annotations, meta.get("managedFields"), now)
         want, outcome, cancelled = d.want, d.outcome, d.cancelled
@@ -286,6 +306,9 @@ class QuarantineWorker:
             return "holding"  # the resync pass releases it once the hold-down is over
         if releasing and self.store.repair_in_progress(node):
             return "holding"  # the janitor has not validated its repair yet
+        held_for = set(filter(None, annotations.get(rules.FAULTS_ANNOTATION, "").split(",")))
+        if releasing and any(d.state != FaultState.RESOLVED or d.id in held_for for d in refused):
+            return "holding"  # a document whose writer is not proven may not release it either
         p = rules.plan(state, want)
         cancelled_raw = None if cancelled is None else cancelled.as_json()
         if (
@@ -372,7 +395,7 @@ class QuarantineWorker:
         )
         if held:
             for fault in faults:
-                if fault.stage in (BLOCKED, PAUSED) and fault.key in want.faults:
+                if fault.stage in (BLOCKED, PAUSED, REFUSED) and fault.key in want.faults:
                     self.store.move_item(STAGE, fault.key, store.State(fault.stage), store.State.DONE)
 
     def _park(self, faults: list[rules.OpenFault], want: rules.Desired, state: store.State) -> None:

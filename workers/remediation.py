@@ -35,10 +35,10 @@ import logging
 import threading
 from typing import Any
 
-from faultline import bounds, conditions, config, kube, liveness, store
+from faultline import bounds, conditions, config, evidence, kube, liveness, store
 from faultline.errors import ConflictError
 from faultline.models import PROVIDER_REPAIR, Action, RepairOutcome, RepairStep
-from workers import common, remedies, templates
+from workers import attribution, common, remedies, templates
 
 log = logging.getLogger(__name__)
 WORKER = "remediation"
@@ -81,14 +81,16 @@ def history(st: store.Store, node: str) -> list[remedies.Repair]:
 class Remediation:
     def __init__(
         self, st: store.Store, api: kube.ApiClient, settings: Settings, owner: str, *,
-        stall: float = liveness.DEFAULT_LIMIT_S,
+        stall: float = liveness.DEFAULT_LIMIT_S, verifier: evidence.Verifier | None = None,
     ) -> None:  # fmt: skip
+        """`verifier`: repair only for faults whose writer it proves (`workers.attribution`); None: any."""
         self.alive = liveness.Liveness()  # what its /healthz answers: `stall` s without progress fails it
         self.store = st
         self.api = api
         self.settings = settings
         self.owner = owner
         self.metrics = common.WorkerMetrics(WORKER)
+        self.attribution = None if verifier is None else attribution.Attribution(verifier, self.metrics)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection=store.Work.REPAIRS, order=("-fatal", "first_seen"),
@@ -139,6 +141,15 @@ class Remediation:
             self.store.set_repair_result(repair.id, f"escalation left to repair {episode.id}")
             return store.State.DONE
         faults = self.store.open_fatal_faults(node)
+        if self.attribution is not None:  # only faults whose writer is proven ask for a repair
+            faults, refused = self.attribution.split(faults)
+            if not faults and any(v.retry for _, v in refused):  # its agent's key is not on the Node yet
+                later = self.store.clock() + BUSY_RETRY
+                return store.Completion(store.State.PENDING, retry_after=later, fresh=True)
+            if not faults and refused:
+                self.store.set_repair_result(repair.id, "refused: no fault whose writer is proven")
+                self.metrics.actions.labels(result="refused").inc()
+                return store.State.DONE
         # announced cloud maintenance: the provider does what its action says; faultline only drains
         provided = [f for f in faults if f.metadata.get("repair") == PROVIDER_REPAIR]
         faults = [f for f in faults if f.metadata.get("repair") != PROVIDER_REPAIR]

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
-from faultline import bounds, kube, liveness, store
+from faultline import bounds, evidence, kube, liveness, store
 from faultline.config import (
     DrainConfig,
     JanitorConfig,
@@ -22,10 +22,11 @@ from faultline.config import (
     QuarantineConfig,
     RemediationConfig,
 )
-from faultline.config.base import MetricsFields, part
+from faultline.config.base import EvidenceFields, MetricsFields, VerifyFields, part
 from faultline.errors import ForbiddenError, TransientError
 from faultline.metrics import serve
 from workers import (
+    attribution,
     cloud,
     common,
     drainer,
@@ -66,12 +67,34 @@ def _connect(
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
+def cluster_key(config: EvidenceFields, component: str = "") -> evidence.ClusterKey | None:
+    """The cluster components' evidence key, signing as `component` ("": verifying only); None: unset."""
+    if config.evidence_key is None:
+        return None
+    return evidence.ClusterKey.from_file(config.evidence_key, component)
+
+
+def verifier(config: VerifyFields, api: kube.ApiClient) -> evidence.Verifier | None:
+    """What proves a fault's writer, where `require_evidence` is on (None: off)."""
+    if not config.require_evidence:
+        return None
+    return evidence.Verifier(attribution.node_key_reader(api), cluster_key(config))
+
+
+def signed(st: store.Store, config: EvidenceFields, component: str) -> store.Store:
+    """`st`, signing the faults it writes as `component` where the evidence key is mounted."""
+    st.signer = cluster_key(config, component)
+    return st
+
+
 def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
     settings = quarantine.Settings.from_config(config)  # rules are checked before anything connects
+    cluster_key(config)  # a bad key file stops it before anything connects
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
     api = kube.api_client(config.kubeconfig)
     owner = config.owner or common.default_owner("quarantine")
-    return quarantine.QuarantineWorker(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
+    return quarantine.QuarantineWorker(st, api, settings, owner, stall=config.stall_timeout.total_seconds(),
+                                       verifier=verifier(config, api))  # fmt: skip
 
 
 def quarantine_main(config: QuarantineConfig) -> None:
@@ -97,13 +120,14 @@ def remediation_main(config: RemediationConfig) -> None:
     with contextlib.suppress(ForbiddenError):  # a cluster where the chart installed the CRD
         kube.resources.ensure_crds(api)  # a local cluster
     owner = config.owner or common.default_owner("remediation")
-    worker = remediation.Remediation(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
+    worker = remediation.Remediation(st, api, settings, owner, stall=config.stall_timeout.total_seconds(),
+                                     verifier=verifier(config, api))  # fmt: skip
     _serve_until_signalled(worker, config)
 
 
 def janitor_main(config: JanitorConfig) -> None:
     settings = janitor.Settings.from_config(config, cloud_provider(config))
-    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    st = signed(_connect(config.mongodb_uri.get_secret_value(), config.database), config, "janitor")
     api = kube.api_client(config.kubeconfig)
     owner = config.owner or common.default_owner("janitor")
     worker = janitor.Janitor(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
@@ -159,7 +183,7 @@ def maintenance_readers(config: MaintenanceConfig) -> dict[str, maintenance.Read
 
 def maintenance_monitor(config: MaintenanceConfig) -> maintenance.MaintenanceMonitor:
     settings = part(config, maintenance.Settings, readers=maintenance_readers(config))
-    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    st = signed(_connect(config.mongodb_uri.get_secret_value(), config.database), config, "maintenance")
     api = kube.api_client(config.kubeconfig)
     owner = config.owner or common.default_owner(maintenance.WORKER)
     stall = config.stall_timeout.total_seconds()
@@ -173,7 +197,7 @@ def maintenance_main(config: MaintenanceConfig) -> None:
 
 def object_monitor_main(config: ObjectMonitorConfig) -> None:
     settings = object_monitor.Settings.from_config(config)  # the rules are checked before connecting
-    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    st = signed(_connect(config.mongodb_uri.get_secret_value(), config.database), config, "object-monitor")
     monitor = object_monitor.ObjectMonitor(st, kube.api_client(config.kubeconfig), settings,
                                            stall=config.stall_timeout.total_seconds())  # fmt: skip
     _until_signalled(monitor, monitor.metrics.registry, config)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultline import kube
+from faultline import evidence, kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from workers import overrides, quarantine, rules, user_requests
@@ -85,7 +85,7 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
     )
     p = rules.plan(state, rules.Desired())
     marks = (quarantine.OWNED_ANNOTATION, rules.FAULTS_ANNOTATION, overrides.CANCELLED_ANNOTATION,
-             user_requests.CORDONED_FOR)  # fmt: skip
+             user_requests.CORDONED_FOR, evidence.KEY_ANNOTATION)  # fmt: skip
     ours = [k for k in marks if k in annotations]
     if not p.changed and not ours:
         return False

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from faultline.config.base import (
     Component,
     Duration,
+    EvidenceFields,
     Flag,
     KubeFields,
     Part,
@@ -50,7 +51,7 @@ ANOMALY_FIELDS: dict[str, AnomalyField] = {
 }
 
 
-class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields):
+class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields, EvidenceFields):
     """The cluster analyzer (`faultline analyzer`): one replica active at a time (a lease in the store),
     the others standing by."""
 

@@ -121,6 +121,24 @@ class StoreFields(BaseModel):
     database: str = Field(default="faultline", min_length=1, description="MongoDB database name")
 
 
+class EvidenceFields(BaseModel):
+    evidence_key: Path | None = Field(
+        default=None,
+        description="the cluster components' evidence key file (the chart mounts it from a Secret no node "
+        "agent can read): signs the faults this component writes and checks those the cluster components "
+        "signed (`faultline.evidence`); unset: none",
+    )
+
+
+class VerifyFields(EvidenceFields):
+    require_evidence: bool = Field(
+        default=False,
+        description="act only on faults whose writer is proven: signed by the agent of the fault's own node "
+        "(its key published on its Node) or by a cluster component (evidence_key); others are refused and "
+        "counted. The chart turns it on",
+    )
+
+
 class KubeFields(BaseModel):
     kubeconfig: Path | None = Field(
         default=None, validation_alias=alias("kubeconfig", "KUBECONFIG"),

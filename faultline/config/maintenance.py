@@ -8,7 +8,15 @@ from typing import Literal
 
 from pydantic import Field
 
-from faultline.config.base import Component, Duration, KubeFields, Part, StoreFields, WorkerFields
+from faultline.config.base import (
+    Component,
+    Duration,
+    EvidenceFields,
+    KubeFields,
+    Part,
+    StoreFields,
+    WorkerFields,
+)
 
 Kind = Literal["REBOOT", "REDEPLOY", "TERMINATE", "FREEZE"]
 Cloud = Literal["aws", "gcp", "azure", "oci"]
@@ -62,7 +70,7 @@ class MaintenanceTuning(Part):
     )
 
 
-class MaintenanceConfig(Component, StoreFields, KubeFields, WorkerFields, MaintenanceTuning):
+class MaintenanceConfig(Component, StoreFields, KubeFields, WorkerFields, EvidenceFields, MaintenanceTuning):
     """The cloud maintenance monitor (`faultline maintenance`): reads what the providers announce for the
     cluster's nodes and raises a fault on each node ahead of its maintenance window. Credentials are the
     janitor's (environment, IRSA, EKS Pod Identity, the metadata server, an OCI API key file)."""

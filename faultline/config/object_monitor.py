@@ -8,7 +8,16 @@ from typing import Annotated
 
 from pydantic import Field
 
-from faultline.config.base import Component, Duration, Flag, KubeFields, MetricsFields, Part, StoreFields
+from faultline.config.base import (
+    Component,
+    Duration,
+    EvidenceFields,
+    Flag,
+    KubeFields,
+    MetricsFields,
+    Part,
+    StoreFields,
+)
 
 _SECOND = dt.timedelta(seconds=1)
 
@@ -43,7 +52,9 @@ class ObjectMonitorTuning(Part):
     )
 
 
-class ObjectMonitorConfig(Component, StoreFields, KubeFields, MetricsFields, ObjectMonitorTuning):
+class ObjectMonitorConfig(
+    Component, StoreFields, KubeFields, MetricsFields, EvidenceFields, ObjectMonitorTuning
+):
     """The object monitor (`faultline object-monitor`): watches the kinds its rules name and holds a
     fault open on a node while a rule's predicate is true for an object."""
 

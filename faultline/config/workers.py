@@ -10,7 +10,16 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from faultline.config.base import Component, Duration, KubeFields, Part, StoreFields, WorkerFields
+from faultline.config.base import (
+    Component,
+    Duration,
+    EvidenceFields,
+    KubeFields,
+    Part,
+    StoreFields,
+    VerifyFields,
+    WorkerFields,
+)
 
 _SECOND = dt.timedelta(seconds=1)
 _ZERO = dt.timedelta(0)
@@ -67,7 +76,7 @@ class QuarantineTuning(Part):
     burst: int = _burst()
 
 
-class QuarantineConfig(Component, StoreFields, KubeFields, WorkerFields, QuarantineTuning):
+class QuarantineConfig(Component, StoreFields, KubeFields, WorkerFields, VerifyFields, QuarantineTuning):
     """The quarantine worker (`faultline worker quarantine`)."""
 
     rules: Path | None = Field(
@@ -186,7 +195,9 @@ class RepairCaps(Part):
     )
 
 
-class RemediationConfig(Component, StoreFields, KubeFields, WorkerFields, RemediationTuning, RepairCaps):
+class RemediationConfig(
+    Component, StoreFields, KubeFields, WorkerFields, VerifyFields, RemediationTuning, RepairCaps
+):
     """The remediation worker (`faultline worker remediation`)."""
 
     template: Path | None = Field(
@@ -273,7 +284,9 @@ class JanitorTuning(Part):
     )
 
 
-class JanitorConfig(Component, StoreFields, KubeFields, WorkerFields, JanitorTuning, RepairCaps):
+class JanitorConfig(
+    Component, StoreFields, KubeFields, WorkerFields, EvidenceFields, JanitorTuning, RepairCaps
+):
     """The janitor (`faultline worker janitor`). The repair caps apply to the RemediationRequests people
     create (give it the remediation worker's values)."""
 

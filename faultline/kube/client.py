@@ -145,7 +145,10 @@ def authorization(api: client.ApiClient) -> client.AuthorizationV1Api:
     return client.AuthorizationV1Api(api)
 
 
-def token_request(seconds: int) -> client.AuthenticationV1TokenRequest:
+def token_request(seconds: int, pod: tuple[str, str] | None = None) -> client.AuthenticationV1TokenRequest:
+    bound = None
+    if pod is not None:
+        bound = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=pod[0], uid=pod[1])
     return client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds, bound_object_ref=bound)
     )

@@ -259,6 +259,16 @@ def patch_node_conditions(
     return result
 
 
+def annotate_node(client: Client, node: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """Set annotations on the Node through its status (the agent's one right on Nodes; the chart's
+    admission policy lets it change only its own Node's faultline annotations and conditions)."""
+    result: dict[str, Any] = client.request(
+        "PATCH", f"/api/v1/nodes/{_quote(node)}/status", {"metadata": {"annotations": annotations}},
+        content_type=bodies.STRATEGIC_MERGE, what=f"annotations of Node {node}",
+    )  # fmt: skip
+    return result
+
+
 def post_node_event(
     client: Client, node: str, *, reason: str, note: str, action: str, warning: bool, controller: str,
     instance: str,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from bson.codec_options import CodecOptions
 from pymongo.collection import Collection
@@ -32,6 +32,7 @@ class State(enum.StrEnum):
     STALE = "stale"  # quarantine: the fault was too old to act on (recorded, not acted on)
     BLOCKED = "blocked"  # quarantine: the breaker held the node back (the resync pass tries again)
     PAUSED = "paused"  # quarantine: a person paused the node's quarantine (looked at when it ends)
+    REFUSED = "refused"  # quarantine: the fault's writer is not proven (`faultline.evidence`): not acted on
     DRAIN = "drain"  # remediation: the repair waits for the whole node's drain after a partial one
 
 
@@ -79,6 +80,12 @@ def utc(t: dt.datetime) -> dt.datetime:
     return t.replace(microsecond=t.microsecond // 1000 * 1000)
 
 
+class Signer(Protocol):
+    """Signs a fault's stored fields (`faultline.evidence.NodeKey` or `ClusterKey`)."""
+
+    def sign(self, key: str, fields: Mapping[str, Any]) -> dict[str, str]: ...
+
+
 class Base:
     """The handles every operation module uses (set by `Store.__init__`)."""
 
@@ -93,6 +100,7 @@ class Base:
     queue: Collection[Any]
     repairs: Collection[Any]
     maintenance: Collection[Any]
+    signer: Signer | None = None  # signs the faults this store writes (`faultline.evidence`)
 
     def now(self) -> dt.datetime:
         return utc(self.clock())

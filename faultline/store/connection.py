@@ -23,7 +23,7 @@ from pymongo.errors import (
 from faultline import bounds
 from faultline.errors import ConfigError, TransientError
 from faultline.store.analyzer import Analyzer
-from faultline.store.base import CODEC, MAINTENANCE, STAGES, Clock, Stage, Work, utcnow
+from faultline.store.base import CODEC, MAINTENANCE, STAGES, Clock, Signer, Stage, Work, utcnow
 from faultline.store.claims import Claims
 from faultline.store.drains import Drains
 from faultline.store.feed import Feed
@@ -42,12 +42,13 @@ PYMONGO_POOL = 100  # pymongo's own default maxPoolSize
 
 def connect(
     uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0,
-    call_timeout: float | None = None, pool: int | None = None,
+    call_timeout: float | None = None, pool: int | None = None, signer: Signer | None = None,
 ) -> Store:  # fmt: skip
     """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
     call waits for an unreachable server before it fails with TransientError; `call_timeout` (default:
     the same) how long a call to a server that was reached may take; `pool`: the most connections the
-    client opens to each server (default: pymongo's 100). Slow calls are logged (`SlowCalls`).
+    client opens to each server (default: pymongo's 100); `signer`: signs the faults it writes
+    (`faultline.evidence`). Slow calls are logged (`SlowCalls`).
 
     A URI pymongo cannot use (not `mongodb://` or `mongodb+srv://`, a bad port or option, an SRV name that
     does not resolve) is the settings' error: ConfigError naming `mongodb_uri`, never the URI (it may hold
@@ -70,7 +71,7 @@ def connect(
     except (ConfigurationError, ValueError, TypeError) as exc:  # InvalidURI is a ConfigurationError
         said = bounds.clip(" ".join(str(exc).replace(uri, "<the URI>").split()), bounds.ERROR_TEXT)
         raise ConfigError(f"mongodb_uri (MONGODB_URI): not a usable MongoDB URI: {said}") from None
-    return Store(client[database], clock=clock)
+    return Store(client[database], clock=clock, signer=signer)
 
 
 class SlowCalls(monitoring.CommandListener):
@@ -171,9 +172,10 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analy
     modules (and tests that inspect the database); nothing else uses them. Whatever client `db` came
     from, the store reads dates as aware UTC."""
 
-    def __init__(self, db: Database[Any], *, clock: Clock = utcnow) -> None:
+    def __init__(self, db: Database[Any], *, clock: Clock = utcnow, signer: Signer | None = None) -> None:
         self.db = db.with_options(codec_options=CODEC)
         self.clock = clock
+        self.signer = signer
         self.events = self.db["health_events"]
         self.faults = self.db["faults"]
         self.nodes = self.db["nodes"]

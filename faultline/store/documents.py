@@ -101,6 +101,7 @@ class FaultRecord(Document):
     pattern: str = ""
     metadata: dict[str, str] = Field(default_factory=dict)
     revision: int = 0
+    evidence: dict[str, str] | None = None  # who signed it (`faultline.evidence`)
     work: StageStatus | None = None  # the fault's work item's stage status, where it was read with it
 
 

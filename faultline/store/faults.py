@@ -53,6 +53,8 @@ class Faults(Base):
         gets new ones. Returns whether the fault's write applied."""
         doc = fault_doc(fault)
         doc["revision"] = revision
+        if self.signer is not None:
+            doc["evidence"] = self.signer.sign(fault.id, doc)
         doc["updated_at"] = self.now()
         try:
             result = self.faults.update_one(
@@ -139,17 +141,22 @@ class Faults(Base):
         return self.faults.count_documents({"_id": {"$in": list(keys)}, "fatal": True}) > 0
 
     def resolve_faults(self, keys: Iterable[str], by: str) -> None:
-        """Resolve open faults on someone else's word (the janitor, for replaced hardware): `resolved_by`."""
-        self.faults.update_many(
-            {"_id": {"$in": list(keys)}, "state": FaultState.OPEN.value},
-            {
-                "$set": {
-                    "state": FaultState.RESOLVED.value,
-                    "resolved_at": self.now(),
-                    "resolved_by": bounds.clip(by, bounds.STORED_TEXT),
-                }
-            },
-        )
+        """Resolve open faults on someone else's word (the janitor, for replaced hardware): `resolved_by`.
+        With a signer, each is signed again as its resolver (the next revision), one update per fault."""
+        change = {
+            "state": FaultState.RESOLVED.value,
+            "resolved_at": self.now(),
+            "resolved_by": bounds.clip(by, bounds.STORED_TEXT),
+        }
+        flt = {"_id": {"$in": list(keys)}, "state": FaultState.OPEN.value}
+        if self.signer is None:
+            self.faults.update_many(flt, {"$set": change})
+            return
+        for doc in self.faults.find(flt):
+            revision = int(doc.get("revision") or 0)
+            fields = {**doc, **change, "revision": revision + 1}
+            signed = {**change, "revision": revision + 1, "evidence": self.signer.sign(doc["_id"], fields)}
+            self.faults.update_one({"_id": doc["_id"], "revision": revision}, {"$set": signed})
 
     def unresolved(self, keys: Iterable[str], since: dt.datetime) -> list[str]:
         """Those of `keys` not resolved at or after `since` (a fault no longer stored counts as resolved)."""

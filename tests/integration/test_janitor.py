@@ -440,3 +440,60 @@ def test_an_external_remediators_template(
     finally:
         for w in workers:
             w.halt()
+
+
+def _round_only(st: store.Store, node: str, step: str, fault: Fault, request: str, tag: str) -> str:
+    """A repair round written straight into the store (with the store's credential alone), naming
+    `request`, as root on some GPU node could."""
+    episode = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
+    key = f"{node}/{episode.isoformat()}-{tag}"
+    st.db["repairs"].insert_one({
+        "_id": key, "node": node, "episode": episode, "first_seen": episode, "fatal": True,
+        "rounds": [{"step": step, "request": request, "fault_keys": [fault.id], "gpus": [fault.entity.id],
+                    "reason": "forged", "requested_at": episode, "outcome": None, "at": None}],
+        "remediation": {"state": "idle", "attempts": 0}, "janitor": {"state": store.State.PENDING, "attempts": 0},
+    })  # fmt: skip
+    return key
+
+
+@pytest.mark.redteam
+def test_the_janitor_carries_out_only_what_a_remediation_request_asks_for(
+    cluster: LocalCluster, api: Any, mongo_db: Any, setup: None
+) -> None:
+    """Rounds forged in the store: naming no request, another node's request, a request for another step,
+    or one carried out already. None is carried out (no Job), each is refused with why, and the requests
+    named (someone else's) are left as they were."""
+    node, other = cluster.node_names[3], cluster.node_names[1]
+    st = store.Store(mongo_db)
+    st.ensure_indexes()
+    fault = _fault(node)
+    st.write_fault(fault, 1)
+    theirs = _repair(st, other, remedies.REBOOT, _fault(other), "forged-theirs-1")  # a genuine one, elsewhere
+    st.db["repairs"].delete_one({"_id": theirs})  # only its request is left
+    _repair(st, node, remedies.REBOOT, fault, "forged-done-1")
+    st.db["repairs"].delete_many({"node": node})
+    kube.resources.patch_request_status(
+        api, "forged-done-1", {"phase": "Succeeded", "finishedAt": "2026-01-01T00:00:00Z"}
+    )
+    _repair(st, node, remedies.REBOOT, fault, "forged-step-1")
+    st.db["repairs"].delete_many({"node": node})
+    forged = {
+        _round_only(st, node, remedies.REBOOT, fault, "forged-none-1", "a"): "no RemediationRequest forged-none-1",
+        _round_only(st, node, remedies.REBOOT, fault, "forged-theirs-1", "b"): f"is for node '{other}'",
+        _round_only(st, node, remedies.GPU_RESET, fault, "forged-step-1", "c"): "asks for 'REBOOT', not GPU_RESET",
+        _round_only(st, node, remedies.REBOOT, fault, "forged-done-1", "d"): "was carried out already",
+    }  # fmt: skip
+    worker = janitor.Janitor(st, api, janitor.Settings(**FAST), "j-forged")
+    worker.start()
+    try:
+        procs.wait_for("every forged round refused",
+                       lambda: all(_outcome(st, key) == "Cancelled" for key in forged), 20)  # fmt: skip
+    finally:
+        worker.halt()
+    for key, says in forged.items():
+        doc = st.db["repairs"].find_one({"_id": key})
+        assert says in doc["rounds"][-1]["message"], doc["rounds"][-1]["message"]
+        assert doc["result"] == "refused"
+    assert kube.jobs.list_all(api, "faultline-system", label_selector=f"faultline.io/node={node}") == []
+    assert not kube.resources.get_request(api, "forged-theirs-1").get("status")  # not written on
+    assert kube.resources.get_request(api, "forged-step-1").get("status", {}).get("phase") is None

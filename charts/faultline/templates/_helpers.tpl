@@ -55,6 +55,13 @@ anomaly): the agents then store the health samples it reads */}}
 {{- if .Values.store.external.existingSecret -}}{{ .Values.store.external.existingSecretKey }}{{- else -}}uri{{- end -}}
 {{- end -}}
 
+{{/* the Secret holding the cluster components' evidence key (faultline.evidence), its mount, its file */}}
+{{- define "faultline.evidence.secret" -}}
+{{- .Values.evidence.existingSecret | default (printf "%s-evidence" (include "faultline.name" .)) -}}
+{{- end -}}
+{{- define "faultline.evidence.dir" -}}/etc/faultline/evidence{{- end -}}
+{{- define "faultline.evidence.file" -}}{{ include "faultline.evidence.dir" . }}/key{{- end -}}
+
 {{/* environment every component shares: the MongoDB URI from its Secret */}}
 {{- define "faultline.env" -}}
 - name: MONGODB_URI
@@ -215,12 +222,21 @@ spec:
           volumeMounts:
             - {name: config, mountPath: {{ include "faultline.configDir" . }}, readOnly: true}
             - {name: tmp, mountPath: /tmp}
+            {{- if .evidence }}
+            - {name: evidence, mountPath: {{ include "faultline.evidence.dir" . }}, readOnly: true}
+            {{- end }}
             {{- with .mounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
       volumes:
         - {name: config, configMap: {name: {{ $name }}-config}}
         - {name: tmp, emptyDir: {sizeLimit: 64Mi}}
+        {{- if .evidence }}
+        - name: evidence
+          secret:
+            secretName: {{ include "faultline.evidence.secret" $root }}
+            items: [{key: {{ $root.Values.evidence.existingSecretKey }}, path: key}]
+        {{- end }}
         {{- with .volumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
