@@ -223,3 +223,39 @@ def test_oci_config_errors_name_the_file_and_field(oci_key: rsa.RSAPrivateKey, t
         oci.OCI(oci.Settings(config_file=config))
     with pytest.raises(ConfigError, match="cannot be read"):
         oci.OCI(oci.Settings(config_file=tmp_path / "absent"))
+
+
+@pytest.mark.redteam
+def test_an_oversized_answer_is_refused_unread(tmp_path: Path) -> None:
+    """A metadata service or endpoint that answers without end (a token of 2 MiB) is read up to ANSWER_MAX
+    bytes and refused naming the call; an answer within the bound is read whole."""
+    import http.server  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    import requests  # noqa: PLC0415
+
+    sizes = {"/big": cloud.ANSWER_MAX * 2, "/small": 1000}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            size = sizes[self.path]
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            self.wfile.write(b"x" * size)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(
+            cloud.CloudError, match=r"Azure managed identity token \(IMDS\): HTTP 200: an answer larger"
+        ):
+            cloud.call(requests.Session(), "GET", f"{url}/big", what="Azure managed identity token (IMDS)")
+        assert len(cloud.call(requests.Session(), "GET", f"{url}/small", what="small").content) == 1000
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -28,6 +28,7 @@ from faultline.errors import PermanentError, TransientError
 
 TIMEOUT_S = 30.0  # one HTTP call
 ANSWER_TEXT = 400  # characters of a provider's refusing answer kept in the error (its JSON error, not a page)
+ANSWER_MAX = 1 << 20  # bytes of a provider's answer read at most (tokens, instances, operations: a few KiB)
 PROVIDERS = ("aws", "gcp", "azure", "oci")
 
 
@@ -84,11 +85,19 @@ def call(
     session: requests.Session, method: str, url: str, *, what: str, ok: tuple[int, ...] = (200,), **kw: Any
 ) -> requests.Response:
     """One HTTP call, its failures sorted by what to do next: TransientError (unreachable, 429, 5xx)
-    or CloudError (any other status outside `ok`), naming `what` and the provider's answer."""
+    or CloudError (any other status outside `ok`, or an answer over ANSWER_MAX bytes: none of the calls
+    made has a reason to be so large), naming `what` and the provider's answer."""
     try:
-        response = session.request(method, url, timeout=TIMEOUT_S, **kw)
+        response = session.request(method, url, timeout=TIMEOUT_S, stream=True, **kw)
+        with response:
+            body = response.raw.read(ANSWER_MAX + 1, decode_content=True)
     except requests.RequestException as exc:
         raise TransientError(f"{what}: {exc}", delay=5.0) from exc
+    except OSError as exc:  # the connection broke while the answer was read
+        raise TransientError(f"{what}: {exc}", delay=5.0) from exc
+    if len(body) > ANSWER_MAX:
+        raise CloudError(f"{what}: HTTP {response.status_code}: an answer larger than {ANSWER_MAX} bytes")
+    response._content = body  # what .json() and .text read: the bounded body
     if response.status_code in ok:
         return response
     text = response.text.strip().replace("\n", " ")[:ANSWER_TEXT]

@@ -64,11 +64,19 @@ anomaly): the agents then store the health samples it reads */}}
 
 {{/* environment every component shares: the MongoDB URI from its Secret */}}
 {{- define "faultline.env" -}}
+{{- $root := .root | default . -}}
+{{- $own := dict -}}
+{{- if .component }}{{ $own = index ($root.Values.store.external.users | default dict) .component | default dict }}{{ end -}}
 - name: MONGODB_URI
   valueFrom:
     secretKeyRef:
-      name: {{ include "faultline.store.secret" . }}
-      key: {{ include "faultline.store.secretKey" . }}
+      {{- if $own.existingSecret }}
+      name: {{ $own.existingSecret }}
+      key: {{ $own.existingSecretKey | default "uri" }}
+      {{- else }}
+      name: {{ include "faultline.store.secret" $root }}
+      key: {{ include "faultline.store.secretKey" $root }}
+      {{- end }}
 {{- end -}}
 
 {{/* the probes of a component on its metrics port (/healthz): readiness and liveness; the agent adds a
@@ -211,7 +219,7 @@ spec:
             {{- end }}
             - --config={{ include "faultline.configDir" . }}/config.yaml
           env:
-            {{- include "faultline.env" $root | nindent 12 }}
+            {{- include "faultline.env" (dict "root" $root "component" .worker) | nindent 12 }}
           {{- if $root.Values.metrics.port }}
           ports:
             - {name: metrics, containerPort: {{ $root.Values.metrics.port }}, protocol: TCP}
