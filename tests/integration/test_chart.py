@@ -117,6 +117,7 @@ def test_defaults_monitor_only_with_the_embedded_store() -> None:
     assert {k for k, _ in kinds(docs)} == {
         "Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet",
         "ConfigMap", "Service", "StatefulSet", "Deployment",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # the agents' own-node policy
     }  # fmt: skip
     assert kinds(docs) >= STORE_KINDS
     assert {n for k, n in kinds(docs) if k == "Deployment"} == {"fl-ferretdb"}  # no worker
@@ -128,7 +129,7 @@ def test_defaults_monitor_only_with_the_embedded_store() -> None:
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-store", "key": "uri"}
 
-    secret = next(d for d in docs if d["kind"] == "Secret")
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "fl-store")
     password = secret["stringData"]["password"]
     assert len(password) == 32
     uri = secret["stringData"]["uri"]  # the components' URI: FerretDB's Service, the role's password
@@ -186,13 +187,13 @@ def test_an_external_store_brings_no_store_objects() -> None:
     docs = render(EXTERNAL)
     assert not STORE_KINDS & kinds(docs)
     assert {k for k, _ in kinds(docs)} & {"StatefulSet", "Service", "Deployment"} == set()
-    secret = next(d for d in docs if d["kind"] == "Secret")
+    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] != "fl-evidence")
     assert secret["stringData"] == {"uri": "mongodb://mongo:27017"}
     assert secret["metadata"]["name"] == "fl-store-uri"  # not fl-store: the embedded store's, kept
     env = {e["name"]: e for e in workloads(docs)["fl-agent"]["containers"][0]["env"]}
     assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-store-uri", "key": "uri"}
     docs = render("store.external.existingSecret=my-mongo", "store.external.existingSecretKey=connection")
-    assert not any(d["kind"] == "Secret" for d in docs)
+    assert [n for k, n in kinds(docs) if k == "Secret"] == ["fl-evidence"]  # none for the store
     assert not STORE_KINDS & kinds(docs)
     env = {e["name"]: e for e in workloads(docs)["fl-agent"]["containers"][0]["env"]}
     assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "my-mongo", "key": "connection"}
@@ -444,7 +445,7 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list"]}
     ]
     assert ("Role", "fl-analyzer-events") not in rules  # it posts no Event
-    bound = {(d["kind"], d["roleRef"]["name"]) for d in docs if d["kind"].endswith("Binding")
+    bound = {(d["kind"], d["roleRef"]["name"]) for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
              and d["subjects"][0]["name"] == "fl-analyzer"}  # fmt: skip
     assert bound == {("ClusterRoleBinding", "fl-analyzer")}
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "fl-analyzer")
@@ -460,7 +461,7 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of
         assert rules["ClusterRole", "fl-analyzer"] == []
         assert settings_files(docs)["analyzer"]["node_labels"] is False
         analyzer = workloads(docs)["fl-analyzer"]
-        assert [v["name"] for v in analyzer["volumes"]] == ["config", "tmp"]  # no packs of the user's
+        assert [v["name"] for v in analyzer["volumes"]] == ["config", "tmp", "evidence"]  # no packs of the user's
         assert "packs" not in {m["name"] for m in analyzer["containers"][0]["volumeMounts"]}
         assert settings_files(docs)["analyzer"]["packs"] == []
 
