@@ -461,7 +461,11 @@ def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of
         assert rules["ClusterRole", "fl-analyzer"] == []
         assert settings_files(docs)["analyzer"]["node_labels"] is False
         analyzer = workloads(docs)["fl-analyzer"]
-        assert [v["name"] for v in analyzer["volumes"]] == ["config", "tmp", "evidence"]  # no packs of the user's
+        assert [v["name"] for v in analyzer["volumes"]] == [
+            "config",
+            "tmp",
+            "evidence",
+        ]  # no packs of the user's
         assert "packs" not in {m["name"] for m in analyzer["containers"][0]["volumeMounts"]}
         assert settings_files(docs)["analyzer"]["packs"] == []
 
