@@ -11,9 +11,11 @@ The check names are here, not with the checks, because the webhook (a worker, wh
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
-from faultline.models import Action
+from faultline.models import Action, code_problem
 
 # The checks, in the order they run. `dcgm` runs DCGM's diagnostics (at the configured level) only when
 # a level is set and a host engine answers; the others are quick reads of the GPU backend or the kernel log.
@@ -40,6 +42,13 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # characters of the preflight's termination message: the kubelet keeps 4096 bytes of /dev/termination-log,
 # and `kubectl describe pod` prints it whole
 TERMINATION_MESSAGE = 1024
+# The findings that are the node's fault, for the object monitor (`workers.preflight_findings`), on the
+# termination message's last line after the people's reason: the kubelet keeps 4096 bytes in all
+FINDINGS_MARK = "faultline-findings: "
+FINDINGS_LIMIT = 2900  # characters of that line
+FINDINGS_MAX = 64  # findings read from one message at most
+INJECTED_LABEL = "faultline.io/preflight-injected"  # = "true" on pods the webhook injected (a hint to list)
+_PCI = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?")
 
 # What the webhook puts in the init container's environment (the preflight settings' names)
 ENV_CHECKS = "FAULTLINE_CHECKS"
@@ -87,3 +96,56 @@ def reason(findings: list[Finding], *, limit: int = TERMINATION_MESSAGE) -> str:
              for f in ranked]  # fmt: skip
     text = "\n".join(lines)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def termination(findings: list[Finding]) -> str:
+    """The termination message of a failed preflight: the reason for people (`reason`), then the node's
+    findings as one JSON line after FINDINGS_MARK (code, GPU, action; as many as fit FINDINGS_LIMIT)."""
+    text = reason(findings)
+    items: list[dict[str, str]] = []
+    for f in findings:
+        if not f.node_fault:
+            continue
+        item = {"code": f.code, "gpu": f.gpu, "action": f.action.value, "check": f.check}
+        if len(json.dumps([*items, item], separators=(",", ":"))) > FINDINGS_LIMIT - len(FINDINGS_MARK):
+            break
+        items.append(item)
+    if not items:
+        return text
+    return f"{text}\n{FINDINGS_MARK}{json.dumps(items, separators=(',', ':'))}"
+
+
+def read_findings(message: str) -> list[Finding]:
+    """The node's findings a termination message carries (see `termination`); ValueError naming what is
+    wrong with a line that is not what the preflight writes. A message without the line carries none."""
+    lines = [line for line in message.splitlines() if line.startswith(FINDINGS_MARK)]
+    if not lines:
+        return []
+    try:
+        items = json.loads(lines[-1][len(FINDINGS_MARK) :])
+    except ValueError as exc:
+        raise ValueError(f"the findings line is not JSON: {exc}") from None
+    if not isinstance(items, list) or len(items) > FINDINGS_MAX:
+        raise ValueError(f"the findings line is not a list of at most {FINDINGS_MAX} findings")
+    out: list[Finding] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not all(
+            isinstance(item.get(k), str) for k in ("code", "gpu", "action")
+        ):
+            raise ValueError(f"finding {i}: not an object with code, gpu and action")
+        code, gpu, action = item["code"], item["gpu"], item["action"]
+        if not code.startswith("PREFLIGHT-"):
+            raise ValueError(f"finding {i}: code {code[:80]!r} is not a PREFLIGHT- code")
+        if (why := code_problem(code)) is not None:
+            raise ValueError(f"finding {i}: {why}")
+        if gpu and not _PCI.fullmatch(gpu):
+            raise ValueError(f"finding {i}: gpu {gpu[:80]!r} is not a PCI bus id")
+        if action not in {a.value for a in Action}:
+            raise ValueError(
+                f"finding {i}: action {action[:40]!r} is not one of {', '.join(a.value for a in Action)}"
+            )
+        check = str(item.get("check") or "")
+        out.append(
+            Finding(check if check in CHECKS or check == "timeout" else "", code, "", gpu, Action(action))
+        )
+    return out

@@ -70,7 +70,7 @@ from pydantic import SkipValidation, field_validator
 from faultline import bounds, config, kube, liveness, store
 from faultline.errors import ApiError, ConflictError, NotFoundError, TransientError
 from faultline.models import RepairOutcome, RepairStep
-from workers import cloud, common, inflight, overrides, remedies, rules, user_requests
+from workers import cloud, common, inflight, overrides, preflight_findings, remedies, rules, user_requests
 
 log = logging.getLogger(__name__)
 WORKER = "janitor"
@@ -228,7 +228,11 @@ class Janitor:
         if step == remedies.REPLACE and not current.external:
             self.store.resolve_faults(current.fault_keys, f"janitor: {message}")  # the old hardware's
         if step in (remedies.GPU_RESET, remedies.REBOOT) and not current.external:
-            # the step verifiably happened: the node agent re-reads the round's GPUs from now on
+            # the step verifiably happened: the node agent re-reads the round's GPUs from now on; a failed
+            # preflight's findings were one look, which the next pod's preflight takes again
+            self.store.resolve_observations(
+                current.fault_keys, preflight_findings.SOURCE, f"janitor: {message}"
+            )
             self.store.record_step_verified(repair.id, index, now, message)
         if current.external:  # the external remediator may have finished before this janitor looked
             assert current.started_at is not None

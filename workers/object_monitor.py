@@ -42,7 +42,7 @@ from faultline.errors import TransientError
 from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id
 from patterns import object_rules
 from patterns.object_rules import RuleSet, Watch
-from workers import object_faults
+from workers import object_faults, preflight_findings
 
 log = logging.getLogger(__name__)
 SOURCE = "kube"  # Fault.metadata["source"] and the health events' source
@@ -94,7 +94,10 @@ class ObjectMonitor:
     def __init__(
         self, st: store.Store, api: kube.ApiClient, settings: Settings, *,
         clock: Callable[[], dt.datetime] = store.utcnow, stall: float = liveness.DEFAULT_LIMIT_S,
+        preflight_digests: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
+        """`preflight_digests`: read failed preflights' findings from containers of these image digests
+        (`workers.preflight_findings`); empty: not at all."""
         self.store, self.api, self.settings, self.clock = st, api, settings, clock
         # the loop and each watch beat; one silent past its limit fails /healthz
         self.alive = liveness.Liveness()
@@ -110,6 +113,11 @@ class ObjectMonitor:
                                    beat=self.alive.loop(f"watch {target(w)}", silent))
             for w in self.faults.rules
         }  # fmt: skip
+        self.findings = None
+        if preflight_digests:
+            beat = self.alive.loop("preflight-findings", stall + preflight_findings.POLL_S)
+            registry = self.metrics.registry
+            self.findings = preflight_findings.FindingsReader(st, api, preflight_digests, registry, beat=beat)
         self.open: dict[str, tuple[Fault, int]] = {}  # what the store holds open of ours, with its revision
         self.loaded = False
         self.stop = threading.Event()
@@ -121,12 +129,16 @@ class ObjectMonitor:
             informer.start()
         self._thread = threading.Thread(target=self.run, name="object-monitor", daemon=True)
         self._thread.start()
+        if self.findings is not None:
+            self.findings.start()
         fields = {"rules": sorted(self.rules), "watches": [str(i.target) for i in self.informers.values()]}
         log.info("object monitor started", extra=fields)
         return [self._thread]
 
     def halt(self, timeout: float = 10.0) -> bool:
         self.stop.set()
+        if self.findings is not None:
+            self.findings.halt(timeout)
         for informer in self.informers.values():
             informer.halt(timeout)
         if self._thread is not None:

@@ -34,7 +34,7 @@ from typing import Literal, Protocol
 from faultline import bounds
 from faultline.errors import FaultlineError
 from faultline.models import Action
-from faultline.preflight import TERMINATION_MESSAGE, Finding, reason
+from faultline.preflight import TERMINATION_MESSAGE, Finding, reason, termination
 from workers.gang import Verdict
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,7 @@ def _failed(
     findings: list[Finding], gang: Gang | None, report: Callable[[list[Finding]], int] | None
 ) -> Outcome:
     text = reason(findings)
+    message = termination(findings)  # the reason, and the node's findings for the object monitor
     if gang is not None:
         _write(gang, "failed", text)
     faults = [f for f in findings if f.node_fault]
@@ -174,9 +175,10 @@ def _failed(
                 "preflight report not kept",
                 extra={"outcome": "report-failed", "error": bounds.clip(str(exc), bounds.ERROR_TEXT)},
             )
-            text = bounds.clip(f"{text}\n(not reported to the node agent: {exc})", TERMINATION_MESSAGE)
+            said = bounds.clip(f"{text}\n(not reported to the node agent: {exc})", TERMINATION_MESSAGE)
+            message = message.replace(text, said, 1)
     log.warning("preflight failed", extra={"outcome": "failed", "codes": [f.code for f in findings]})
-    return Outcome(1, text, findings, reported)
+    return Outcome(1, message, findings, reported)
 
 
 def _join(gang: Gang | None) -> Gang | None:

@@ -166,6 +166,13 @@ def _decide(
         patch += [{"op": "add", "path": "/spec/volumes/-", "value": v} for v in new]
     elif new:
         patch.append({"op": "add", "path": "/spec/volumes", "value": new})
+    # where the object monitor looks for failed preflights' findings (a hint: it believes a container only
+    # by the image digest the kubelet ran); JSON Patch's "~1" is the key's "/"
+    label = preflight.INJECTED_LABEL.replace("~", "~0").replace("/", "~1")
+    if isinstance(meta.get("labels"), dict):
+        patch.append({"op": "add", "path": f"/metadata/labels/{label}", "value": "true"})
+    else:
+        patch.append({"op": "add", "path": "/metadata/labels", "value": {preflight.INJECTED_LABEL: "true"}})
     return patch
 
 

@@ -23,7 +23,7 @@ from faultline.config import (
     RemediationConfig,
 )
 from faultline.config.base import EvidenceFields, MetricsFields, VerifyFields, part
-from faultline.errors import ForbiddenError, TransientError
+from faultline.errors import ConfigError, ForbiddenError, TransientError
 from faultline.metrics import serve
 from workers import (
     attribution,
@@ -33,6 +33,7 @@ from workers import (
     janitor,
     maintenance,
     object_monitor,
+    preflight_findings,
     quarantine,
     remediation,
 )
@@ -198,9 +199,33 @@ def maintenance_main(config: MaintenanceConfig) -> None:
 def object_monitor_main(config: ObjectMonitorConfig) -> None:
     settings = object_monitor.Settings.from_config(config)  # the rules are checked before connecting
     st = signed(_connect(config.mongodb_uri.get_secret_value(), config.database), config, "object-monitor")
-    monitor = object_monitor.ObjectMonitor(st, kube.api_client(config.kubeconfig), settings,
-                                           stall=config.stall_timeout.total_seconds())  # fmt: skip
+    api = kube.api_client(config.kubeconfig)
+    monitor = object_monitor.ObjectMonitor(st, api, settings, stall=config.stall_timeout.total_seconds(),
+                                           preflight_digests=preflight_digests(config, api))  # fmt: skip
     _until_signalled(monitor, monitor.metrics.registry, config)
+
+
+def preflight_digests(config: ObjectMonitorConfig, api: kube.ApiClient) -> frozenset[str]:
+    """The image digests whose preflight findings the object monitor believes: those configured, or the
+    one its own pod runs (faultline's image); empty when it reads no findings."""
+    if not config.preflight_findings:
+        return frozenset()
+    if config.preflight_digests:
+        return frozenset(config.preflight_digests)
+    if not config.pod_name or not config.pod_namespace:
+        raise ConfigError(
+            "preflight_findings: set preflight_digests, or pod_name and pod_namespace (POD_NAME, "
+            "POD_NAMESPACE) so that the monitor reads its own image's digest"
+        )
+    pod = kube.pods.read(api, config.pod_namespace, config.pod_name)
+    found = {preflight_findings.digest_of(str(s.get("imageID") or ""))
+             for s in (pod.get("status") or {}).get("containerStatuses") or []}  # fmt: skip
+    found.discard("")
+    if not found:
+        raise TransientError(
+            f"pod {config.pod_namespace}/{config.pod_name} shows no image digest yet", delay=5.0
+        )
+    return frozenset(found)
 
 
 Worker = quarantine.QuarantineWorker | drainer.Drainer | remediation.Remediation | janitor.Janitor

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from faultline.config.base import (
     Component,
@@ -17,6 +18,7 @@ from faultline.config.base import (
     MetricsFields,
     Part,
     StoreFields,
+    alias,
 )
 
 _SECOND = dt.timedelta(seconds=1)
@@ -64,3 +66,29 @@ class ObjectMonitorConfig(
         "rules replace built-in ones by id, their `overrides` change them",
     )
     builtin_rules: bool = Field(default=True, description="load the built-in object rules")
+    preflight_findings: bool = Field(
+        default=False,
+        description="turn the findings of failed preflight init containers into faults of their nodes "
+        "(`workers.preflight_findings`; the chart sets it with preflight.report)",
+    )
+    preflight_digests: tuple[str, ...] = Field(
+        default=(),
+        description="image digests (sha256:<64 hex>) whose preflight containers are believed; empty: the "
+        "digest of the image this monitor runs, read from its own pod (pod_name, pod_namespace)",
+    )
+    pod_name: str | None = Field(
+        default=None, validation_alias=alias("pod_name", "POD_NAME"),
+        description="this monitor's own pod (the downward API's metadata.name): its image is faultline's",
+    )  # fmt: skip
+    pod_namespace: str | None = Field(
+        default=None, validation_alias=alias("pod_namespace", "POD_NAMESPACE"),
+        description="the namespace of this monitor's own pod (the downward API's metadata.namespace)",
+    )  # fmt: skip
+
+    @field_validator("preflight_digests")
+    @classmethod
+    def _digests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for digest in value:
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+                raise ValueError(f"{digest[:80]!r} is not an image digest (sha256:<64 hex digits>)")
+        return value

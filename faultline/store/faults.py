@@ -130,6 +130,18 @@ class Faults(Base):
         docs = self.faults.find({"state": FaultState.OPEN.value, "metadata.source": source})
         return [documents.FaultRecord.from_doc(d) for d in docs]
 
+    def preflight_run_written(self, run: str) -> bool:
+        """Were the findings of this preflight container run (its container id) written already?"""
+        return self.faults.count_documents({"metadata.source": "preflight", "metadata.run": run}, limit=1) > 0
+
+    def resolve_observations(self, keys: Iterable[str], source: str, by: str) -> None:
+        """Resolve those of `keys` that are one-time observations from `source` (a failed preflight's
+        findings) on the janitor's word that its repair step verifiably happened."""
+        keys = [d["_id"] for d in self.faults.find(
+            {"_id": {"$in": list(keys)}, "metadata.source": source}, {"_id": 1})]  # fmt: skip
+        if keys:
+            self.resolve_faults(keys, by)
+
     def open_fatal_faults(self, node: str) -> list[documents.FaultRecord]:
         docs = self.faults.find({"node": node})
         return [

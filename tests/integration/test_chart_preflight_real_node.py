@@ -11,10 +11,12 @@ the API server calls it for real, through its Service.
     directory the agent does not follow, so only preflight's report can tell the pipeline about them); on
     healthy GPUs it exits 0, says so in its log and sends nothing, and the pod's container runs;
 (c) a GPU pod in an unlabelled namespace gets no init container and runs;
-(d) with a row remapping pending on one GPU, the init container of a pod in the labelled namespace exits 1
-    with the readable reason as its termination message in the pod's status, the pod's container is never
-    created, and the finding goes through the agent's ingest socket (the hostPath the webhook mounted)
-    into the store as PREFLIGHT-REMAP-PENDING, so the quarantine worker cordons and taints the node;
+(d) with a row remapping pending on one GPU, the init container of a pod in the labelled namespace (run
+    as user 65532, no host path but the simulator's directory, nothing reported by itself) exits 1 with
+    the readable reason as its termination message in the pod's status, the findings on its last line; the
+    pod's container is never created; the object monitor, believing the container because the kubelet
+    ran it from faultline's image digest, writes PREFLIGHT-REMAP-PENDING as a signed fault of the node,
+    so the quarantine worker (evidence required, the chart's default) cordons and taints the node;
 (e) `helm uninstall`: no webhook configuration, webhook Secret or pod of the release is left, and the
     post-delete hook took the quarantine back.
 """
@@ -29,7 +31,6 @@ from typing import Any
 
 import pytest
 
-from cli.preflight import AGENT
 from devtools import procs
 from devtools.cluster import LocalCluster
 from faultline import kube, preflight
@@ -59,6 +60,10 @@ def _values(cluster: LocalCluster, uri: str, database: str, state: Path, sim_dir
     values = chartutil.chart_values(cluster, uri, database, state, workers=("quarantine",))
     values["preflight"] = {"enabled": True, "replicas": 1, "simDir": str(sim_dir),
                            "nodeSelector": {"kubernetes.io/hostname": NODE}}  # fmt: skip
+    # the object monitor reads failed preflights' findings (its built-in rules are not this test's subject)
+    values["objectMonitor"] = {"enabled": True, "builtinRules": False,
+                               "nodeSelector": {"kubernetes.io/hostname": NODE},
+                               "tolerations": [{"operator": "Exists"}]}  # fmt: skip
     return values
 
 
@@ -123,7 +128,8 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
         # -- (a) install: the webhook Ready on the real node, its certificates made and trusted ---------------
         chartutil.advertise_gpus(api, GPUS)
         installed = release.install(_values(real_cluster, uri, database, state, sim_dir),
-                                    ready=("webhook", "agent", "quarantine"), create_namespace=True)  # fmt: skip
+                                    ready=("webhook", "agent", "quarantine", "object-monitor"),
+                                    create_namespace=True)  # fmt: skip
         seconds["install to Ready"] = time.monotonic() - installed
         webhook = release.pod("webhook")
         assert webhook is not None and webhook["spec"]["nodeName"] == NODE
@@ -154,7 +160,9 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
         assert (init["name"], init["image"]) == (preflight.CONTAINER, real.image)
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
         assert volumes["faultline-preflight-sim"]["hostPath"]["path"] == str(sim_dir)
-        assert volumes["faultline-preflight-ingest"]["hostPath"]["path"] == str(state.parent / "ingest")
+        assert set(volumes) == {"faultline-preflight-sim"}  # no socket, no journal: no other host path
+        assert init["securityContext"]["runAsUser"] == 65532 and init["securityContext"]["runAsNonRoot"]
+        assert pod["metadata"]["labels"][preflight.INJECTED_LABEL] == "true"
         (status,) = pod["status"]["initContainerStatuses"]
         done = status["state"]["terminated"]
         assert (status["name"], done["exitCode"], done["reason"], status["restartCount"]) == (
@@ -192,7 +200,7 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
         done = status["state"]["terminated"]
         assert (status["name"], done["exitCode"]) == (preflight.CONTAINER, 1), status
         assert done["message"].startswith(REMAP), done["message"]
-        assert "not reported" not in done["message"]  # the agent kept the report
+        assert [f.code for f in preflight.read_findings(done["message"])] == ["PREFLIGHT-REMAP-PENDING"]
         apps = pod["status"].get("containerStatuses") or []
         assert not [c for c in apps if "containerID" in c or "running" in c["state"]], apps  # never created
 
@@ -212,14 +220,14 @@ def test_the_webhook_and_its_init_container_run_as_real_pods_on_a_real_node(
             raise AssertionError(release.diagnosis()) from exc
         seconds["created to quarantined"] = time.monotonic() - admitted
         (event,) = _preflight_events(db)
-        # recorded by the node's agent from its ingest socket, the line naming the monitor that reported it
-        assert (event["code"], event["healthy"], event["metadata"]["source"]) == (
-            "PREFLIGHT-REMAP-PENDING", False, "grpc",
+        # recorded by the object monitor from the pod's status, naming the pod
+        assert (event["code"], event["healthy"], event["metadata"]["source"], event["agent"]) == (
+            "PREFLIGHT-REMAP-PENDING", False, "preflight", "faultline-object-monitor",
         ), event  # fmt: skip
-        assert event["metadata"]["gpu_uuid"].startswith("GPU-"), event  # the agent names the GPU's UUID
-        assert event["message"].startswith(f"faultline-ingest agent={AGENT} check=preflight "), event
+        assert event["metadata"]["pod"] == f"{enabled}/blocked", event
         fault = db["faults"].find_one({"node": NODE, "code": "PREFLIGHT-REMAP-PENDING"})
         assert fault is not None
+        assert fault["evidence"]["by"] == "cluster:object-monitor", fault
         assert (fault["fatal"], fault["action"], fault["entity"]) == (
             True, "COMPONENT_RESET", {"type": "GPU", "id": "0000:3a:00"},
         )  # fmt: skip

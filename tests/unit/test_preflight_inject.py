@@ -94,7 +94,7 @@ def apply(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     for op in ops:
         assert op["op"] == "add"
-        *parents, last = op["path"].strip("/").split("/")
+        *parents, last = (p.replace("~1", "/").replace("~0", "~") for p in op["path"].strip("/").split("/"))
         target: Any = out
         for part in parents:
             target = target[int(part)] if isinstance(target, list) else target[part]

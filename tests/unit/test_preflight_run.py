@@ -13,7 +13,7 @@ import pytest
 
 from faultline.errors import ApiUnavailableError, ForbiddenError
 from faultline.models import Action
-from faultline.preflight import Finding
+from faultline.preflight import FINDINGS_MARK, Finding, read_findings, termination
 from workers import gang as gangs
 from workers import preflight
 from workers.preflight import Settings
@@ -133,10 +133,13 @@ def test_a_failure_marks_the_gang_before_it_reports() -> None:
     outcome = preflight.run(lambda: [BAD], settings=FAST, gang=g, report=report)
     assert order == ["report while gang says failed"]
     assert g.writes[-1][0] == "failed" and "PREFLIGHT-REMAP-PENDING" in g.writes[-1][1]
-    assert outcome.code == 1 and outcome.reason.endswith(
+    people, findings = outcome.reason.rsplit("\n", 1)
+    assert outcome.code == 1 and people.endswith(
         "(not reported to the node agent: the node agent's ingest at /run/faultline/ingest.sock did not keep the "
         "events)"
     )
+    # the findings line is there still, for the object monitor
+    assert [f.code for f in read_findings(findings)] == ["PREFLIGHT-REMAP-PENDING"]
 
 
 def test_a_hung_check_is_the_nodes_fault() -> None:
@@ -215,3 +218,31 @@ def test_with_fail_on_error_a_checker_error_fails_the_pod(caplog: pytest.LogCapt
 def test_findings_still_fail_the_pod_without_fail_on_error() -> None:
     outcome = preflight.run(lambda: [BAD], settings=FAST, report=len)
     assert outcome.code == 1 and outcome.warning == "" and outcome.reported == 1
+
+
+def test_the_termination_message_carries_the_nodes_findings_for_the_object_monitor() -> None:
+    """People read the reason; the last line gives the object monitor the node's findings (not the pod's own,
+    such as a GPU model other than the one asked for), bounded, and read back only when well formed."""
+    model = Finding("count", "PREFLIGHT-GPU-MODEL", "not an H100", "", Action.NONE, node_fault=False)
+    hung = Finding("timeout", "PREFLIGHT-HUNG", "a driver call", "", Action.RESTART_BM)
+    text = termination([BAD, model, hung])
+    assert text.startswith("preflight ") and len(text.encode()) <= 4096
+    assert [(f.code, f.gpu, f.action) for f in read_findings(text)] == [
+        ("PREFLIGHT-REMAP-PENDING", BAD.gpu, Action.COMPONENT_RESET),
+        ("PREFLIGHT-HUNG", "", Action.RESTART_BM),
+    ]
+    many = [
+        Finding("ecc", f"PREFLIGHT-ECC-{i}", "x" * 300, f"0000:{i:02x}:00", Action.COMPONENT_RESET)
+        for i in range(200)
+    ]
+    assert len(termination(many).encode()) <= 4096 and 20 < len(read_findings(termination(many))) < 64
+    assert read_findings("preflight passed") == []
+    for bad, says in [
+        ('[{"code":"XID-79","gpu":"","action":"RESTART_BM"}]', "not a PREFLIGHT- code"),
+        ('[{"code":"PREFLIGHT-X Y","gpu":"","action":"RESTART_BM"}]', "not a valid taint value"),
+        ('[{"code":"PREFLIGHT-X","gpu":"../etc","action":"RESTART_BM"}]', "not a PCI bus id"),
+        ('[{"code":"PREFLIGHT-X","gpu":"","action":"DESTROY"}]', "is not one of"),
+        ("{", "not JSON"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            read_findings(f"reason\n{FINDINGS_MARK}{bad}")

@@ -220,6 +220,10 @@ spec:
             - --config={{ include "faultline.configDir" . }}/config.yaml
           env:
             {{- include "faultline.env" (dict "root" $root "component" .worker) | nindent 12 }}
+            {{- if .podEnv }}
+            - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+            - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+            {{- end }}
           {{- if $root.Values.metrics.port }}
           ports:
             - {name: metrics, containerPort: {{ $root.Values.metrics.port }}, protocol: TCP}
