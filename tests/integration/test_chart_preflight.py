@@ -127,8 +127,13 @@ def test_the_webhook_and_its_configuration(tmp_path: Path) -> None:
         "fl-webhook-tls",
         "secret",
     )
-    assert cfg.ingest_socket == Path("/run/faultline/ingest.sock")  # agent.ingestSocket
-    assert cfg.journal_dirs == (Path("/var/log/journal"), Path("/run/log/journal"))
+    # by default no host path: findings leave on the termination message, the journal is not mounted
+    assert cfg.ingest_socket is None and cfg.journal_dirs == ()
+    monitor = yaml.safe_load(objects[("ConfigMap", "fl-object-monitor-config")]["data"]["config.yaml"])
+    assert monitor["preflight_findings"] is True and monitor["preflight_digests"] == [DIGEST]
+    assert monitor["builtin_rules"] is False and monitor["rules"] == []  # the reader alone: no object rule
+    journal = webhook_settings(render(ON, "preflight.journal=true"), tmp_path)
+    assert journal.journal_dirs == (Path("/var/log/journal"), Path("/run/log/journal"))
 
 
 def test_the_init_container_it_makes_accepts_its_settings(tmp_path: Path) -> None:
@@ -140,6 +145,7 @@ def test_the_init_container_it_makes_accepts_its_settings(tmp_path: Path) -> Non
         "preflight.dcgm.diagLevel=2",
         "preflight.preflightSettings.pcie_generation=true",
         "preflight.checks={ecc,xid,dcgm}",
+        "preflight.journal=true",
     )
     cfg = webhook_settings(docs, tmp_path)
     inject = preflight_inject.InjectSettings(
@@ -181,7 +187,7 @@ def test_the_init_container_it_makes_accepts_its_settings(tmp_path: Path) -> Non
     assert (resolved.dcgm_diag_level, resolved.dcgm_host) == (2, "10.0.0.7:5555")
     assert resolved.pcie_generation is True and resolved.expected_gpus == 8
     assert resolved.journal_dirs == (Path("/var/log/journal"), Path("/run/log/journal"))
-    assert resolved.ingest_socket == Path("/run/faultline/ingest.sock")
+    assert resolved.ingest_socket is None
 
 
 def test_a_simulator_directory(tmp_path: Path) -> None:
@@ -237,8 +243,7 @@ def test_switches(tmp_path: Path) -> None:
     assert objects[("ClusterRole", "fl-preflight-gang")]["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}
     ]
-    no_socket = webhook_settings(render(ON, "agent.ingestSocket="), tmp_path)
-    assert no_socket.ingest_socket is None  # the agent serves no socket: nothing to report to
+    assert ("Deployment", "fl-object-monitor") not in objects  # report off: no reader
 
 
 def test_cert_manager_instead(tmp_path: Path) -> None:
