@@ -32,6 +32,13 @@ _MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 _ENV = celpy.Environment()
 MAX_MESSAGE = 300
 QUOTED_VALUE = 60  # characters of a value quoted in the error that refuses it
+# The cost bound, checked at load (cel-python counts no cost while it evaluates, as Kubernetes' CEL does):
+# an expression's work grows with its size and, for each macro nested in another, with one more factor of
+# a list's length (a Node's conditions, a Pod's containers: tens). The built-in rules need at most 570
+# nodes and two nested macros.
+MAX_NODES = 2000  # of the parsed expression's tree
+MAX_SOURCE = 4000  # characters of an expression
+MAX_NESTING = 2  # macros (all, exists, map, filter, ...) inside one another
 
 Value = celtypes.Value
 
@@ -51,6 +58,14 @@ class Expression:
             raise CelError(f"does not parse{_where(source, exc.line, exc.column)}") from exc
         except Exception as exc:  # the parser raises lark's own errors too
             raise CelError(f"does not parse: {_short(exc)}") from exc
+        if len(source) > MAX_SOURCE:
+            raise CelError(f"is {len(source)} characters long; the limit is {MAX_SOURCE}")
+        nodes, nesting = _size(tree)
+        if nodes > MAX_NODES:
+            raise CelError(f"has {nodes} parts; the limit is {MAX_NODES} (a rule's cost is bounded at load)")
+        if nesting > MAX_NESTING:
+            raise CelError(f"nests {nesting} macros in one another; the limit is {MAX_NESTING} (each one "
+                           "multiplies its cost by a list's length)")  # fmt: skip
         names = _free_names(tree)
         unknown = sorted(names - NAMES)
         if unknown:
@@ -124,6 +139,24 @@ def _free_names(tree: Tree[Token]) -> set[str]:
                 if variable:
                     bound.add(variable)
     return names - bound
+
+
+def _size(tree: Tree[Token]) -> tuple[int, int]:
+    """The tree's node count and the deepest nesting of macros in one another: macros whose bodies hold
+    one another (a chain `a.filter(...).exists(...)` adds, not multiplies: a receiver does not count as
+    nested). Without recursion: a long `a + b + ...` is a tree as deep as it is long."""
+    nodes = sum(1 for _ in tree.iter_subtrees())
+    depth: dict[int, int] = {}
+    for node in tree.iter_subtrees():  # bottom-up: every child before its parent
+        kids = [c for c in node.children if isinstance(c, Tree)]
+        if node.data == "member_dot_arg" and len(node.children) > 2 and str(node.children[1]) in _MACROS:
+            receiver, args = node.children[0], node.children[2]
+            inner = depth[id(args)] if isinstance(args, Tree) else 0
+            outer = depth[id(receiver)] if isinstance(receiver, Tree) else 0
+            depth[id(node)] = max(outer, 1 + inner)
+        else:
+            depth[id(node)] = max((depth[id(c)] for c in kids), default=0)
+    return nodes, depth[id(tree)]
 
 
 def _bare_ident(node: Tree[Token] | Token) -> str | None:

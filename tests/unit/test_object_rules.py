@@ -238,3 +238,17 @@ def test_a_predicate_that_errs_is_not_true_and_says_why() -> None:
     )
     assert not verdict.holds
     assert verdict.error is not None and verdict.error.startswith("when: ")
+
+
+@pytest.mark.redteam
+def test_an_expression_whose_cost_is_unbounded_is_refused_at_load() -> None:
+    """A rule that would cost a list's length cubed, or one too large, never loads; chained macros and the
+    built-in rules' nesting of two do."""
+    with pytest.raises(cel.CelError, match="nests 3 macros in one another; the limit is 2"):
+        cel.Expression("object.a.all(x, object.a.all(y, object.a.exists(z, z == x + y)))")
+    with pytest.raises(cel.CelError, match="parts; the limit is 2000"):
+        cel.Expression("+".join(["1"] * 1000) + " == object.a")  # 2,011 characters, 7,013 parts
+    with pytest.raises(cel.CelError, match="characters long; the limit is 4000"):
+        cel.Expression("'" + "x" * 4000 + "' == object.a")
+    cel.Expression("object.a.filter(c, c > 1).map(c, c * 2).exists(c, c > 2)")  # a chain adds: allowed
+    cel.Expression("object.a.all(x, object.b.exists(y, y == x))")
