@@ -54,6 +54,7 @@ CLUSTER_SIGNERS = frozenset({"analyzer", "object-monitor", "maintenance", "janit
 KEY_FILE = "agent-key.pem"  # under the agent's state directory
 CLUSTER_KEY_BYTES = 32  # at least, in the cluster key file
 NODE_KEY_TTL_S = 30.0  # a verifier reuses a Node's published key this long
+NO_NODE = "<no such Node>"  # what a key reader says for a Node that does not exist
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MS = dt.timedelta(milliseconds=1)
 SIGNED = ("node", "entity", "code", "component", "count", "first_seen", "last_seen", "fatal", "action",
@@ -239,6 +240,8 @@ class Verifier:
             annotation = self._annotation(node)
             public = public_key(annotation)
             if public is None:
+                if annotation == NO_NODE:
+                    return Verdict(False, who, "no such Node")
                 why = "its Node's agent key is not one" if annotation else "its Node publishes no agent key"
                 return Verdict(False, who, why, retry=not annotation)
             try:

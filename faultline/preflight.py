@@ -38,6 +38,7 @@ MODEL = "faultline.io/preflight-gpu-model"  # pod annotation: the GPU model expe
 GANG = "faultline.io/gang"  # label or annotation: names the pod's gang explicitly
 GANG_SIZE = "faultline.io/gang-size"  # annotation: how many pods the gang has
 CONTAINER = "faultline-preflight"  # the init container's name
+RESERVED_VOLUME_PREFIX = f"{CONTAINER}-"  # every volume the webhook injects is named so
 GPU_RESOURCE = "nvidia.com/gpu"
 # characters of the preflight's termination message: the kubelet keeps 4096 bytes of /dev/termination-log,
 # and `kubectl describe pod` prints it whole
@@ -149,3 +150,39 @@ def read_findings(message: str) -> list[Finding]:
             Finding(check if check in CHECKS or check == "timeout" else "", code, "", gpu, Action(action))
         )
     return out
+
+
+# What the injected container's environment may not hold: what makes the interpreter or the loader run other
+# code in faultline's image (other webhooks' variables, a proxy's say, are left alone)
+CODE_ENV_PREFIXES = ("PYTHON", "LD_", "GCONV_PATH")
+TERMINATION_LOG = "/dev/termination-log"
+# the ServiceAccount token the API server mounts into every container (the gang's Lease is written with it)
+TOKEN_VOLUME_PREFIX = "kube-api-access-"  # noqa: S105 - a volume name, no secret
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"  # noqa: S105 - a path
+
+
+def container_problem(container: dict[str, object], args: tuple[str, ...] = ("preflight",)) -> str | None:
+    """Why a `faultline-preflight` container is not one the webhook would make, as far as its spec shows
+    (None: it could be): a command, other args, an environment that loads other code (CODE_ENV_PREFIXES),
+    envFrom, a mount of a volume not reserved for it (but the ServiceAccount token's), another termination
+    message path. (Its image is checked by
+    its caller: the webhook against its setting, the object monitor against the digest the kubelet ran.)"""
+    if container.get("command"):
+        return "it has a command of its own"
+    if list(container.get("args") or []) != list(args):  # type: ignore[call-overload]
+        return f"its args are not {list(args)}"
+    if container.get("envFrom"):
+        return "it has envFrom"
+    for item in container.get("env") or []:  # type: ignore[attr-defined]
+        name = str(item.get("name", "")) if isinstance(item, dict) else ""
+        if name.startswith(CODE_ENV_PREFIXES):
+            return f"its environment has {name[:60]!r}, which would run other code than faultline's"
+    for mount in container.get("volumeMounts") or []:  # type: ignore[attr-defined]
+        name = str(mount.get("name", "")) if isinstance(mount, dict) else ""
+        path = str(mount.get("mountPath", "")) if isinstance(mount, dict) else ""
+        token = name.startswith(TOKEN_VOLUME_PREFIX) and path == TOKEN_PATH  # the API server's own mount
+        if not name.startswith(RESERVED_VOLUME_PREFIX) and not token:
+            return f"it mounts {name[:60]!r}, a volume the webhook never gives it"
+    if container.get("terminationMessagePath") not in (None, TERMINATION_LOG):
+        return "its termination message path is not the kubelet's default"
+    return None

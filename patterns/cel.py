@@ -52,14 +52,14 @@ class Expression:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        if len(source) > MAX_SOURCE:  # before the parser sees it (it recurses on deep input)
+            raise CelError(f"is {len(source)} characters long; the limit is {MAX_SOURCE}")
         try:
             tree = _ENV.compile(source)
         except celparser.CELParseError as exc:
             raise CelError(f"does not parse{_where(source, exc.line, exc.column)}") from exc
         except Exception as exc:  # the parser raises lark's own errors too
             raise CelError(f"does not parse: {_short(exc)}") from exc
-        if len(source) > MAX_SOURCE:
-            raise CelError(f"is {len(source)} characters long; the limit is {MAX_SOURCE}")
         nodes, nesting = _size(tree)
         if nodes > MAX_NODES:
             raise CelError(f"has {nodes} parts; the limit is {MAX_NODES} (a rule's cost is bounded at load)")

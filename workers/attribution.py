@@ -44,7 +44,7 @@ def node_key_reader(api: kube.ApiClient) -> Callable[[str], str | None]:
         try:
             obj = kube.nodes.read(api, node)
         except NotFoundError:
-            return None
+            return evidence.NO_NODE  # refused, not waited for: no agent will ever publish a key there
         return ((obj.get("metadata") or {}).get("annotations") or {}).get(evidence.KEY_ANNOTATION)
 
     return read

@@ -158,9 +158,10 @@ class Janitor:
         user = repair.user
         if user is not None and current.started_at is None and not user_requests.still_wanted(self.api, user):
             return self._cancel(repair, index, current)
-        unacted = current.validate_until is None and current.acted_at is None and current.cloud_call is None
-        if not current.external and unacted and (why := self._unrequested(node, current)) is not None:
-            return self._refuse(repair, index, current, why)  # before anything is written anywhere
+        # on every look, whatever the round says it did already (the store is no authority on that either),
+        # before anything is written anywhere
+        if not current.external and (why := self._unrequested(node, current)) is not None:
+            return self._refuse(repair, index, current, why)
         unstarted = current.started_at is None and not current.external
         if unstarted and (why := self._left_alone(node)) is not None:  # an operator's override wins
             return self._cancel(repair, index, current, why, refused=True)
@@ -226,12 +227,13 @@ class Janitor:
         re-read after a reset or reboot), and validation's deadline, recorded on the round."""
         step, now = current.step, self.store.clock()
         if step == remedies.REPLACE and not current.external:
-            self.store.resolve_faults(current.fault_keys, f"janitor: {message}")  # the old hardware's
+            # the old hardware's, of this node only, whatever keys the round names
+            self.store.resolve_faults(current.fault_keys, f"janitor: {message}", node=repair.node)
         if step in (remedies.GPU_RESET, remedies.REBOOT) and not current.external:
             # the step verifiably happened: the node agent re-reads the round's GPUs from now on; a failed
             # preflight's findings were one look, which the next pod's preflight takes again
             self.store.resolve_observations(
-                current.fault_keys, preflight_findings.SOURCE, f"janitor: {message}"
+                current.fault_keys, preflight_findings.SOURCE, f"janitor: {message}", node=repair.node
             )
             self.store.record_step_verified(repair.id, index, now, message)
         if current.external:  # the external remediator may have finished before this janitor looked

@@ -33,12 +33,23 @@ from prometheus_client import CollectorRegistry, Counter
 from faultline import bounds, kube, store
 from faultline.errors import FaultlineError
 from faultline.models import Action, Component, Entity, Fault, FaultState, HealthEvent, event_id, fault_id
-from faultline.preflight import CONTAINER, INJECTED_LABEL, read_findings
+from faultline.preflight import (
+    CONTAINER,
+    ENABLED,
+    INJECTED_LABEL,
+    NAMESPACE_LABEL,
+    container_problem,
+    read_findings,
+)
 
 log = logging.getLogger(__name__)
 SOURCE = "preflight"  # Fault.metadata["source"]
 AGENT = "faultline-object-monitor"
 POLL_S = 10.0  # between two lists of the injected pods
+# what a preflight finding may ask for (its checks never ask for a replacement)
+TRUSTED_ACTIONS = frozenset(
+    {Action.COMPONENT_RESET, Action.RESTART_VM, Action.RESTART_BM, Action.CONTACT_SUPPORT}
+)
 
 
 def digest_of(image_id: str) -> str:
@@ -113,11 +124,17 @@ class FindingsReader:
             self.stop.wait(self.poll)
 
     def pass_once(self) -> int:
-        """One look at the injected pods; how many faults were written."""
+        """One look at the injected pods of the namespaces with preflight on; how many faults were written."""
         written = 0
+        enabled = {
+            n["metadata"]["name"]
+            for n in kube.namespaces.list_all(self.api, label_selector=f"{NAMESPACE_LABEL}={ENABLED}")
+        }
         for pod in kube.pods.list_all(
             self.api, label_selector=f"{INJECTED_LABEL}=true", what="injected pods"
         ):
+            if (pod.get("metadata") or {}).get("namespace") not in enabled:
+                continue  # the webhook never saw it: whatever it runs, it is not faultline's preflight
             for run, digest, finished, message in runs(pod):
                 if run in self.seen:
                     continue
@@ -131,12 +148,22 @@ class FindingsReader:
         if digest not in self.digests:
             self.seen.add(run)
             self.metrics.runs.labels(outcome="untrusted-image").inc()
-            why = digest or "no image digest"
+            image = digest or "no image digest"
             log.warning("preflight findings ignored: not faultline's image",
+                        extra={"item": where, "node": node, "reason": image})  # fmt: skip
+            return 0
+        inits: list[dict[str, Any]] = spec.get("initContainers") or []
+        spec_of: dict[str, Any] = next((c for c in inits if c.get("name") == CONTAINER), {})
+        if (why := container_problem(spec_of)) is not None:
+            self.seen.add(run)
+            self.metrics.runs.labels(outcome="not-injected").inc()
+            log.warning("preflight findings ignored: not the webhook's container",
                         extra={"item": where, "node": node, "reason": why})  # fmt: skip
             return 0
         try:
             findings = read_findings(message)
+            if any(f.action not in TRUSTED_ACTIONS for f in findings):
+                raise ValueError("a finding asks for an action preflight never asks for")
         except ValueError as exc:
             self.seen.add(run)
             self.metrics.runs.labels(outcome="unreadable").inc()

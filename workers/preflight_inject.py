@@ -43,7 +43,7 @@ from workers import gang
 ALLOWED_OPT = {"true": True, "false": False}
 # every volume the injection adds is named with this prefix (ingest, journal-<i>, sim): a pod's own volume
 # or mount under it is refused, so nothing but the injected init container sees the host paths behind them
-RESERVED_VOLUME_PREFIX = f"{preflight.CONTAINER}-"
+RESERVED_VOLUME_PREFIX = preflight.RESERVED_VOLUME_PREFIX
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,8 @@ def _decide(
                 f"init container {preflight.CONTAINER!r} is reserved for faultline's preflight: its "
                 f"FAULTLINE_* environment is not the one the webhook gives it"
             )
+        if (why := preflight.container_problem(ours[0], tuple(settings.args))) is not None:
+            return f"init container {preflight.CONTAINER!r} is reserved for faultline's preflight: {why}"
         return []
     patch: list[dict[str, Any]] = []
     if inits:

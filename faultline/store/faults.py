@@ -53,6 +53,7 @@ class Faults(Base):
         gets new ones. Returns whether the fault's write applied."""
         doc = fault_doc(fault)
         doc["revision"] = revision
+        doc["resolved_by"] = None  # the writer's own view: a resolver's word from before is not kept
         if self.signer is not None:
             doc["evidence"] = self.signer.sign(fault.id, doc)
         doc["updated_at"] = self.now()
@@ -134,13 +135,13 @@ class Faults(Base):
         """Were the findings of this preflight container run (its container id) written already?"""
         return self.faults.count_documents({"metadata.source": "preflight", "metadata.run": run}, limit=1) > 0
 
-    def resolve_observations(self, keys: Iterable[str], source: str, by: str) -> None:
-        """Resolve those of `keys` that are one-time observations from `source` (a failed preflight's
-        findings) on the janitor's word that its repair step verifiably happened."""
-        keys = [d["_id"] for d in self.faults.find(
-            {"_id": {"$in": list(keys)}, "metadata.source": source}, {"_id": 1})]  # fmt: skip
-        if keys:
-            self.resolve_faults(keys, by)
+    def resolve_observations(self, keys: Iterable[str], source: str, by: str, *, node: str) -> None:
+        """Resolve those of `keys` of `node` that are one-time observations from `source` (a failed
+        preflight's findings) on the janitor's word that its repair step verifiably happened."""
+        flt = {"_id": {"$in": list(keys)}, "node": node, "metadata.source": source}
+        found = [d["_id"] for d in self.faults.find(flt, {"_id": 1})]
+        if found:
+            self.resolve_faults(found, by, node=node)
 
     def open_fatal_faults(self, node: str) -> list[documents.FaultRecord]:
         docs = self.faults.find({"node": node})
@@ -152,7 +153,7 @@ class Faults(Base):
         """Is any of these faults fatal?"""
         return self.faults.count_documents({"_id": {"$in": list(keys)}, "fatal": True}) > 0
 
-    def resolve_faults(self, keys: Iterable[str], by: str) -> None:
+    def resolve_faults(self, keys: Iterable[str], by: str, *, node: str | None = None) -> None:
         """Resolve open faults on someone else's word (the janitor, for replaced hardware): `resolved_by`.
         With a signer, each is signed again as its resolver (the next revision), one update per fault."""
         change = {
@@ -160,7 +161,9 @@ class Faults(Base):
             "resolved_at": self.now(),
             "resolved_by": bounds.clip(by, bounds.STORED_TEXT),
         }
-        flt = {"_id": {"$in": list(keys)}, "state": FaultState.OPEN.value}
+        flt: dict[str, Any] = {"_id": {"$in": list(keys)}, "state": FaultState.OPEN.value}
+        if node is not None:  # only that node's, whatever keys a repair round names
+            flt["node"] = node
         if self.signer is None:
             self.faults.update_many(flt, {"$set": change})
             return

@@ -40,14 +40,7 @@ def _fault(node: str, code: str = "XID-79", action: Action = Action.RESTART_BM) 
 
 def _repair(st: store.Store, node: str, step: str, fault: Fault, request: str) -> str:
     """A repair round as the remediation worker leaves it for the janitor (and its RemediationRequest)."""
-    episode = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
-    key = f"{node}/{episode.isoformat()}"
-    st.db["repairs"].insert_one({
-        "_id": key, "node": node, "episode": episode, "first_seen": episode, "fatal": True,
-        "rounds": [{"step": step, "request": request, "fault_keys": [fault.id], "gpus": [fault.entity.id],
-                    "reason": "test", "requested_at": episode, "outcome": None, "at": None}],
-        "remediation": {"state": "idle", "attempts": 0}, "janitor": {"state": store.State.PENDING, "attempts": 0},
-    })  # fmt: skip
+    key = _round_only(st, node, step, fault, request)
     body = {"apiVersion": kube.resources.RR_API_VERSION, "kind": "RemediationRequest",
             "metadata": {"name": request, "labels": {"faultline.io/node": node}},
             "spec": {"node": node, "action": step, "gpus": [fault.entity.id], "reason": "test",
@@ -442,15 +435,17 @@ def test_an_external_remediators_template(
             w.halt()
 
 
-def _round_only(st: store.Store, node: str, step: str, fault: Fault, request: str, tag: str) -> str:
-    """A repair round written straight into the store (with the store's credential alone), naming
-    `request`, as root on some GPU node could."""
+def _round_only(
+    st: store.Store, node: str, step: str, fault: Fault, request: str, tag: str = "", **said: Any
+) -> str:
+    """A repair round in the store alone, naming `request` (which `_repair` then creates; written with the
+    store's credential alone, as root on some GPU node could, it names whatever it likes)."""
     episode = dt.datetime.now(dt.UTC).replace(tzinfo=None, microsecond=0)
-    key = f"{node}/{episode.isoformat()}-{tag}"
+    key = f"{node}/{episode.isoformat()}" + (f"-{tag}" if tag else "")
     st.db["repairs"].insert_one({
         "_id": key, "node": node, "episode": episode, "first_seen": episode, "fatal": True,
         "rounds": [{"step": step, "request": request, "fault_keys": [fault.id], "gpus": [fault.entity.id],
-                    "reason": "forged", "requested_at": episode, "outcome": None, "at": None}],
+                    "reason": "test", "requested_at": episode, "outcome": None, "at": None, **said}],
         "remediation": {"state": "idle", "attempts": 0}, "janitor": {"state": store.State.PENDING, "attempts": 0},
     })  # fmt: skip
     return key
@@ -482,6 +477,11 @@ def test_the_janitor_carries_out_only_what_a_remediation_request_asks_for(
         _round_only(st, node, remedies.REBOOT, fault, "forged-theirs-1", "b"): f"is for node '{other}'",
         _round_only(st, node, remedies.GPU_RESET, fault, "forged-step-1", "c"): "asks for 'REBOOT', not GPU_RESET",
         _round_only(st, node, remedies.REBOOT, fault, "forged-done-1", "d"): "was carried out already",
+        # a round claiming its step was done already (a Job run, a provider called, validation begun)
+        _round_only(st, node, remedies.REBOOT, fault, "forged-none-2", "e", acted_at=dt.datetime.now(dt.UTC),
+                    started_at=dt.datetime.now(dt.UTC)): "no RemediationRequest forged-none-2",
+        _round_only(st, node, remedies.REPLACE, fault, "forged-none-3", "f", cloud_call="replaced",
+                    boot_before="<node gone>"): "no RemediationRequest forged-none-3",
     }  # fmt: skip
     worker = janitor.Janitor(st, api, janitor.Settings(**FAST), "j-forged")
     worker.start()
@@ -495,5 +495,6 @@ def test_the_janitor_carries_out_only_what_a_remediation_request_asks_for(
         assert says in doc["rounds"][-1]["message"], doc["rounds"][-1]["message"]
         assert doc["result"] == "refused"
     assert kube.jobs.list_all(api, "faultline-system", label_selector=f"faultline.io/node={node}") == []
+    assert st.db["faults"].find_one({"_id": fault.id})["state"] == "open"  # no forged REPLACE resolved it
     assert not kube.resources.get_request(api, "forged-theirs-1").get("status")  # not written on
     assert kube.resources.get_request(api, "forged-step-1").get("status", {}).get("phase") is None

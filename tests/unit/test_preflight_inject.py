@@ -357,7 +357,7 @@ def test_a_pod_injected_already_keeps_its_volumes() -> None:
     patched = apply(pod([2], init=[None]), patch_of(review(pod([2], init=[None]))))
     for c in patched["spec"]["initContainers"] + patched["spec"]["containers"]:
         c.setdefault("volumeMounts", []).append(
-            {"name": "kube-api-access-x", "mountPath": "/var/run/secrets"}
+            {"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
         )
     for v in patched["spec"]["volumes"]:
         v["hostPath"].setdefault("type", "")  # the API server's default
@@ -439,3 +439,13 @@ def test_a_pod_posing_as_injected_is_refused(tamper: Callable[[dict[str, Any]], 
     obj = _injected()
     tamper(obj)
     assert refusal(review(obj)).startswith(message)
+
+
+@pytest.mark.redteam
+def test_an_injected_container_given_code_of_the_tenants_is_refused() -> None:
+    """PYTHONPATH (or LD_PRELOAD) on the webhook's own container would run the tenant's code in faultline's
+    image, whose termination message the object monitor believes: refused."""
+    for name in ("PYTHONPATH", "LD_PRELOAD"):
+        patched = apply(pod([1]), patch_of(review(pod([1]))))
+        patched["spec"]["initContainers"][0]["env"].append({"name": name, "value": "/work"})
+        assert f"its environment has '{name}'" in refusal(review(patched))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import requests
+import urllib3
 
 from faultline.errors import PermanentError, TransientError
 
@@ -93,7 +94,7 @@ def call(
             body = response.raw.read(ANSWER_MAX + 1, decode_content=True)
     except requests.RequestException as exc:
         raise TransientError(f"{what}: {exc}", delay=5.0) from exc
-    except OSError as exc:  # the connection broke while the answer was read
+    except (OSError, urllib3.exceptions.HTTPError) as exc:  # the connection broke while the answer was read
         raise TransientError(f"{what}: {exc}", delay=5.0) from exc
     if len(body) > ANSWER_MAX:
         raise CloudError(f"{what}: HTTP {response.status_code}: an answer larger than {ANSWER_MAX} bytes")

@@ -247,7 +247,7 @@ spec:
         - name: evidence
           secret:
             secretName: {{ include "faultline.evidence.secret" $root }}
-            items: [{key: {{ $root.Values.evidence.existingSecretKey }}, path: key}]
+            items: [{key: {{ ternary $root.Values.evidence.existingSecretKey "key" (not (empty $root.Values.evidence.existingSecret)) }}, path: key}]
         {{- end }}
         {{- with .volumes }}
         {{- toYaml . | nindent 8 }}
