@@ -21,7 +21,7 @@ from typing import Any
 
 from devtools.chaos import audit
 from devtools.chaos.plan import Schedule
-from faultline import bounds, kube, store
+from faultline import bounds, evidence, kube, store
 from faultline.models import event_id, fault_id, utc_from_epoch
 from sources import simulator
 
@@ -85,9 +85,11 @@ def _nodes(world: World, api: Any) -> list[str]:
         if obj["spec"].get("unschedulable"):
             out.append(f"{name}: cordoned")
         marks = [t["key"] for t in obj["spec"].get("taints") or [] if t["key"].startswith(OWNED_MARKS)]
-        marks += [k for k in {**(obj["metadata"].get("annotations") or {}),
-                              **(obj["metadata"].get("labels") or {})} if k.startswith(OWNED_MARKS)
-                  and k != "faultline.io/simulated"]  # fmt: skip
+        marks += [
+            k
+            for k in {**(obj["metadata"].get("annotations") or {}), **(obj["metadata"].get("labels") or {})}
+            if k.startswith(OWNED_MARKS) and k not in ("faultline.io/simulated", evidence.KEY_ANNOTATION)
+        ]  # the agent's own key stays
         if marks:
             out.append(f"{name}: faultline marks left {sorted(marks)}")
     listed = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p

@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from devtools import procs, realnode, tools
 from devtools.cluster import LocalCluster
-from faultline import kube
+from faultline import evidence, kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import NotFoundError, TransientError
 from workers import rules
@@ -126,14 +126,17 @@ def restarts(pod: dict[str, Any]) -> list[int]:
     return [s["restartCount"] for s in pod["status"].get("containerStatuses") or []]
 
 
-def faultline_marks(node: dict[str, Any]) -> list[str]:
+def faultline_marks(node: dict[str, Any], *, running: bool = False) -> list[str]:
+    """What faultline left on the Node; `running`: while the release runs, the agent's published key is its
+    identity, not a mark (uninstall takes it too)."""
     meta, spec = node["metadata"], node["spec"]
     marks = [
         f"label {k}"
         for k in meta.get("labels") or {}
         if k.startswith("faultline.io/") and k not in CLUSTER_LABELS
     ]
-    marks += [f"annotation {k}" for k in meta.get("annotations") or {} if k.startswith("faultline.io/")]
+    marks += [f"annotation {k}" for k in meta.get("annotations") or {}
+              if k.startswith("faultline.io/") and not (running and k == evidence.KEY_ANNOTATION)]  # fmt: skip
     marks += [f"taint {t['key']}" for t in spec.get("taints") or [] if t["key"].startswith("faultline.io/")]
     if spec.get("unschedulable"):
         marks.append("cordoned")

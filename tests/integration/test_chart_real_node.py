@@ -167,7 +167,7 @@ def test_the_chart_from_the_registry_runs_detects_quarantines_repairs_and_uninst
 
         try:
             procs.wait_for("the real node released (repair validated, hold-down over)",
-                           lambda: not chartutil.faultline_marks(kube.nodes.read(api, NODE)), 150,
+                           lambda: not chartutil.faultline_marks(kube.nodes.read(api, NODE), running=True), 150,
                            interval=0.5)  # fmt: skip
         except TransientError as exc:
             raise AssertionError(release.diagnosis()) from exc
