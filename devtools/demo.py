@@ -46,6 +46,9 @@ CONFIG_DIR = "/etc/faultline/config"
 DEMO_VALUES: dict[str, Any] = {
     "agent": {
         "gpuBackend": "sim",
+        # the simulated nodes' agents are local processes, not pods: their tokens carry no node, which the
+        # agents' node policy requires (a real node's agent, with --real-node, is a pod either way)
+        "nodePolicy": False,
         "config": {
             "gpu_poll_interval": "500ms",
             "repair_poll_interval": "500ms",
@@ -258,6 +261,12 @@ class DemoStack:
                 local.mkdir(parents=True, exist_ok=True)
                 for file, text in (cm.data or {}).items():
                     (local / file).write_text(text)
+            elif volume.get("secret"):  # the evidence key: the Secret's items as files
+                secret = kube.core(api).read_namespaced_secret(volume["secret"]["secret_name"], NAMESPACE)
+                local.mkdir(parents=True, exist_ok=True)
+                data = secret.data or {}
+                for item in volume["secret"].get("items") or [{"key": k, "path": k} for k in data]:
+                    (local / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
             elif volume.get("host_path") and node is not None:  # the node's file system
                 local = self.node_root(node) / volume["host_path"]["path"].lstrip("/")
                 if volume["host_path"].get("type") != "File":

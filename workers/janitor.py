@@ -158,9 +158,11 @@ class Janitor:
         user = repair.user
         if user is not None and current.started_at is None and not user_requests.still_wanted(self.api, user):
             return self._cancel(repair, index, current)
-        # on every look, whatever the round says it did already (the store is no authority on that either),
-        # before anything is written anywhere
-        if not current.external and (why := self._unrequested(node, current)) is not None:
+        # on every look until the step is done, whatever the round says it did already (the store is no
+        # authority on that either), before anything is written anywhere; a request deleted while its round
+        # validates only loses its status
+        step_part = current.validate_until is None
+        if not current.external and step_part and (why := self._unrequested(node, current)) is not None:
             return self._refuse(repair, index, current, why)
         unstarted = current.started_at is None and not current.external
         if unstarted and (why := self._left_alone(node)) is not None:  # an operator's override wins

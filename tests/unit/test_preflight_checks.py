@@ -267,10 +267,13 @@ def test_the_command_on_the_simulator(tmp_path: Path) -> None:
     ]
     bad = subprocess.run([*argv, "--node", NODE], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 1, bad.stderr
+    people, findings = term.read_text().rstrip("\n").split("\n")
     assert (
-        term.read_text() == f"preflight remap failed: PREFLIGHT-REMAP-PENDING on GPU {BUS[2]}: a row "
-        "remapping waits for a GPU reset\n"
+        people
+        == f"preflight remap failed: PREFLIGHT-REMAP-PENDING on GPU {BUS[2]}: a row remapping waits for a GPU reset"
     )
+    assert findings == (f'faultline-findings: [{{"code":"PREFLIGHT-REMAP-PENDING","gpu":"{BUS[2]}",'
+                        '"action":"COMPONENT_RESET","check":"remap"}]')  # fmt: skip
     term.unlink()
     good = subprocess.run(
         [*argv, "--node", "pf-clean"], capture_output=True, text=True, timeout=60, check=False
