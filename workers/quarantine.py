@@ -42,6 +42,8 @@ WORKER = "quarantine"
 OWNED_ANNOTATION = "faultline.io/quarantine"
 BREAKER_ID = store.BREAKER_ID
 BREAKER_REFRESH_S = 1.0
+BREAKER_TRIES = 3  # decisions made again when the stored breaker changed under this replica
+STALE_VIEW = dt.datetime.min.replace(tzinfo=dt.UTC)  # a view's read time that forces the next read
 # a node this replica admitted counts against the breaker until a read of the store shows its record (its
 # patch and record may still be under way: a slow API server, a conflict), for this long at most
 ADMITTED_CARRY_S = 30.0
@@ -421,7 +423,30 @@ class QuarantineWorker:
         BREAKER_REFRESH_S (a person's reset shows within that time); in between, this replica counts its
         own admissions (until a read shows their records), so it alone never passes a limit, and other
         replicas' admissions show within that time. No database call is made while the decision's lock
-        is held, except the refresh itself."""
+        is held, except the refresh itself. A change of the stored state is made only from the revision
+        this replica read: when another replica or a person changed it meanwhile (a reset), the view is
+        read again and the decision made again on it."""
+        for _ in range(BREAKER_TRIES):
+            admitted, changed = self._decide(node, now)
+            if changed is None:
+                return admitted
+            state, revision = changed
+            if self.store.save_breaker(state.state, state.since, state.reason, revision=revision):
+                if state.state == breaker.OPEN:
+                    self.metrics.limited.labels(limit="breaker").inc()
+                    log.warning("circuit breaker tripped: it stays open until `faultline breaker reset`: %s",
+                                state.reason, extra={"node": node, "worker": WORKER})  # fmt: skip
+                return admitted  # other replicas count it once its record (quarantined_at) is written
+            with self.breaker_lock:  # changed meanwhile: read it again, and decide again on it
+                view = self.breaker_view
+                if view is not None:
+                    view.read_at = STALE_VIEW
+                    view.admitted.pop(node, None)
+        return False  # the breaker keeps changing under this replica: held back, tried again by the resync
+
+    def _decide(self, node: str, now: dt.datetime) -> tuple[bool, tuple[breaker.BreakerState, int] | None]:
+        """The admission on this replica's view, and the stored state's change it needs (with the
+        revision it was read at), if any."""
         cfg = self.settings.breaker
         with self.breaker_lock:
             view = self.breaker_view
@@ -438,18 +463,16 @@ class QuarantineWorker:
             recent = len(view.counted | mine) - (node in view.counted or node in mine)
             held = len(view.held | set(view.admitted)) - (node in view.held or node in view.admitted)
             admitted, new = breaker.admit(view.state, cfg, now, recent, view.gpu_nodes, held)
-            store_it = new != view.stored
+            changed = (new, view.revision) if new != view.stored else None
             if admitted:
                 view.admitted[node] = now
-            view.state = view.stored = new
+            if changed is None:
+                view.state = new
+            else:
+                view.state = view.stored = new
+                view.revision += 1
             self.breaker_view = view
-        if store_it:
-            self.store.save_breaker(new.state, new.since, new.reason)
-            if new.state == breaker.OPEN:
-                self.metrics.limited.labels(limit="breaker").inc()
-                log.warning("circuit breaker tripped: it stays open until `faultline breaker reset`: %s",
-                            new.reason, extra={"node": node, "worker": WORKER})  # fmt: skip
-        return admitted  # other replicas count it once its record (quarantined_at) is written
+        return admitted, changed
 
     def _read_breaker(self, now: dt.datetime) -> _BreakerView:
         doc = self.store.breaker()
@@ -463,7 +486,7 @@ class QuarantineWorker:
         if self.settings.breaker.capped:
             held = self.store.held_node_names()
         gpu_nodes = self._gpu_node_count() if self.settings.breaker.limited else 0
-        return _BreakerView(now, stored, state, counted, held, {}, gpu_nodes)
+        return _BreakerView(now, stored, state, counted, held, {}, gpu_nodes, doc.revision)
 
 
 @dataclass
@@ -475,6 +498,7 @@ class _BreakerView:
     held: set[str]  # nodes held now, as read (the cap)
     admitted: dict[str, dt.datetime]  # admitted by this replica since the read (and ADMITTED_CARRY_S before)
     gpu_nodes: int
+    revision: int  # the stored state's, as read (see `Store.save_breaker`)
 
 
 def _gpus(node: dict[str, Any]) -> int:

@@ -164,6 +164,7 @@ class Breaker(Document):
     reset_by: str = ""
     reset_reason: str = ""
     reset_at: UTCDateTime | None = None
+    revision: int = 0  # every change adds one: a replica changes the state only from the one it read
 
 
 class PodRecord(Document):

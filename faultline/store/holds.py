@@ -12,6 +12,8 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pymongo.errors import DuplicateKeyError
+
 from faultline.models import FaultState
 from faultline.store import documents
 from faultline.store.base import Base, utc
@@ -85,16 +87,28 @@ class Holds(Base):
     def breaker(self) -> documents.Breaker:
         return documents.Breaker.from_doc(self.nodes.find_one({"_id": BREAKER_ID}) or {})
 
-    def save_breaker(self, state: str, since: dt.datetime | None, reason: str) -> None:
-        since = None if since is None else utc(since)
-        self.upsert(
-            self.nodes, {"_id": BREAKER_ID}, {"$set": {"state": state, "since": since, "reason": reason}}
-        )
+    def save_breaker(self, state: str, since: dt.datetime | None, reason: str, *, revision: int) -> bool:
+        """A worker's change of the breaker, made only if it is still at `revision` (what the worker read):
+        False when another replica or a person changed it since (a reset is never undone by a replica that
+        had not seen it; the worker reads it again and decides again)."""
+        fields = {"state": state, "since": None if since is None else utc(since), "reason": reason}
+        # no revision yet: the document is new, or older than revisions (treated as 0)
+        expected: Any = {"$exists": False} if revision == 0 else revision
+        try:
+            done = self.nodes.update_one(
+                {"_id": BREAKER_ID, "revision": expected},
+                {"$set": {**fields, "revision": revision + 1}},
+                upsert=revision == 0,
+            )
+        except DuplicateKeyError:
+            return False  # written meanwhile, with a revision
+        return bool(done.matched_count or done.upserted_id is not None)
 
     def reset_breaker(self, state: str, at: dt.datetime, reason: str, *, by: str, why: str) -> None:
         """A person's reset of the breaker: its new state, and who reset it, why and when (kept until the
-        next reset; a later trip leaves them)."""
+        next reset; a later trip leaves them). It wins over any replica's change in flight (see
+        `save_breaker`)."""
         at = utc(at)
         fields = {"state": state, "since": at, "reason": reason, "reset_by": by, "reset_reason": why,
                   "reset_at": at}  # fmt: skip
-        self.upsert(self.nodes, {"_id": BREAKER_ID}, {"$set": fields})
+        self.upsert(self.nodes, {"_id": BREAKER_ID}, {"$set": fields, "$inc": {"revision": 1}})

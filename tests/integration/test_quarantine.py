@@ -294,6 +294,47 @@ def test_a_sustained_storm_over_the_fleet_is_capped_until_a_person_resets(
     assert len(cordoned()) == 5 and seen_max == 5 and not (cordoned() & first)
 
 
+@pytest.mark.redteam
+def test_a_replica_that_had_not_seen_a_reset_cannot_undo_it(
+    nodes: Any, mongo: Any, mongo_db: Any, api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica's view of the breaker is up to a second old (a minute here, to see it every time). One that counted a quarantine, then missed a
+    person's reset, would trip on its stale count and store "open" over the reset; its change is made only
+    from the revision it read, so it reads the reset and decides again: the next node is admitted and the
+    person's reset stands. Trips still land (from the revision read)."""
+    first, second = nodes(2)
+    monkeypatch.setattr(quarantine, "BREAKER_REFRESH_S", 60.0)
+    w = worker(mongo_db, api, breaker=breaker.BreakerConfig(max_share=None, max_count=1))  # not started
+    assert w._admit(first, dt.datetime.now(dt.UTC))  # its view: one quarantine in the window
+    reset_breaker(mongo, mongo_db, "storm understood")
+    revision = breaker_doc(mongo_db)["revision"]
+    # on the stale count this trips; the reset is read instead, and counts from then
+    now = dt.datetime.now(dt.UTC)
+    assert w._admit(second, now)
+    doc = breaker_doc(mongo_db)
+    assert (doc["state"], doc["reset_by"], doc["revision"]) == ("closed", "alice", revision)
+    # a third node past the limit since the reset: a real trip, stored from the revision read
+    assert not w._admit("third", now + dt.timedelta(milliseconds=1))
+    doc = breaker_doc(mongo_db)
+    assert (doc["state"], doc["revision"]) == ("open", revision + 1) and "limit 1" in doc["reason"]
+
+
+def test_breaker_changes_are_made_only_from_the_revision_read(mongo_db: Any) -> None:
+    st = store.Store(mongo_db)
+    assert st.breaker().revision == 0
+    assert st.save_breaker("open", None, "trip", revision=0)  # no document yet: created
+    assert not st.save_breaker("open", None, "again", revision=0)  # another replica's, from 0 too
+    assert st.breaker().revision == 1 and st.breaker().reason == "trip"
+    st.reset_breaker("closed", dt.datetime.now(dt.UTC), "reset", by="alice", why="done")
+    assert not st.save_breaker("open", None, "stale", revision=1)
+    got = st.breaker()
+    assert (got.state, got.revision, got.reset_by) == ("closed", 2, "alice")
+    assert st.save_breaker("open", None, "fresh", revision=2)
+    assert (st.breaker().state, st.breaker().revision) == ("open", 3)
+    mongo_db["nodes"].replace_one({"_id": "breaker:quarantine"}, {"state": "open"})  # an older version's
+    assert st.breaker().revision == 0 and st.save_breaker("closed", None, "legacy", revision=0)
+
+
 def test_two_replicas_never_double_act(running: Any, nodes: Any, mongo_db: Any, api: Any) -> None:
     names = nodes(6)
     unlimited = breaker.BreakerConfig(max_share=None, max_count=None)
