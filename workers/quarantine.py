@@ -20,6 +20,7 @@ is older than `max_fault_age` when a worker first sees them are recorded (their 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -286,13 +287,17 @@ class QuarantineWorker:
         annotations = dict(meta.get("annotations") or {})
         owned = owned_record(annotations.get(OWNED_ANNOTATION), node)
         taints = tuple(sorted((t["key"], t.get("value", ""), t["effect"]) for t in spec.get("taints") or ()))
-        state = rules.NodeState(bool(spec.get("unschedulable")), taints, labels, owned)
+        state = rules.NodeState(bool(spec.get("unschedulable")), taints, labels, owned, annotations)
         if self.attribution is not None:
             self.attribution.learn(node, annotations)
         faults, last_resolved, refused = self._open_faults(node, docs)
         holds = owned != rules.Owned()
         d = overrides.decide(self.settings.rules, faults, state, annotations, meta.get("managedFields"), now)
         want, outcome, cancelled = d.want, d.outcome, d.cancelled
+        if want.quarantined and self.settings.hold_annotations:  # other systems leave it alone meanwhile
+            want = dataclasses.replace(
+                want, annotations=tuple(sorted(self.settings.hold_annotations.items()))
+            )
         if d.bad_pause:
             common.post_event(self.api, node, reason="FaultlineBadAnnotation", note=d.bad_pause,
                               action="Quarantine", warning=True, worker=WORKER, owner=self.owner)  # fmt: skip
@@ -368,6 +373,8 @@ class QuarantineWorker:
             "metadata": {
                 "labels": labels,
                 "annotations": {
+                    **p.set_annotations,
+                    **dict.fromkeys(p.remove_annotations),
                     OWNED_ANNOTATION: json.dumps(p.owned.as_json(), separators=(",", ":")) if held else None,
                     rules.FAULTS_ANNOTATION: ",".join(want.faults) if held else None,
                     overrides.CANCELLED_ANNOTATION: cancelled,

@@ -36,9 +36,9 @@ import threading
 from typing import Any
 
 from faultline import bounds, conditions, config, evidence, kube, liveness, store
-from faultline.errors import ConflictError
+from faultline.errors import ConfigError, ConflictError, NotFoundError
 from faultline.models import PROVIDER_REPAIR, Action, RepairOutcome, RepairStep
-from workers import attribution, common, remedies, templates
+from workers import attribution, common, others, remedies, templates
 
 log = logging.getLogger(__name__)
 WORKER = "remediation"
@@ -47,6 +47,7 @@ CONDITION = "FaultlineRemediation"
 WAIT_DRAIN = store.State.DRAIN  # the repair waits for the whole node's drain after a partial one
 _SEVERITY = {a: i for i, a in enumerate(Action)}
 BUSY_RETRY = dt.timedelta(seconds=5)  # look again this long after finding another repair under way
+YIELD_RETRY = dt.timedelta(seconds=30)  # look again this long after finding another system acting on the node
 ACTIVE = (store.State.PENDING, store.State.CLAIMED)
 UNIQUE_PART = 8  # characters of the hash (or of a person's request's uid) that make a request's name unique
 
@@ -60,7 +61,15 @@ class Settings(config.RemediationTuning):
     @classmethod
     def from_config(cls, cfg: config.RemediationConfig) -> Settings:
         template = templates.load(cfg.template) if cfg.template else None
+        markers(cfg.yield_to)  # a bad marker fails at start, named
         return config.part(cfg, cls, caps=config.part(cfg, remedies.Caps), template=template)
+
+
+def markers(texts: tuple[str, ...]) -> tuple[others.Marker, ...]:
+    try:
+        return tuple(others.parse(t) for t in texts)
+    except ValueError as exc:
+        raise ConfigError(f"remediation yield_to: {exc}") from None
 
 
 def request_name(node: str, episode: dt.datetime | None, round_: int) -> str:
@@ -91,6 +100,7 @@ class Remediation:
         self.owner = owner
         self.metrics = common.WorkerMetrics(WORKER)
         self.attribution = None if verifier is None else attribution.Attribution(verifier, self.metrics)
+        self.yield_to = markers(settings.yield_to)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection=store.Work.REPAIRS, order=("-fatal", "first_seen"),
@@ -136,6 +146,8 @@ class Remediation:
             # another repair of the node (a person's RemediationRequest) is under way: decide after it
             later = self.store.clock() + BUSY_RETRY
             return store.Completion(store.State.PENDING, retry_after=later, fresh=True)  # no failed try
+        if self.yield_to and (deferred := self._other_remediator(node)) is not None:
+            return deferred
         episode = next((r for r in others if r.user is None and r.remediation.state in ACTIVE), None)
         if repair.user is not None and episode is not None:  # a failed request: the episode escalates
             self.store.set_repair_result(repair.id, f"escalation left to repair {episode.id}")
@@ -197,6 +209,29 @@ class Remediation:
                           warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
         self.metrics.actions.labels(result=decision.step.lower()).inc()
         return store.Completion(then=store.HandOver.TO_JANITOR)  # the hand-over, set when this claim closes
+
+    def _other_remediator(self, node: str) -> common.Outcome | None:
+        """While the Node carries another system's marker (`yield_to`), no round: the node stays held and
+        the claim looks again after YIELD_RETRY; the condition FaultlineRemediation says why."""
+        try:
+            obj = kube.nodes.read(self.api, node)
+        except NotFoundError:
+            return None  # gone: the round finds no Node either way, as before
+        marker = others.present(obj, self.yield_to)
+        if marker is None:
+            return None
+        message = f"another system is acting on this node ({marker}): held, and no repair meanwhile"
+        current = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}.get(CONDITION)
+        if (current or {}).get("reason") != "OtherRemediator" or (current or {}).get("message") != message:
+            kube.nodes.write_conditions(self.api, node, [{
+                "type": CONDITION, "status": "False", "reason": "OtherRemediator", "message": message,
+            }], [])  # fmt: skip
+            common.post_event(self.api, node, reason="FaultlineRemediationDeferred", note=message,
+                              action="Remediate", warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
+        log.info("repair deferred to another system", extra={"node": node, "reason": str(marker)})
+        self.metrics.actions.labels(result="deferred").inc()
+        later = self.store.clock() + YIELD_RETRY
+        return store.Completion(store.State.PENDING, retry_after=later, fresh=True)
 
     def _needs_whole_node(self, repair: store.Repair, step: RepairStep, gpus: list[str]) -> bool:
         """After a partial drain of this episode, a step other than a reset of the drained GPUs widens

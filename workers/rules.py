@@ -152,6 +152,9 @@ class Desired:
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect), sorted
     labels: tuple[tuple[str, str], ...] = ()
     faults: tuple[str, ...] = ()  # the open fault keys that made it
+    # annotations while it is held (other systems told to leave the node alone: Karpenter's do-not-disrupt);
+    # they do not make a quarantine by themselves
+    annotations: tuple[tuple[str, str], ...] = ()
 
     @property
     def quarantined(self) -> bool:
@@ -211,15 +214,19 @@ class Owned:
     cordoned: bool = False
     taints: tuple[tuple[str, str, str], ...] = ()
     labels: tuple[str, ...] = ()
+    annotations: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "cordoned": self.cordoned,
             "taints": [
                 {"key": k, "value": v, "effect": e} for k, v, e in self.taints
             ],  # FerretDB: no nested arrays
             "labels": list(self.labels),
         }
+        if self.annotations:  # only then: records of holds without any read as before
+            doc["annotations"] = list(self.annotations)
+        return doc
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Owned:
@@ -228,7 +235,10 @@ class Owned:
         taints = tuple(
             (str(t["key"]), str(t.get("value", "")), str(t["effect"])) for t in data.get("taints") or []
         )
-        return cls(bool(data.get("cordoned")), taints, tuple(str(x) for x in data.get("labels", [])))
+        return cls(
+            bool(data.get("cordoned")), taints, tuple(str(x) for x in data.get("labels", [])),
+            tuple(str(x) for x in data.get("annotations", [])),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -237,6 +247,7 @@ class NodeState:
     taints: tuple[tuple[str, str, str], ...]  # every taint on the node
     labels: Mapping[str, str]
     owned: Owned
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -249,6 +260,8 @@ class Plan:
     remove_labels: tuple[str, ...] = ()
     owned: Owned = field(default_factory=Owned)
     changed: bool = False
+    set_annotations: dict[str, str] = field(default_factory=dict)
+    remove_annotations: tuple[str, ...] = ()
 
 
 def plan(state: NodeState, want: Desired) -> Plan:
@@ -295,10 +308,29 @@ def plan(state: NodeState, want: Desired) -> Plan:
                 set_labels[key] = value
     remove = tuple(sorted(k for k in owned.labels if k not in owned_labels and k in state.labels))
 
-    new_owned = Owned(owns_cordon, tuple(sorted(owned_taints)), tuple(sorted(owned_labels)))
+    # annotations: like labels, an annotation someone else set first is theirs (kept, never removed)
+    set_annotations: dict[str, str] = {}
+    owned_annotations: set[str] = set()
+    for key, value in want.annotations:
+        if key in owned.annotations or key not in state.annotations:
+            owned_annotations.add(key)
+            if state.annotations.get(key) != value:
+                set_annotations[key] = value
+    remove_annotations = tuple(
+        sorted(k for k in owned.annotations if k not in owned_annotations and k in state.annotations)
+    )
+
+    new_owned = Owned(
+        owns_cordon,
+        tuple(sorted(owned_taints)),
+        tuple(sorted(owned_labels)),
+        tuple(sorted(owned_annotations)),
+    )
     new_taints = tuple(sorted(set(taints)))
     changed = (
         unschedulable != state.unschedulable or new_taints != tuple(sorted(set(state.taints)))
-        or bool(set_labels) or bool(remove) or new_owned != owned
+        or bool(set_labels) or bool(remove) or bool(set_annotations) or bool(remove_annotations)
+        or new_owned != owned
     )  # fmt: skip
-    return Plan(unschedulable, new_taints, set_labels, remove, new_owned, changed)
+    return Plan(unschedulable, new_taints, set_labels, remove, new_owned, changed, set_annotations,
+                remove_annotations)  # fmt: skip

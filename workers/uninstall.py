@@ -82,6 +82,7 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
         taints=tuple((t["key"], t.get("value", ""), t["effect"]) for t in spec.get("taints") or []),
         labels=meta.get("labels") or {},
         owned=owned,
+        annotations=annotations,
     )
     p = rules.plan(state, rules.Desired())
     marks = (quarantine.OWNED_ANNOTATION, rules.FAULTS_ANNOTATION, overrides.CANCELLED_ANNOTATION,
@@ -96,7 +97,7 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
     body = {
         "metadata": {
             "labels": dict.fromkeys(p.remove_labels),
-            "annotations": dict.fromkeys(ours),
+            "annotations": dict.fromkeys([*ours, *p.remove_annotations]),
         },
         "spec": {
             "unschedulable": unschedulable or None,

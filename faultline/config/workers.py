@@ -24,6 +24,21 @@ from faultline.config.base import (
 _SECOND = dt.timedelta(seconds=1)
 _ZERO = dt.timedelta(0)
 _NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+_QUALIFIED = re.compile(
+    r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+# what a held node carries by default: Karpenter (v1) does not voluntarily disrupt a Node annotated
+# karpenter.sh/do-not-disrupt, nor the cluster autoscaler scale down one annotated scale-down-disabled
+HOLD_ANNOTATIONS = {
+    "karpenter.sh/do-not-disrupt": "true",
+    "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+}
+# other remediators' markers on a node they are taking away (`workers.others` reads them)
+YIELD_TO = (
+    "taint:karpenter.sh/disrupted",  # Karpenter v1
+    "taint:karpenter.sh/disruption",  # Karpenter before v1
+    "taint:ToBeDeletedByClusterAutoscaler",
+)
 
 
 def _lease() -> Duration:
@@ -72,8 +87,22 @@ class QuarantineTuning(Part):
         description="set a node's faultline conditions Unknown when its agent has not reported for this "
         "long (duration; the agent reports at least every 4 minutes); at least 5m",
     )  # fmt: skip
+    hold_annotations: dict[str, str] = Field(
+        default_factory=lambda: dict(HOLD_ANNOTATIONS),
+        description="annotations put on a node while faultline holds it (its repair included) and removed "
+        "at release, unless someone else set them first: other systems told to leave the node alone "
+        "(Karpenter's do-not-disrupt, the cluster autoscaler's scale-down-disabled); {}: none",
+    )  # fmt: skip
     qps: float = _qps()
     burst: int = _burst()
+
+    @field_validator("hold_annotations")
+    @classmethod
+    def _annotation_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _QUALIFIED.fullmatch(key) or len(key.rpartition("/")[2]) > 63:
+                raise ValueError(f"hold_annotations: {key!r} is not an annotation key ([prefix/]name)")
+        return value
 
 
 class QuarantineConfig(Component, StoreFields, KubeFields, WorkerFields, VerifyFields, QuarantineTuning):
@@ -176,6 +205,13 @@ class RemediationTuning(Part):
     resync_interval: Duration = Field(
         default=dt.timedelta(seconds=2), gt=_ZERO, description="reread the work list this often (duration)"
     )
+    yield_to: tuple[str, ...] = Field(
+        default=YIELD_TO,
+        description="markers of another system repairing or removing a node (taint:KEY, "
+        "condition:TYPE=STATUS, label:KEY[=VALUE], annotation:KEY[=VALUE]): while a node carries one, no "
+        "repair round is decided for it (it stays held); the default: Karpenter's and the cluster "
+        "autoscaler's disruption taints",
+    )  # fmt: skip
 
 
 class RepairCaps(Part):

@@ -102,6 +102,7 @@ def running(mongo_db: Any, api: Any) -> Iterator[Any]:
 
 
 FAULT_TAINT = ("faultline.io/fault", "XID-79", "NoSchedule")
+HOLD_ANNOTATIONS = ("karpenter.sh/do-not-disrupt", "cluster-autoscaler.kubernetes.io/scale-down-disabled")
 
 
 def test_fatal_fault_quarantines_and_resolution_releases(
@@ -115,6 +116,8 @@ def test_fatal_fault_quarantines_and_resolution_releases(
     assert FAULT_TAINT in view["taints"]
     assert view["labels"]["faultline.io/state"] == "quarantined"
     assert view["annotations"]["faultline.io/faults"] == fault(name).id
+    for key in HOLD_ANNOTATIONS:  # other systems (Karpenter, the cluster autoscaler) leave it alone
+        assert view["annotations"][key] == "true", key
     procs.wait_for("the Event", lambda: events(api, name, "FaultlineQuarantined") == 1, 5)
     procs.wait_for(
         "the record", lambda: (mongo_db["nodes"].find_one({"_id": name}) or {}).get("quarantined"), 5
@@ -129,7 +132,7 @@ def test_fatal_fault_quarantines_and_resolution_releases(
     view = node_view(api, name)
     assert FAULT_TAINT not in view["taints"]
     assert "faultline.io/state" not in view["labels"]
-    assert not any(k.startswith("faultline.io/") for k in view["annotations"])
+    assert not any(k.startswith("faultline.io/") or k in HOLD_ANNOTATIONS for k in view["annotations"])
     assert view["labels"]["nvidia.com/gpu.present"] == "true"  # the rest untouched
     procs.wait_for("the Event", lambda: events(api, name, "FaultlineReleased") == 1, 5)
     procs.wait_for("the record", lambda: mongo_db["nodes"].find_one({"_id": name})["quarantined"] is False, 5)
@@ -179,6 +182,21 @@ def test_opt_out_dry_run_non_fatal_and_stale_faults_change_nothing(
     for n, view in before.items():
         assert node_view(api, n)["taints"] == view["taints"] and not node_view(api, n)["cordoned"], n
     assert events(api, opted, "FaultlineQuarantined") == 0
+
+
+def test_a_do_not_disrupt_someone_else_set_stays_after_release(running: Any, nodes: Any, api: Any) -> None:
+    (name,) = nodes(1)
+    kube.nodes.patch(api, name, {"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}})
+    w = running()
+    w.store.write_fault(fault(name), 1)
+    procs.wait_for("cordon", lambda: node_view(api, name)["cordoned"], 5)
+    record = json.loads(node_view(api, name)["annotations"]["faultline.io/quarantine"])
+    assert record["annotations"] == ["cluster-autoscaler.kubernetes.io/scale-down-disabled"]  # not theirs
+    w.store.write_fault(fault(name, resolved=True), 2)
+    procs.wait_for("release", lambda: not node_view(api, name)["cordoned"], 10)
+    kept = node_view(api, name)["annotations"]
+    assert kept.get("karpenter.sh/do-not-disrupt") == "true"
+    assert "cluster-autoscaler.kubernetes.io/scale-down-disabled" not in kept
 
 
 def breaker_doc(mongo_db: Any) -> dict[str, Any]:

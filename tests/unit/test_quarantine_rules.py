@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -107,3 +108,32 @@ def test_plan_leaves_what_others_set() -> None:
     theirs = ("faultline.io/fault", "MANUAL", "NoSchedule")
     p = rules.plan(rules.NodeState(False, (theirs,), {}, rules.Owned()), WANT)
     assert p.taints == (theirs,) and p.owned.taints == ()
+
+
+def test_hold_annotations_come_and_go_with_the_hold_and_others_stay() -> None:
+    """Karpenter's do-not-disrupt (and the like) while faultline holds the node: put on with the hold,
+    removed at release, recorded as faultline's; one a person set first is theirs, kept after release."""
+    dnd, ca = (
+        ("karpenter.sh/do-not-disrupt", "true"),
+        ("cluster-autoscaler.kubernetes.io/scale-down-disabled", "true"),
+    )
+    want = dataclasses.replace(WANT, annotations=(ca, dnd))
+    p = rules.plan(rules.NodeState(False, (), {}, rules.Owned()), want)
+    assert p.set_annotations == dict([ca, dnd]) and p.owned.annotations == (ca[0], dnd[0])
+    assert p.owned.as_json()["annotations"] == [ca[0], dnd[0]]
+    assert rules.Owned.from_json(p.owned.as_json()) == p.owned
+    held = rules.NodeState(True, p.taints, {"faultline.io/state": "quarantined"}, p.owned, dict([ca, dnd]))
+    assert not rules.plan(held, want).changed
+    back = rules.plan(held, rules.Desired())
+    assert back.remove_annotations == (ca[0], dnd[0]) and back.owned == rules.Owned() and back.changed
+    # a person's do-not-disrupt, there before the hold: not adopted, not removed
+    theirs = rules.NodeState(False, (), {}, rules.Owned(), {dnd[0]: "true"})
+    p = rules.plan(theirs, want)
+    assert p.set_annotations == dict([ca]) and p.owned.annotations == (ca[0],)
+    held = rules.NodeState(True, p.taints, {"faultline.io/state": "quarantined"}, p.owned, dict([ca, dnd]))
+    assert rules.plan(held, rules.Desired()).remove_annotations == (ca[0],)
+    # a hold recorded before annotations existed gets them, and its record reads as before
+    assert "annotations" not in rules.Owned(True).as_json()
+    assert rules.plan(
+        rules.NodeState(True, p.taints, {}, rules.Owned(True), {}), want
+    ).set_annotations == dict([ca, dnd])
