@@ -644,6 +644,24 @@ def uninstall(cfg: config.UninstallConfig) -> None:
     )
 
 
+@options.command(app, "chart-secrets", config.ChartSecretsConfig)
+def chart_secrets(cfg: config.ChartSecretsConfig) -> None:
+    """Make the chart's Secrets that are missing (the store's password, the evidence key, the webhook's
+    TLS Secret) and complete the others, never overwriting a stored value (the chart's pre-install and
+    pre-upgrade hook: renders stay the same, so GitOps tools do not overwrite them)."""
+    from faultline.kube import lite  # noqa: PLC0415
+    from workers import chart_secrets as cs  # noqa: PLC0415
+
+    specs = [cs.SecretSpec(s.name, dict(s.random), dict(s.fixed), dict(s.derived), dict(s.labels))
+             for s in cfg.secrets]  # fmt: skip
+    client = lite.Client.connect(cfg.kubeconfig)
+    try:
+        done = cs.ensure(client, cfg.namespace, specs)
+    finally:
+        client.close()
+    out.print(", ".join(f"{name} {what}" for name, what in done.items()) or "no Secret to make", markup=False)
+
+
 @options.command(app, "status", config.StatusConfig)
 def status(cfg: config.StatusConfig) -> None:
     """The quarantine circuit breaker, the nodes faultline holds, the parked work items (failed

@@ -212,7 +212,7 @@ class LocalCluster:
         )
         from devtools.fakelet import Fakelet  # noqa: PLC0415 - imports the Kubernetes client
 
-        self.fakelet = Fakelet(self.api(), self.node_names)
+        self.fakelet = Fakelet(self.api(), self.node_names, kubeconfig=self.kubeconfig)
         self.fakelet.start()
         procs.wait_for("default ServiceAccount", self._has_default_sa, 60)
         procs.wait_for("nodes Ready", self._nodes_ready, 60)

@@ -24,7 +24,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from faultline import kube
 from faultline.errors import ConflictError, NotFoundError
@@ -97,8 +100,13 @@ def node_manifest(node: SimNode, gpus: int) -> dict[str, Any]:
 class Fakelet:
     """Runs N simulated nodes against the API server in a background thread."""
 
-    def __init__(self, api: kube.ApiClient, names: list[str], *, gpus: int = 8) -> None:
+    def __init__(
+        self, api: kube.ApiClient, names: list[str], *, gpus: int = 8, kubeconfig: Path | None = None
+    ) -> None:
+        """`kubeconfig`: the credentials faultline's own hook pods run with (the chart's Secrets hook is
+        carried out in this process, `_run_faultline_hook`); without it they only finish."""
         self.api = api
+        self.kubeconfig = kubeconfig
         # Bodies are plain JSON-shaped dicts, which the client accepts; typed as Any on purpose.
         self.leases: Any = kube.coordination(api)
         self.gpus = gpus
@@ -106,7 +114,8 @@ class Fakelet:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._finishing: dict[str, float] = {}  # pod uid -> monotonic time it finishes running
-        self._acted: set[str] = set()  # pods whose reboot was carried out
+        self._acted: set[str] = set()  # pods whose reboot (or hook) was carried out
+        self._exit_codes: dict[str, int] = {}  # pod uid -> exit code of what this process carried out
         self._lock = threading.Lock()
         self.errors = 0
 
@@ -291,14 +300,43 @@ class Fakelet:
                 if pod.spec.restart_policy in ("Never", "OnFailure"):
                     run_for = float((meta.annotations or {}).get(RUN_SECONDS, "1"))
                     self._finishing[meta.uid] = now_mono + run_for
+                    if _is_secrets_hook(pod) and self.kubeconfig is not None and meta.uid not in self._acted:
+                        self._acted.add(meta.uid)
+                        self._run_faultline_hook(pod)
                 continue
             if node.up != _pod_ready(pod):
                 self._set_running(pod, node)
             finish = self._finishing.get(meta.uid)
             if finish is not None and now_mono >= finish:
-                code = int((meta.annotations or {}).get(EXIT_CODE, "0"))
+                code = self._exit_codes.pop(meta.uid, None) or int(
+                    (meta.annotations or {}).get(EXIT_CODE, "0")
+                )
                 self._set_finished(pod, code)
                 del self._finishing[meta.uid]
+
+    def _run_faultline_hook(self, pod: Any) -> None:
+        """The chart's Secrets hook (`faultline chart-secrets`), carried out as its container would: its
+        settings from the ConfigMap the pod mounts, its Secrets made in the pod's namespace. A failure
+        ends the pod Failed (`EXIT_CODE`), as the container's exit would."""
+        from faultline.kube import lite  # noqa: PLC0415
+        from workers import chart_secrets  # noqa: PLC0415
+
+        namespace = pod.metadata.namespace
+        try:
+            (volume,) = [v for v in pod.spec.volumes or [] if v.config_map is not None]
+            cm = kube.core(self.api).read_namespaced_config_map(volume.config_map.name, namespace)
+            settings = yaml.safe_load((cm.data or {})["config.yaml"]) or {}
+            specs = [chart_secrets.SecretSpec(**item) for item in settings.get("secrets") or []]
+            client = lite.Client.connect(self.kubeconfig)
+            try:
+                chart_secrets.ensure(client, namespace, specs)
+            finally:
+                client.close()
+        except Exception:
+            log.exception(
+                "fakelet: the chart's Secrets hook failed (pod %s/%s)", namespace, pod.metadata.name
+            )
+            self._exit_codes[pod.metadata.uid] = 1
 
     def _containers(self, pod: Any, state: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
         return [
@@ -373,6 +411,14 @@ class Fakelet:
     def _patch_status(self, pod: Any, status: dict[str, Any]) -> None:
         with contextlib.suppress(NotFoundError, ConflictError):
             kube.pods.patch_status(self.api, pod.metadata.namespace, pod.metadata.name, status)
+
+
+def _is_secrets_hook(pod: Any) -> bool:
+    labels = pod.metadata.labels or {}
+    return (
+        labels.get("app.kubernetes.io/name") == "faultline"
+        and labels.get("app.kubernetes.io/component") == "secrets"
+    )
 
 
 class _Json:

@@ -7,7 +7,13 @@ from __future__ import annotations
 from faultline.config.agent import AgentConfig
 from faultline.config.analyzer import AnalyzerConfig
 from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
-from faultline.config.commands import BreakerResetConfig, RetentionConfig, StatusConfig, UninstallConfig
+from faultline.config.commands import (
+    BreakerResetConfig,
+    ChartSecretsConfig,
+    RetentionConfig,
+    StatusConfig,
+    UninstallConfig,
+)
 from faultline.config.maintenance import MaintenanceConfig, MaintenanceTuning
 from faultline.config.object_monitor import ObjectMonitorConfig, ObjectMonitorTuning
 from faultline.config.preflight import PreflightConfig, WebhookConfig
@@ -33,6 +39,7 @@ COMPONENTS: dict[str, type[Component]] = {
     "breaker-reset": BreakerResetConfig,
     "retention": RetentionConfig,
     "uninstall": UninstallConfig,
+    "chart-secrets": ChartSecretsConfig,
     "webhook": WebhookConfig,
     "preflight": PreflightConfig,
     "analyzer": AnalyzerConfig,
@@ -41,7 +48,8 @@ COMPONENTS: dict[str, type[Component]] = {
 }
 
 __all__ = [
-    "COMPONENTS", "AgentConfig", "AnalyzerConfig", "BreakerResetConfig", "Component", "DrainConfig",
+    "COMPONENTS", "AgentConfig", "AnalyzerConfig", "BreakerResetConfig", "ChartSecretsConfig", "Component",
+    "DrainConfig",
     "DrainTuning", "Duration",
     "Flag",
     "JanitorConfig", "JanitorTuning", "MaintenanceConfig", "MaintenanceTuning",

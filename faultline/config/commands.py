@@ -5,10 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import os
+import re
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from faultline.config.base import Component, Duration, KubeFields, StoreFields, alias
+
+_KEY = r"^[-._a-zA-Z0-9]{1,253}$"  # a Secret's data key
+_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
 class StatusConfig(Component, StoreFields):
@@ -57,3 +61,37 @@ class UninstallConfig(Component, KubeFields):
         default=dt.timedelta(minutes=2), gt=dt.timedelta(0),
         description="how long to wait for the release's pods to stop before giving up (duration)",
     )  # fmt: skip
+
+
+class ChartSecret(BaseModel):
+    """One Secret `faultline chart-secrets` makes once and never overwrites (`workers.chart_secrets`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=_NAME)
+    random: dict[str, int] = Field(default_factory=dict, description="key: length of a random value (16-512)")
+    fixed: dict[str, str] = Field(default_factory=dict, description="key: value, set when missing")
+    derived: dict[str, str] = Field(
+        default_factory=dict, description="key: template of ${other keys}, rewritten from them on every run"
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    def model_post_init(self, context: object) -> None:
+        for key, length in self.random.items():
+            if not 16 <= length <= 512:
+                raise ValueError(f"secret {self.name}: random key {key!r}: length {length} is not 16-512")
+        for key in [*self.random, *self.fixed, *self.derived]:
+            if not re.fullmatch(_KEY, key):
+                raise ValueError(f"secret {self.name}: {key!r} is not a Secret key")
+
+
+class ChartSecretsConfig(Component, KubeFields):
+    """`faultline chart-secrets`: make the chart's Secrets that are missing, complete the others (its
+    pre-install and pre-upgrade hook)."""
+
+    namespace: str = Field(
+        default="faultline-system", min_length=1, validation_alias=alias("namespace", "POD_NAMESPACE"),
+        description="where the Secrets are (the release's namespace)",
+    )  # fmt: skip
+    secrets: list[ChartSecret] = Field(
+        default_factory=list, description="the Secrets (name, random, fixed, derived, labels)"
+    )

@@ -12,6 +12,7 @@ import base64
 import contextlib
 import datetime as dt
 import re
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -115,10 +116,19 @@ def test_helm_lint_strict() -> None:
 def test_defaults_monitor_only_with_the_embedded_store() -> None:
     docs = render()
     assert {k for k, _ in kinds(docs)} == {
-        "Secret", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet",
-        "ConfigMap", "Service", "StatefulSet", "Deployment",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",  # the agents' own-node policy
-    }  # fmt: skip
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "DaemonSet",
+        "ConfigMap",
+        "Service",
+        "StatefulSet",
+        "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",  # the agents' own-node policy
+    }  # fmt: skip  (no Secret: the hook makes them, test_the_secrets_hook_...)
     assert kinds(docs) >= STORE_KINDS
     assert {n for k, n in kinds(docs) if k == "Deployment"} == {"fl-ferretdb"}  # no worker
     agent = workloads(docs)["fl-agent"]
@@ -129,11 +139,12 @@ def test_defaults_monitor_only_with_the_embedded_store() -> None:
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-store", "key": "uri"}
 
-    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "fl-store")
-    password = secret["stringData"]["password"]
-    assert len(password) == 32
-    uri = secret["stringData"]["uri"]  # the components' URI: FerretDB's Service, the role's password
-    assert uri.startswith(f"mongodb://faultline:{password}@fl-ferretdb.{NS}.svc:27017/?authMechanism=PLAIN")
+    (store,) = [s for s in hook_secrets() if s["name"] == "fl-store"]
+    assert store["random"] == {"password": 32} and store["fixed"] == {"username": "faultline"}
+    uri = store["derived"]["uri"]  # the components' URI: FerretDB's Service, the role's password
+    assert uri.startswith(
+        f"mongodb://faultline:${{password}}@fl-ferretdb.{NS}.svc:27017/?authMechanism=PLAIN"
+    )
     ferret = workloads(docs)["fl-ferretdb"]["containers"][0]
     assert f"-postgresql-url=postgres://fl-postgres.{NS}.svc:5432/postgres" in ferret["args"]  # no password
     postgres = next(d for d in docs if d["kind"] == "StatefulSet")
@@ -157,8 +168,64 @@ def test_defaults_monitor_only_with_the_embedded_store() -> None:
     assert claim["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "20Gi"
 
 
+def hook_secrets(*sets: str) -> list[dict[str, Any]]:
+    """The Secrets the chart's Secrets hook makes (its ConfigMap's settings)."""
+    (cm,) = [
+        d
+        for d in render(*sets, hooks=True)
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "fl-secrets"
+    ]
+    return list(yaml.safe_load(cm["data"]["config.yaml"])["secrets"])
+
+
+def test_the_secrets_hook_makes_the_generated_secrets_and_renders_never_change() -> None:
+    """Every render of the same values is the same (GitOps tools render with `helm template`): no value is
+    generated in a template. The Secrets that need one are made by a pre-install/pre-upgrade hook Job
+    with its own identity: create Secrets, get and update only these."""
+    sets = [*ALL_ON, "preflight.enabled=true"]
+    argv = [
+        str(tools.binary("helm")),
+        "template",
+        "fl",
+        str(CHART),
+        "--namespace",
+        NS,
+        *(a for s in sets for a in ("--set", s)),
+    ]
+    first, second = (subprocess.run(argv, capture_output=True, check=True).stdout for _ in range(2))
+    assert first == second
+    assert [s["name"] for s in hook_secrets(*sets)] == ["fl-store", "fl-evidence", "fl-webhook-tls"]
+    hooks = [d for d in render(*sets, hooks=True) if d["metadata"]["name"] == "fl-secrets"]
+    by_kind = {d["kind"]: d for d in hooks}
+    assert set(by_kind) == {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"}
+    assert {d["metadata"]["annotations"]["helm.sh/hook"] for d in hooks} == {"pre-install,pre-upgrade"}
+    weights = {k: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for k, d in by_kind.items()}
+    assert all(w < weights["Job"] for k, w in weights.items() if k != "Job")  # identity and settings first
+    assert by_kind["Role"]["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["fl-store", "fl-evidence", "fl-webhook-tls"],
+         "verbs": ["get", "update"]},
+    ]  # fmt: skip
+    pod = by_kind["Job"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"] == ["chart-secrets", "--config=/etc/faultline/config/config.yaml"]
+    assert (
+        pod["securityContext"]["runAsNonRoot"] is True
+        and pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"]
+    )
+    # nothing to make: no hook
+    assert not [
+        d
+        for d in render(EXTERNAL, "evidence.existingSecret=mine", hooks=True)
+        if d["metadata"]["name"] == "fl-secrets"
+    ]
+
+
 def test_the_uninstall_hook_takes_back_the_marks_with_its_own_narrow_identity() -> None:
-    docs = render(*ALL_ON, "janitor.namespace=repairs", hooks=True)
+    docs = [
+        d
+        for d in render(*ALL_ON, "janitor.namespace=repairs", hooks=True)
+        if d["metadata"]["name"] == "fl-uninstall"
+    ]
     assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "post-delete" for d in docs)
     by_kind = {(d["kind"], d["metadata"].get("namespace", "")): d for d in docs}
     job = by_kind[("Job", NS)]
@@ -180,20 +247,23 @@ def test_the_uninstall_hook_takes_back_the_marks_with_its_own_narrow_identity() 
     assert by_kind[("Role", "repairs")]["rules"] == [
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "delete"]}
     ]
-    assert not render("cleanup.enabled=false", hooks=True)
+    assert not [
+        d for d in render("cleanup.enabled=false", hooks=True) if d["metadata"]["name"] == "fl-uninstall"
+    ]
 
 
 def test_an_external_store_brings_no_store_objects() -> None:
     docs = render(EXTERNAL)
     assert not STORE_KINDS & kinds(docs)
     assert {k for k, _ in kinds(docs)} & {"StatefulSet", "Service", "Deployment"} == set()
-    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] != "fl-evidence")
+    secret = next(d for d in docs if d["kind"] == "Secret")
     assert secret["stringData"] == {"uri": "mongodb://mongo:27017"}
     assert secret["metadata"]["name"] == "fl-store-uri"  # not fl-store: the embedded store's, kept
     env = {e["name"]: e for e in workloads(docs)["fl-agent"]["containers"][0]["env"]}
     assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-store-uri", "key": "uri"}
     docs = render("store.external.existingSecret=my-mongo", "store.external.existingSecretKey=connection")
-    assert [n for k, n in kinds(docs) if k == "Secret"] == ["fl-evidence"]  # none for the store
+    assert [n for k, n in kinds(docs) if k == "Secret"] == []  # none for the store
+    assert [s["name"] for s in hook_secrets("store.external.existingSecret=my-mongo")] == ["fl-evidence"]
     assert not STORE_KINDS & kinds(docs)
     env = {e["name"]: e for e in workloads(docs)["fl-agent"]["containers"][0]["env"]}
     assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "my-mongo", "key": "connection"}
@@ -688,28 +758,36 @@ def _manifest(kubeconfig: Path, release: str, ns: str) -> set[tuple[str, str]]:
     return kinds([d for d in yaml.safe_load_all(out) if d])
 
 
+def _password(core: Any, name: str, ns: str) -> str:
+    secret = core.read_namespaced_secret(name, ns)
+    password = base64.b64decode(secret.data["password"]).decode()
+    assert password in base64.b64decode(secret.data["uri"]).decode()  # the URI follows the password
+    return password
+
+
 def test_helm_install_and_upgrades_keep_the_stores_password(cluster: LocalCluster, api: Any) -> None:
     """A real install into the local API server: it validates every object (NetworkPolicies, the
-    StatefulSet's claim template, security contexts). Upgrades (every worker on; to an external store and
-    back) keep the generated password (lookup), which the PostgreSQL volume was initialised with."""
+    StatefulSet's claim template, security contexts), and its pre-install hook makes the store's password
+    (the session's fake kubelet carries the hook out as its container would). Upgrades (every worker on;
+    to an external store and back) and a GitOps tool's re-apply of `helm template` keep the password,
+    which the PostgreSQL volume was initialised with; `helm uninstall` leaves it."""
     ns, release = f"chart-{uuid.uuid4().hex[:6]}", f"i{uuid.uuid4().hex[:5]}"
     core = kube.core(api)
     install = ["--namespace", ns, "--set", "networkPolicy.enabled=true", "--set", f"image.digest={DIGEST}"]
     try:
         _helm(cluster.kubeconfig, "install", release, str(CHART), "--create-namespace", *install)
-        secret = core.read_namespaced_secret(f"{release}-store", ns)
-        password = base64.b64decode(secret.data["password"]).decode()
+        password = _password(core, f"{release}-store", ns)
         assert len(password) == 32
+        evidence_key = core.read_namespaced_secret(f"{release}-evidence", ns).data["key"]
         made = _manifest(cluster.kubeconfig, release, ns)
         assert {("StatefulSet", f"{release}-postgres"), ("Deployment", f"{release}-ferretdb"),
                 ("DaemonSet", f"{release}-agent"), ("NetworkPolicy", f"{release}-ferretdb")} <= made  # fmt: skip
+        assert not {n for k, n in made if k == "Secret"}  # the hook's, not the release's
         postgres = kube.client.apps(api).read_namespaced_stateful_set(f"{release}-postgres", ns)
         assert postgres.spec.volume_claim_templates[0].spec.resources.requests == {"storage": "8Gi"}
         all_on = [a for s in ALL_ON for a in ("--set", s)]
         _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install, *all_on)
-        again = core.read_namespaced_secret(f"{release}-store", ns)
-        assert base64.b64decode(again.data["password"]).decode() == password
-        assert password in base64.b64decode(again.data["uri"]).decode()
+        assert _password(core, f"{release}-store", ns) == password
         made = _manifest(cluster.kubeconfig, release, ns)
         assert {("Deployment", f"{release}-{w}") for w in WORKERS} <= made
         # to an external store and back (docs/install/store.md): the embedded store's Secret outlives the
@@ -718,14 +796,87 @@ def test_helm_install_and_upgrades_keep_the_stores_password(cluster: LocalCluste
         made = _manifest(cluster.kubeconfig, release, ns)
         assert ("StatefulSet", f"{release}-postgres") not in made
         assert ("Secret", f"{release}-store-uri") in made
-        kept = core.read_namespaced_secret(f"{release}-store", ns)
-        assert base64.b64decode(kept.data["password"]).decode() == password
+        assert _password(core, f"{release}-store", ns) == password
         _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install)
-        back = core.read_namespaced_secret(f"{release}-store", ns)
-        assert base64.b64decode(back.data["password"]).decode() == password
+        assert _password(core, f"{release}-store", ns) == password
+        # a GitOps tool's sync (Argo CD): `helm template` applied, its pre-install hook run as a PreSync
+        # hook (applied, then the release's own objects), twice; nothing it applies holds a password
+        rendered = [
+            d
+            for d in yaml.safe_load_all(_helm(cluster.kubeconfig, "template", release, str(CHART), *install))
+            if d
+        ]
+        presync = [
+            d
+            for d in rendered
+            if "pre-install" in (d["metadata"].get("annotations") or {}).get("helm.sh/hook", "")
+        ]
+        assert presync and not [d for d in rendered if d["kind"] == "Secret"]
+        for _ in range(2):
+            for docs in (
+                presync,
+                [d for d in rendered if "helm.sh/hook" not in (d["metadata"].get("annotations") or {})],
+            ):
+                applied = subprocess.run(
+                    [str(tools.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), "apply", "--server-side",
+                     "--force-conflicts", "--field-manager=argocd-controller", "-f", "-"],
+                    input=yaml.safe_dump_all(docs), text=True, capture_output=True, check=False, timeout=60,
+                )  # fmt: skip
+                assert applied.returncode == 0, applied.stderr
+            procs.wait_for("the PreSync hook done", lambda: (kube.batch(api).read_namespaced_job(
+                f"{release}-secrets", ns).status.succeeded or 0) >= 1, 30)  # fmt: skip
+            kube.batch(api).delete_namespaced_job(f"{release}-secrets", ns, propagation_policy="Background")
+            procs.wait_for("the hook Job gone", lambda: not kube.batch(api).list_namespaced_job(
+                ns, field_selector=f"metadata.name={release}-secrets").items, 30)  # fmt: skip
+            assert _password(core, f"{release}-store", ns) == password
+        assert core.read_namespaced_secret(f"{release}-evidence", ns).data["key"] == evidence_key
         _helm(cluster.kubeconfig, "uninstall", release, "--namespace", ns, "--wait")
-        # kept (helm.sh/resource-policy): the password of the data the volume still holds
-        assert core.read_namespaced_secret(f"{release}-store", ns)
+        assert _password(core, f"{release}-store", ns) == password  # the data the volume still holds
+    finally:
+        subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
+                        "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
+        with contextlib.suppress(Exception):
+            core.delete_namespace(ns, propagation_policy="Background")
+
+
+def test_an_upgrade_from_a_chart_that_rendered_its_secrets_keeps_them(
+    cluster: LocalCluster, api: Any, tmp_path: Path
+) -> None:
+    """Charts before the Secrets hook rendered the store's and the evidence Secrets themselves, so they
+    belong to the release, and `helm upgrade` deletes what the new manifest lacks. The hook marks them
+    `helm.sh/resource-policy: keep` first: the upgrade leaves them, with their values."""
+    old = tmp_path / "faultline"
+    shutil.copytree(CHART, old, symlinks=False)
+    (old / "templates" / "secrets.yaml").unlink()
+    (old / "templates" / "old-secrets.yaml").write_text(
+        "{{- $n := include \"faultline.name\" . -}}\n"
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: '{{ $n }}-store', namespace: '{{ .Release.Namespace }}'}\n"
+        "stringData: {username: faultline, password: old-password-of-the-volume-0123,\n"
+        "  uri: 'mongodb://faultline:old-password-of-the-volume-0123@{{ $n }}-ferretdb.{{ .Release.Namespace }}.svc:27017/'}\n"
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {name: '{{ $n }}-evidence', namespace: '{{ .Release.Namespace }}'}\n"
+        "stringData: {key: the-old-evidence-key-0123456789-0123456789-0123456789-0123456789}\n"
+    )  # fmt: skip
+    ns, release = f"chart-{uuid.uuid4().hex[:6]}", f"o{uuid.uuid4().hex[:5]}"
+    core = kube.core(api)
+    install = ["--namespace", ns, "--set", f"image.digest={DIGEST}"]
+    try:
+        _helm(cluster.kubeconfig, "install", release, str(old), "--create-namespace", *install)
+        assert ("Secret", f"{release}-store") in _manifest(cluster.kubeconfig, release, ns)
+        _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install)
+        assert ("Secret", f"{release}-store") not in _manifest(cluster.kubeconfig, release, ns)
+        secret = core.read_namespaced_secret(f"{release}-store", ns)
+        assert base64.b64decode(secret.data["password"]).decode() == "old-password-of-the-volume-0123"
+        assert secret.metadata.annotations["helm.sh/resource-policy"] == "keep"
+        # the URI is rewritten from the stored password (the chart's current form of it)
+        assert (
+            base64.b64decode(secret.data["uri"])
+            .decode()
+            .startswith(
+                f"mongodb://faultline:old-password-of-the-volume-0123@{release}-ferretdb.{ns}.svc:27017/?authMechanism=PLAIN"
+            )
+        )
+        key = base64.b64decode(core.read_namespaced_secret(f"{release}-evidence", ns).data["key"]).decode()
+        assert key.startswith("the-old-evidence-key")
     finally:
         subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
                         "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
