@@ -50,6 +50,7 @@ def webhook(cfg: config.WebhookConfig) -> None:
         sim_dir=cfg.sim_dir,
         env=cfg.preflight_settings,
         resources=cfg.init_resources,
+        image_pull_secrets=cfg.image_pull_secrets,
     )
     if cfg.tls_source == "files":
         assert cfg.tls_cert is not None  # the model insists on both

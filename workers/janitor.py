@@ -477,6 +477,8 @@ class Janitor:
                         "nodeName": node, "restartPolicy": "Never", "hostPID": privileged,
                         "serviceAccountName": s.service_account, "terminationGracePeriodSeconds": 5,
                         "tolerations": [{"operator": "Exists"}],
+                        **({"imagePullSecrets": [{"name": n} for n in s.image_pull_secrets]}
+                           if s.image_pull_secrets else {}),
                         "containers": [{"name": action, "image": s.image, "command": list(command),
                                         "securityContext": _job_security(privileged)}],
                     },

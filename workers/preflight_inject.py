@@ -62,6 +62,7 @@ class InjectSettings:
     env: Mapping[str, str] = field(default_factory=dict)  # more settings of the preflight, FAULTLINE_<NAME>
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # cpu/memory requests/limits
     args: tuple[str, ...] = ("preflight",)
+    image_pull_secrets: tuple[str, ...] = ()  # added to the pod's own (a private registry's)
 
 
 def gpu_count(spec: Mapping[str, Any]) -> int:
@@ -170,12 +171,22 @@ def _decide(
         patch.append({"op": "add", "path": "/spec/volumes", "value": new})
     # where the object monitor looks for failed preflights' findings (a hint: it believes a container only
     # by the image digest the kubelet ran); JSON Patch's "~1" is the key's "/"
+    patch += _pull_secrets(spec, settings)
     label = preflight.INJECTED_LABEL.replace("~", "~0").replace("/", "~1")
     if isinstance(meta.get("labels"), dict):
         patch.append({"op": "add", "path": f"/metadata/labels/{label}", "value": "true"})
     else:
         patch.append({"op": "add", "path": "/metadata/labels", "value": {preflight.INJECTED_LABEL: "true"}})
     return patch
+
+
+def _pull_secrets(spec: Mapping[str, Any], settings: InjectSettings) -> list[dict[str, Any]]:
+    """The patch adding the registry's pull Secrets the pod does not name already."""
+    have = {s.get("name") for s in spec.get("imagePullSecrets") or []}
+    pulls = [{"name": n} for n in settings.image_pull_secrets if n not in have]
+    if pulls and spec.get("imagePullSecrets"):
+        return [{"op": "add", "path": "/spec/imagePullSecrets/-", "value": p} for p in pulls]
+    return [{"op": "add", "path": "/spec/imagePullSecrets", "value": pulls}] if pulls else []
 
 
 def _settings_env(container: Mapping[str, Any]) -> list[str]:

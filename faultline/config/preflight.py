@@ -283,6 +283,11 @@ class WebhookConfig(Component, KubeFields, MetricsFields):
         description="more settings of the init container by name (faultline config show preflight), e.g. "
         "{gang_timeout: 10m, dcgm_diag_level: '1', dcgm_host: '$(HOST_IP):5555'}",
     )
+    image_pull_secrets: tuple[str, ...] = Field(
+        default=(),
+        description="image pull Secrets added to each pod the init container is injected into (a private "
+        "registry's; each must exist in that pod's namespace); one the pod names already is not added twice",
+    )
     init_resources: dict[str, dict[str, str]] = Field(
         default_factory=lambda: {
             "requests": {"cpu": "100m", "memory": "128Mi"},

@@ -248,6 +248,10 @@ _REBOOT = ("nsenter", "-t", "1", "-m", "-u", "-i", "-n", "--", "systemctl", "reb
 class JanitorTuning(Part):
     namespace: str = Field(default="faultline-system", min_length=1, description="where repair Jobs run")
     service_account: str = Field(default="faultline-janitor", description="the repair Jobs' ServiceAccount")
+    image_pull_secrets: tuple[str, ...] = Field(
+        default=(),
+        description="the repair Jobs' image pull Secrets (in their namespace): a private registry's",
+    )
     image: str = Field(
         default="ghcr.io/faultline/faultline:latest",
         description="the repair Jobs' image: faultline's own (one image for every component); the chart "

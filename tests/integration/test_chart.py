@@ -220,6 +220,126 @@ def test_the_secrets_hook_makes_the_generated_secrets_and_renders_never_change()
     ]
 
 
+def test_a_private_registry_reaches_every_pod_the_chart_and_faultline_make() -> None:
+    sets = [*ALL_ON, "preflight.enabled=true", "imagePullSecrets[0].name=registry-a"]
+    docs = render(*sets) + render(*sets, hooks=True)
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job")}  # fmt: skip
+    assert {"fl-agent", "fl-janitor", "fl-webhook", "fl-secrets", "fl-uninstall"} <= set(pods)
+    missing = [n for n, spec in pods.items() if spec.get("imagePullSecrets") != [{"name": "registry-a"}]]
+    assert not missing
+    files = settings_files(docs)
+    assert files["janitor"]["image_pull_secrets"] == ["registry-a"]  # the repair Jobs
+    assert files["webhook"]["image_pull_secrets"] == ["registry-a"]  # the pods preflight is injected into
+    files = settings_files(render(*sets, "preflight.imagePullSecrets[0].name=tenant-registry"))
+    assert files["webhook"]["image_pull_secrets"] == ["tenant-registry"]
+
+
+SITE_PACK = """\
+pack: site
+version: 1
+description: a site's own lines
+patterns:
+  - id: site-ecc-storm
+    description: the site's ECC storm report
+    regex: 'site-gpu-check: ECC storm on (?P<pci>[0-9a-f:]+)'
+    code: SITE-ECC-STORM
+    component: GPU
+    entity: {type: GPU, id: "{pci}"}
+    classify:
+      - set: {fatal: false, action: NONE, description: ECC storm}
+    examples:
+      match:
+        - line: "site-gpu-check: ECC storm on 0000:3b:00"
+          expect: {code: SITE-ECC-STORM, fatal: false}
+      no_match:
+        - "site-gpu-check: all good"
+"""
+
+
+def test_the_extension_points_chart_users_expect(tmp_path: Path) -> None:
+    """commonLabels on every object; pod annotations and labels chart-wide and per component; a
+    component's affinity, extra environment, volumes and mounts; PodDisruptionBudgets for workers with
+    more than one replica; site packs for the agent."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "commonLabels": {"cost-center": "gpu"}, "podAnnotations": {"example.com/scrape": "yes"},
+        "podLabels": {"team": "infra"},
+        "quarantine": {"enabled": True, "podLabels": {"tier": "control"},
+                       "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                           "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}]}}},
+                       "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+                       "extraVolumes": [{"name": "ca", "configMap": {"name": "site-ca"}}],
+                       "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/site", "readOnly": True}]},
+        "drain": {"enabled": True, "replicas": 1},
+        "agent": {"packs": {"site.yaml": SITE_PACK}, "packsConfigMap": "more-packs",
+                  "extraEnv": [{"name": "TZ", "value": "UTC"}]},
+    }))  # fmt: skip
+    docs = render(values=values) + render(values=values, hooks=True)
+    assert all(d["metadata"]["labels"].get("cost-center") == "gpu" for d in docs if "labels" in d["metadata"])
+    assert all("labels" in d["metadata"] for d in docs)
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]
+        for d in docs
+        if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet")
+    }
+    for name, template in pods.items():
+        assert template["metadata"]["labels"]["team"] == "infra", name
+        assert template["metadata"]["annotations"]["example.com/scrape"] == "yes", name
+    q = pods["fl-quarantine"]
+    assert (
+        q["metadata"]["labels"]["tier"] == "control" and "tier" not in pods["fl-agent"]["metadata"]["labels"]
+    )
+    assert set(q["spec"]["affinity"]) == {"nodeAffinity"}  # instead of the default spread
+    assert "podAntiAffinity" in pods["fl-drain"]["spec"]["affinity"]
+    container = q["spec"]["containers"][0]
+    assert {"name": "HTTPS_PROXY", "value": "http://proxy:3128"} in container["env"]
+    assert {"name": "ca", "mountPath": "/etc/ssl/site", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "ca", "configMap": {"name": "site-ca"}} in q["spec"]["volumes"]
+    budgets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"}
+    assert budgets == {
+        "fl-quarantine": {
+            "maxUnavailable": 1,
+            "selector": {
+                "matchLabels": {
+                    "app.kubernetes.io/instance": "fl",
+                    "app.kubernetes.io/component": "quarantine",
+                }
+            },
+        }
+    }  # drain has 1 replica
+    assert not [
+        d for d in render(*ALL_ON, "podDisruptionBudget.enabled=false") if d["kind"] == "PodDisruptionBudget"
+    ]
+    # the agent's site packs: a ConfigMap of the chart's, one of the user's, both directories in its settings
+    agent = pods["fl-agent"]["spec"]
+    (packs,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "fl-agent-packs"]
+    assert packs["data"] == {"site.yaml": SITE_PACK}
+    assert settings_files(docs)["agent"]["packs"] == [
+        "/etc/faultline/packs/values",
+        "/etc/faultline/packs/configmap",
+    ]
+    mounts = {m["name"]: m["mountPath"] for m in agent["containers"][0]["volumeMounts"]}
+    assert (mounts["packs"], mounts["packs-configmap"]) == (
+        "/etc/faultline/packs/values",
+        "/etc/faultline/packs/configmap",
+    )
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    assert volumes["packs-configmap"]["configMap"] == {"name": "more-packs"}
+    assert {"name": "TZ", "value": "UTC"} in agent["containers"][0]["env"]
+    # the pack the chart ships is one the agent loads
+    from patterns import loader  # noqa: PLC0415
+
+    pack_dir = tmp_path / "packs"
+    pack_dir.mkdir()
+    (pack_dir / "site.yaml").write_text(packs["data"]["site.yaml"])
+    assert "site-ecc-storm" in loader.load([pack_dir]).patterns  # with the built-in packs, as the agent does
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"agent": {"packs": {"x.yaml": "- [unclosed"}}}))
+    with pytest.raises(ValueError, match=r"agent\.packs\.x\.yaml: not a pack"):
+        render(values=bad)
+
+
 def test_the_uninstall_hook_takes_back_the_marks_with_its_own_narrow_identity() -> None:
     docs = [
         d

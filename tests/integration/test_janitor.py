@@ -298,7 +298,7 @@ def test_a_janitor_killed_mid_repair_is_taken_over(
     key = _repair(st, node, remedies.REBOOT, fault, f"killed-{os.getpid()}")
     argv = [sys.executable, "-m", "faultline", "worker", "janitor", "--mongodb-uri", mongo.uri, "--database",
             mongo_db.name, "--kubeconfig", str(cluster.kubeconfig), "--lease", "2s", "--poll", "0.2s",
-            "--validate-timeout", "60s"]  # fmt: skip
+            "--validate-timeout", "60s", "--image-pull-secrets", "registry-a"]  # fmt: skip
     first = subprocess.Popen(argv, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         procs.wait_for(
@@ -331,6 +331,7 @@ def test_a_janitor_killed_mid_repair_is_taken_over(
         assert [j.metadata.name for j in jobs.items] == [f"killed-{os.getpid()}"]
         sc = jobs.items[0].spec.template.spec.containers[0].security_context
         assert (sc.privileged, sc.run_as_user) == (True, 0)  # the image's user could not reboot anything
+        assert [s.name for s in jobs.items[0].spec.template.spec.image_pull_secrets] == ["registry-a"]
         # the pod carries the repair label, so a drain of its node leaves it (workers.drainer.evictable)
         labels = jobs.items[0].spec.template.metadata.labels  # with the Job controller's own
         assert (labels["faultline.io/repair"], labels["faultline.io/node"]) == ("reboot", node)

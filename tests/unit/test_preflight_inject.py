@@ -156,6 +156,24 @@ def test_it_goes_first_and_appends_its_volumes() -> None:
     assert env_of(patched["spec"]["initContainers"][0])["FAULTLINE_EXPECTED_GPUS"] == "8"  # max(8, 1, 8)
 
 
+def test_the_pod_gets_the_registrys_pull_secrets_once() -> None:
+    private = InjectSettings(image="img", image_pull_secrets=("registry-a", "registry-b"))
+    patched = apply(pod([1]), patch_of(review(pod([1]), settings=private)))
+    assert patched["spec"]["imagePullSecrets"] == [{"name": "registry-a"}, {"name": "registry-b"}]
+    own = pod([1])
+    own["spec"]["imagePullSecrets"] = [{"name": "team"}, {"name": "registry-b"}]
+    patched = apply(own, patch_of(review(own, settings=private)))
+    assert patched["spec"]["imagePullSecrets"] == [
+        {"name": "team"},
+        {"name": "registry-b"},
+        {"name": "registry-a"},
+    ]
+    assert (
+        "imagePullSecrets"
+        not in apply(pod([1]), patch_of(review(pod([1]), settings=InjectSettings(image="img"))))["spec"]
+    )
+
+
 def test_without_host_files_it_runs_as_an_ordinary_user() -> None:
     plain = InjectSettings(image="img")
     patched = apply(pod([1]), patch_of(review(pod([1]), settings=plain)))

@@ -8,6 +8,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* a pod template's annotations and labels beyond the chart's own: the chart-wide podAnnotations /
+podLabels, then the component's (values.<component>.podAnnotations / .podLabels), then the template's
+own (`extra`): (dict "root" $ "values" .Values.x "extra" dict "kind" "podAnnotations") */}}
+{{- define "faultline.podMeta" -}}
+{{- $all := merge (deepCopy (.extra | default dict)) (deepCopy (get .values .kind | default dict)) (deepCopy (get .root.Values .kind | default dict)) -}}
+{{- with $all }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* the component's extra environment, volumes and mounts (values.<component>.extraEnv, .extraVolumes,
+.extraVolumeMounts): (dict "values" .Values.x "kind" "extraEnv") */}}
+{{- define "faultline.extra" -}}
+{{- with (get .values .kind) }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
 {{/* an image reference from (dict "repository" r "tag" t "digest" d) and a default tag: by digest
@@ -177,14 +194,14 @@ spec:
     metadata:
       annotations:
         checksum/config: {{ include "faultline.configmap" . | sha256sum }}
-        {{- with .podAnnotations }}
-        {{- toYaml . | nindent 8 }}
+        {{- with include "faultline.podMeta" (dict "root" $root "values" .values "extra" .podAnnotations "kind" "podAnnotations") }}
+        {{- . | nindent 8 }}
         {{- end }}
       labels:
         {{- include "faultline.labels" $root | nindent 8 }}
         app.kubernetes.io/component: {{ .worker }}
-        {{- with .podLabels }}
-        {{- toYaml . | nindent 8 }}
+        {{- with include "faultline.podMeta" (dict "root" $root "values" .values "extra" .podLabels "kind" "podLabels") }}
+        {{- . | nindent 8 }}
         {{- end }}
     spec:
       serviceAccountName: {{ $name }}
@@ -200,7 +217,10 @@ spec:
       tolerations: {{- toYaml . | nindent 8 }}
       {{- end }}
       affinity:
-        podAntiAffinity:
+        {{- with .values.affinity }}
+        {{- toYaml . | nindent 8 }}
+        {{- else }}
+        podAntiAffinity:  # replicas on different nodes where they can be
           preferredDuringSchedulingIgnoredDuringExecution:
             - weight: 100
               podAffinityTerm:
@@ -209,6 +229,7 @@ spec:
                   matchLabels:
                     app.kubernetes.io/instance: {{ $root.Release.Name }}
                     app.kubernetes.io/component: {{ .worker }}
+        {{- end }}
       containers:
         - name: {{ .worker }}
           image: {{ .image | default (include "faultline.image" $root) }}
@@ -223,6 +244,9 @@ spec:
             {{- if .podEnv }}
             - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
             - {name: POD_NAMESPACE, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+            {{- end }}
+            {{- with .values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
             {{- end }}
           {{- if $root.Values.metrics.port }}
           ports:
@@ -240,6 +264,9 @@ spec:
             {{- with .mounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
+            {{- with .values.extraVolumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
         - {name: config, configMap: {name: {{ $name }}-config}}
         - {name: tmp, emptyDir: {sizeLimit: 64Mi}}
@@ -252,6 +279,27 @@ spec:
         {{- with .volumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+        {{- with .values.extraVolumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+{{- if and $root.Values.podDisruptionBudget.enabled (gt (int .values.replicas) 1) }}
+---
+# a node drain (an upgrade of the cluster) takes one replica at a time; the others keep the work
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "faultline.labels" $root | nindent 4 }}
+    app.kubernetes.io/component: {{ .worker }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels:
+      app.kubernetes.io/instance: {{ $root.Release.Name }}
+      app.kubernetes.io/component: {{ .worker }}
+{{- end }}
 {{- end -}}
 
 {{/* ServiceAccount + ClusterRole + ClusterRoleBinding, and a Role to post Events in `default` (not with
