@@ -662,6 +662,16 @@ def chart_secrets(cfg: config.ChartSecretsConfig) -> None:
     out.print(", ".join(f"{name} {what}" for name, what in done.items()) or "no Secret to make", markup=False)
 
 
+@options.command(app, "chart-crds", config.ChartCrdsConfig)
+def chart_crds(cfg: config.ChartCrdsConfig) -> None:
+    """Bring the RemediationRequest CRD to this version: created when missing, its spec replaced when it
+    differs (the chart's pre-upgrade hook: Helm installs a chart's CRDs but never upgrades them)."""
+    from faultline import kube  # noqa: PLC0415
+
+    done = kube.resources.apply_crds(kube.api_client(cfg.kubeconfig))
+    out.print(", ".join(f"{name} {what}" for name, what in done.items()), markup=False)
+
+
 @options.command(app, "status", config.StatusConfig)
 def status(cfg: config.StatusConfig) -> None:
     """The quarantine circuit breaker, the nodes faultline holds, the parked work items (failed

@@ -20,14 +20,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from faultline import kube
 from faultline.errors import ConflictError, NotFoundError
@@ -103,8 +105,8 @@ class Fakelet:
     def __init__(
         self, api: kube.ApiClient, names: list[str], *, gpus: int = 8, kubeconfig: Path | None = None
     ) -> None:
-        """`kubeconfig`: the credentials faultline's own hook pods run with (the chart's Secrets hook is
-        carried out in this process, `_run_faultline_hook`); without it they only finish."""
+        """`kubeconfig`: the credentials faultline's own hook pods run with (the chart's Secrets and CRD
+        hooks are carried out by this process, `_run_faultline_hook`); without it they only finish."""
         self.api = api
         self.kubeconfig = kubeconfig
         # Bodies are plain JSON-shaped dicts, which the client accepts; typed as Any on purpose.
@@ -300,7 +302,11 @@ class Fakelet:
                 if pod.spec.restart_policy in ("Never", "OnFailure"):
                     run_for = float((meta.annotations or {}).get(RUN_SECONDS, "1"))
                     self._finishing[meta.uid] = now_mono + run_for
-                    if _is_secrets_hook(pod) and self.kubeconfig is not None and meta.uid not in self._acted:
+                    if (
+                        _is_faultline_hook(pod)
+                        and self.kubeconfig is not None
+                        and meta.uid not in self._acted
+                    ):
                         self._acted.add(meta.uid)
                         self._run_faultline_hook(pod)
                 continue
@@ -315,28 +321,30 @@ class Fakelet:
                 del self._finishing[meta.uid]
 
     def _run_faultline_hook(self, pod: Any) -> None:
-        """The chart's Secrets hook (`faultline chart-secrets`), carried out as its container would: its
-        settings from the ConfigMap the pod mounts, its Secrets made in the pod's namespace. A failure
-        ends the pod Failed (`EXIT_CODE`), as the container's exit would."""
-        from faultline.kube import lite  # noqa: PLC0415
-        from workers import chart_secrets  # noqa: PLC0415
-
-        namespace = pod.metadata.namespace
-        try:
-            (volume,) = [v for v in pod.spec.volumes or [] if v.config_map is not None]
-            cm = kube.core(self.api).read_namespaced_config_map(volume.config_map.name, namespace)
-            settings = yaml.safe_load((cm.data or {})["config.yaml"]) or {}
-            specs = [chart_secrets.SecretSpec(**item) for item in settings.get("secrets") or []]
-            client = lite.Client.connect(self.kubeconfig)
-            try:
-                chart_secrets.ensure(client, namespace, specs)
-            finally:
-                client.close()
-        except Exception:
-            log.exception(
-                "fakelet: the chart's Secrets hook failed (pod %s/%s)", namespace, pod.metadata.name
-            )
-            self._exit_codes[pod.metadata.uid] = 1
+        """One of the chart's hook pods (`faultline chart-secrets`, `faultline chart-crds`), carried out as
+        its container would be: `faultline` with the container's args, its ConfigMap volumes as
+        directories, the pod's namespace, and this cluster's credentials. Its exit code ends the pod."""
+        namespace, name = pod.metadata.namespace, pod.metadata.name
+        (container,) = pod.spec.containers
+        args = [str(a) for a in container.args or []]
+        with tempfile.TemporaryDirectory(prefix="fakelet-hook-") as tmp:
+            volumes = {v.name: v for v in pod.spec.volumes or []}
+            for mount in container.volume_mounts or []:
+                volume = volumes.get(mount.name)
+                if volume is None or volume.config_map is None:
+                    continue
+                cm = kube.core(self.api).read_namespaced_config_map(volume.config_map.name, namespace)
+                local = Path(tmp) / mount.name
+                local.mkdir()
+                for key, text in (cm.data or {}).items():
+                    (local / key).write_text(text)
+                args = [a.replace(mount.mount_path, str(local)) for a in args]
+            env = {**os.environ, "POD_NAMESPACE": namespace, "FAULTLINE_KUBECONFIG": str(self.kubeconfig)}
+            argv = [sys.executable, "-m", "faultline", *args]  # the chart's own hook args
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
+        if done.returncode:
+            log.warning("fakelet: hook pod %s/%s failed: %s", namespace, name, done.stderr[-2000:])
+            self._exit_codes[pod.metadata.uid] = done.returncode
 
     def _containers(self, pod: Any, state: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
         return [
@@ -413,11 +421,14 @@ class Fakelet:
             kube.pods.patch_status(self.api, pod.metadata.namespace, pod.metadata.name, status)
 
 
-def _is_secrets_hook(pod: Any) -> bool:
+HOOKS = ("secrets", "crds")  # the chart's hook Jobs that run `faultline` (`_run_faultline_hook`)
+
+
+def _is_faultline_hook(pod: Any) -> bool:
     labels = pod.metadata.labels or {}
     return (
         labels.get("app.kubernetes.io/name") == "faultline"
-        and labels.get("app.kubernetes.io/component") == "secrets"
+        and labels.get("app.kubernetes.io/component") in HOOKS
     )
 
 

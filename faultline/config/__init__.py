@@ -9,6 +9,7 @@ from faultline.config.analyzer import AnalyzerConfig
 from faultline.config.base import Component, Duration, Flag, Seconds, parse_seconds, part
 from faultline.config.commands import (
     BreakerResetConfig,
+    ChartCrdsConfig,
     ChartSecretsConfig,
     RetentionConfig,
     StatusConfig,
@@ -40,6 +41,7 @@ COMPONENTS: dict[str, type[Component]] = {
     "retention": RetentionConfig,
     "uninstall": UninstallConfig,
     "chart-secrets": ChartSecretsConfig,
+    "chart-crds": ChartCrdsConfig,
     "webhook": WebhookConfig,
     "preflight": PreflightConfig,
     "analyzer": AnalyzerConfig,
@@ -48,7 +50,8 @@ COMPONENTS: dict[str, type[Component]] = {
 }
 
 __all__ = [
-    "COMPONENTS", "AgentConfig", "AnalyzerConfig", "BreakerResetConfig", "ChartSecretsConfig", "Component",
+    "COMPONENTS", "AgentConfig", "AnalyzerConfig", "BreakerResetConfig", "ChartCrdsConfig",
+    "ChartSecretsConfig", "Component",
     "DrainConfig",
     "DrainTuning", "Duration",
     "Flag",

@@ -84,6 +84,11 @@ class ChartSecret(BaseModel):
                 raise ValueError(f"secret {self.name}: {key!r} is not a Secret key")
 
 
+class ChartCrdsConfig(Component, KubeFields):
+    """`faultline chart-crds`: bring the CRDs faultline defines to this version (the chart's pre-upgrade
+    hook: Helm never upgrades a chart's CRDs)."""
+
+
 class ChartSecretsConfig(Component, KubeFields):
     """`faultline chart-secrets`: make the chart's Secrets that are missing, complete the others (its
     pre-install and pre-upgrade hook)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from faultline.errors import ConflictError, PermanentError
+from faultline.errors import ConflictError, NotFoundError, PermanentError
 from faultline.kube.client import ApiClient, custom, extensions, read_json, send_json
 
 CRD_DIR = Path(__file__).resolve().parent / "crds"
@@ -125,19 +125,61 @@ def create_object(api: ApiClient, body: dict[str, Any]) -> tuple[str, bool]:
     return plural, namespaced
 
 
-def ensure_crds(api: ApiClient, directory: Path = CRD_DIR, *, timeout: float = 30.0) -> list[str]:
-    """Create the CRDs in `directory` that do not exist yet and wait until they are established (the
-    chart installs them in a cluster; tests and the demo use this). ForbiddenError without the right."""
+def apply_crds(api: ApiClient, directory: Path = CRD_DIR, *, timeout: float = 60.0) -> dict[str, str]:
+    """The CRDs in `directory` as this version has them: created when missing, their spec replaced when
+    it differs (Helm installs a chart's CRDs but never upgrades them: the chart's pre-upgrade hook does
+    this); then established. What was done to each: "created", "updated" or "current"."""
     ext = extensions(api)
-    names = []
+    done: dict[str, str] = {}
     for path in sorted(directory.glob("*.yaml")):
         body = yaml.safe_load(path.read_text())
         name = body["metadata"]["name"]
-        names.append(name)
-        with contextlib.suppress(ConflictError):  # there already
-            send_json(
-                "create", f"CustomResourceDefinition {name}", ext.create_custom_resource_definition, body
-            )
+        for _ in range(5):
+            try:
+                live = read_json(
+                    "get", f"CustomResourceDefinition {name}", ext.read_custom_resource_definition, name
+                )
+            except NotFoundError:
+                try:
+                    send_json(
+                        "create",
+                        f"CustomResourceDefinition {name}",
+                        ext.create_custom_resource_definition,
+                        body,
+                    )
+                except ConflictError:
+                    continue  # made meanwhile: compared on the next look
+                done[name] = "created"
+                break
+            if _spec_matches(live.get("spec") or {}, body["spec"]):
+                done[name] = "current"
+                break
+            meta = {**live["metadata"], "resourceVersion": live["metadata"]["resourceVersion"]}
+            update = {**body, "metadata": meta}
+            what = f"CustomResourceDefinition {name}"
+            try:
+                send_json("update", what, ext.replace_custom_resource_definition, name, update)
+            except ConflictError:
+                continue  # changed meanwhile: read it again
+            done[name] = "updated"
+            break
+        else:
+            raise PermanentError(f"CustomResourceDefinition {name}: five conflicting updates in a row")
+    _established(ext, list(done), timeout)
+    return done
+
+
+def _spec_matches(live: Any, wanted: Any) -> bool:
+    """Does the live spec hold everything the wanted one says (the API server adds defaults)?"""
+    if isinstance(wanted, dict):
+        return isinstance(live, dict) and all(_spec_matches(live.get(k), v) for k, v in wanted.items())
+    if isinstance(wanted, list):
+        return (isinstance(live, list) and len(live) == len(wanted)
+                and all(_spec_matches(a, b) for a, b in zip(live, wanted, strict=True)))  # fmt: skip
+    return bool(live == wanted)
+
+
+def _established(ext: Any, names: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for name in names:
         while True:
@@ -152,4 +194,20 @@ def ensure_crds(api: ApiClient, directory: Path = CRD_DIR, *, timeout: float = 3
             if time.monotonic() > deadline:
                 raise PermanentError(f"CRD {name} not established within {timeout:.0f} s")
             time.sleep(0.1)
+
+
+def ensure_crds(api: ApiClient, directory: Path = CRD_DIR, *, timeout: float = 30.0) -> list[str]:
+    """Create the CRDs in `directory` that do not exist yet and wait until they are established (the
+    chart installs them in a cluster; tests and the demo use this). ForbiddenError without the right."""
+    ext = extensions(api)
+    names = []
+    for path in sorted(directory.glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        name = body["metadata"]["name"]
+        names.append(name)
+        with contextlib.suppress(ConflictError):  # there already
+            send_json(
+                "create", f"CustomResourceDefinition {name}", ext.create_custom_resource_definition, body
+            )
+    _established(ext, names, timeout)
     return names

@@ -959,6 +959,35 @@ def test_helm_install_and_upgrades_keep_the_stores_password(cluster: LocalCluste
             core.delete_namespace(ns, propagation_policy="Background")
 
 
+def test_an_upgrade_brings_the_crd_to_the_charts_version(cluster: LocalCluster, api: Any) -> None:
+    """Helm never upgrades a chart's CRDs; the chart's pre-upgrade hook (`faultline chart-crds`, carried
+    out here by the session's fake kubelet) does: a CRD an older version left (no printer columns) has
+    this version's spec after `helm upgrade`."""
+    ext = kube.client.extensions(api)
+    name = "remediationrequests.faultline.io"
+    ns, release = f"chart-{uuid.uuid4().hex[:6]}", f"c{uuid.uuid4().hex[:5]}"
+    install = ["--namespace", ns, "--set", f"image.digest={DIGEST}"]
+    wanted = yaml.safe_load((CHART / "crds" / "remediationrequests.yaml").read_text())["spec"]
+    try:
+        _helm(cluster.kubeconfig, "install", release, str(CHART), "--create-namespace", *install)
+        live = ext.read_custom_resource_definition(name)
+        live.spec.versions[0].additional_printer_columns = None  # as an older chart had it
+        ext.replace_custom_resource_definition(name, live)
+        assert not ext.read_custom_resource_definition(name).spec.versions[0].additional_printer_columns
+        _helm(cluster.kubeconfig, "upgrade", release, str(CHART), *install)
+        columns = ext.read_custom_resource_definition(name).spec.versions[0].additional_printer_columns
+        assert [c.name for c in columns] == [
+            c["name"] for c in wanted["versions"][0]["additionalPrinterColumns"]
+        ]
+        assert kube.resources.apply_crds(api) == {name: "current"}  # nothing left to do
+    finally:
+        kube.resources.apply_crds(api)  # the session's other tests keep this version's CRD
+        subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
+                        "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
+        with contextlib.suppress(Exception):
+            kube.core(api).delete_namespace(ns, propagation_policy="Background")
+
+
 def test_an_upgrade_from_a_chart_that_rendered_its_secrets_keeps_them(
     cluster: LocalCluster, api: Any, tmp_path: Path
 ) -> None:
