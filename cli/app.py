@@ -657,9 +657,12 @@ def chart_secrets(cfg: config.ChartSecretsConfig) -> None:
     client = lite.Client.connect(cfg.kubeconfig)
     try:
         done = cs.ensure(client, cfg.namespace, specs)
+        labelled = cs.label_namespaces(client, cfg.namespace_labels)
     finally:
         client.close()
     out.print(", ".join(f"{name} {what}" for name, what in done.items()) or "no Secret to make", markup=False)
+    for namespace, keys in labelled.items():
+        out.print(f"namespace {namespace}: {', '.join(keys) or 'labels kept'}", markup=False)
 
 
 @options.command(app, "chart-crds", config.ChartCrdsConfig)

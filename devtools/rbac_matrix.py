@@ -81,7 +81,8 @@ class Row(BaseModel):
     @field_validator("names")
     @classmethod
     def _names(cls, names: list[str]) -> list[str]:
-        bad = [n for n in names if not _NAME.match(n.replace("{name}", "x"))]
+        bad = [n for n in names if not _NAME.match(n.replace("{name}", "x").replace("{release}", "x")
+                                                  .replace("{jobs}", "x"))]  # fmt: skip
         if bad:
             raise ValueError(f"{bad}: an object's name (no wildcard; {{name}} is the chart's prefix)")
         return names
@@ -118,6 +119,15 @@ class Matrix(BaseModel):
     accounts: dict[str, Account] = Field(alias="serviceAccounts", min_length=1)
 
 
+def _shown(name: str) -> str:
+    """A row's object name as the doc page shows it."""
+    return (
+        name.replace("{name}", "<release>")
+        .replace("{release}", "<namespace>")
+        .replace("{jobs}", "<janitor.namespace>")
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Names:
     """Where a release put things: `name` is the chart's name prefix (the release's name, cut to 40),
@@ -133,7 +143,9 @@ class Names:
 
     def object(self, name: str) -> str:
         """A row's object name as the release named it."""
-        return name.replace("{name}", self.name)
+        return (
+            name.replace("{name}", self.name).replace("{release}", self.release).replace("{jobs}", self.jobs)
+        )
 
     def account(self, account: Account) -> str:
         """`namespace/name` of the ServiceAccount."""
@@ -285,7 +297,7 @@ def _where(scopes: list[str]) -> str:
 
 def _rows(rows: list[Row], answer: str) -> list[str]:
     def resource(r: Row) -> str:
-        names = ", ".join(f"`{n.replace('{name}', '<release>')}`" for n in r.names)
+        names = ", ".join(f"`{_shown(n)}`" for n in r.names)
         return f"`{r.resource}`" + (f" ({names} only)" if names else "")
 
     return [f"| {answer} | {', '.join(r.verbs)} | {resource(r)} | {r.group or 'core'} | {_where(r.where)} | "

@@ -71,6 +71,25 @@ def ensure(client: lite.Client, namespace: str, specs: Iterable[SecretSpec]) -> 
     return done
 
 
+def label_namespaces(client: lite.Client, wanted: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+    """Set each label a namespace does not have yet (the Pod Security level the release's pods need); one
+    it has, whatever its value, is left alone (someone chose it). The keys set, by namespace."""
+    done: dict[str, list[str]] = {}
+    for namespace, labels in wanted.items():
+        path = f"/api/v1/namespaces/{namespace}"
+        doc = client.request("GET", path, what=f"Namespace {namespace}")
+        have = (doc.get("metadata") or {}).get("labels") or {}
+        missing = {k: v for k, v in labels.items() if k not in have}
+        if missing:
+            client.request("PATCH", path, {"metadata": {"labels": missing}}, content_type=kp.MERGE_PATCH,
+                           what=f"Namespace {namespace}")  # fmt: skip
+        done[namespace] = sorted(missing)
+        log.info(
+            "namespace labels", extra={"item": namespace, "outcome": ",".join(sorted(missing)) or "kept"}
+        )
+    return done
+
+
 def _ensure_one(client: lite.Client, namespace: str, spec: SecretSpec) -> str:
     for _ in range(TRIES):
         found = kp.read_secret(client, namespace, spec.name)

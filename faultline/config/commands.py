@@ -100,3 +100,8 @@ class ChartSecretsConfig(Component, KubeFields):
     secrets: list[ChartSecret] = Field(
         default_factory=list, description="the Secrets (name, random, fixed, derived, labels)"
     )
+    namespace_labels: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="labels set on these namespaces where they have none of that key (the Pod Security "
+        "level the release's pods need); a label someone set is never changed",
+    )

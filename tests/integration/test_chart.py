@@ -215,7 +215,7 @@ def test_the_secrets_hook_makes_the_generated_secrets_and_renders_never_change()
     # nothing to make: no hook
     assert not [
         d
-        for d in render(EXTERNAL, "evidence.existingSecret=mine", hooks=True)
+        for d in render(EXTERNAL, "evidence.existingSecret=mine", "podSecurity.label=false", hooks=True)
         if d["metadata"]["name"] == "fl-secrets"
     ]
 
@@ -986,6 +986,87 @@ def test_an_upgrade_brings_the_crd_to_the_charts_version(cluster: LocalCluster, 
                         "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
         with contextlib.suppress(Exception):
             kube.core(api).delete_namespace(ns, propagation_policy="Background")
+
+
+def test_the_agent_lands_on_gpu_nodes_with_or_without_gpu_feature_discovery(
+    cluster: LocalCluster, api: Any
+) -> None:
+    """Placement by the real DaemonSet controller and scheduler: a node GPU Feature Discovery labelled, a
+    GKE GPU node and an EKS Auto Mode GPU node (no GFD) get an agent; a CPU node does not. A nodeSelector
+    of the user's decides alone."""
+    core = kube.core(api)
+    tag = uuid.uuid4().hex[:5]
+    kinds_of = {
+        f"gfd-{tag}": {"nvidia.com/gpu.present": "true"},
+        f"gke-{tag}": {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+        f"eks-{tag}": {"eks.amazonaws.com/instance-gpu-count": "8"},
+        f"cpu-{tag}": {"node.kubernetes.io/instance-type": "m7i.4xlarge"},
+    }
+    ns, release = f"chart-{uuid.uuid4().hex[:6]}", f"p{tag}"
+    try:
+        for name, labels in kinds_of.items():  # simulated (Ready, their pods run and stop), relabelled
+            cluster.fakelet.add(name)
+            gpu = {
+                k: None
+                for k in kube.nodes.read(api, name)["metadata"]["labels"]
+                if k.startswith("nvidia.com/")
+            }
+            kube.nodes.patch(api, name, {"metadata": {"labels": {**gpu, **labels}}})
+        _helm(cluster.kubeconfig, "install", release, str(CHART), "--namespace", ns, "--create-namespace",
+              "--set", f"image.digest={DIGEST}", "--set", "store.external.uri=mongodb://m:27017")  # fmt: skip
+
+        def placed() -> set[str]:
+            pods = core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=agent").items
+            out = set()
+            for pod in pods:  # the DaemonSet controller pins each pod to its node by a matchFields term
+                for term in pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms:
+                    out |= {v for f in term.match_fields or [] for v in f.values}
+            return out & set(kinds_of)
+
+        procs.wait_for(
+            "agents on the three GPU nodes",
+            lambda: placed() == {f"gfd-{tag}", f"gke-{tag}", f"eks-{tag}"},
+            30,
+        )
+        _helm(cluster.kubeconfig, "upgrade", release, str(CHART), "--namespace", ns, "--set", f"image.digest={DIGEST}",
+              "--set", "store.external.uri=mongodb://m:27017", "--set", f"agent.nodeSelector.kubernetes\\.io/hostname=cpu-{tag}")  # fmt: skip
+        procs.wait_for("the user's nodeSelector alone", lambda: placed() == {f"cpu-{tag}"}, 30)
+    finally:
+        subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
+                        "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
+        with contextlib.suppress(Exception):
+            core.delete_namespace(ns, propagation_policy="Background")
+        for name in kinds_of:
+            cluster.fakelet.remove(name)
+
+
+def test_the_install_labels_its_namespaces_for_pod_security_and_keeps_a_choice_made(
+    cluster: LocalCluster, api: Any
+) -> None:
+    """The pre-install hook labels the release's namespace (made by --create-namespace, unlabelled) and
+    the repair Jobs' one for the privileged Pod Security level; a label someone set is kept."""
+    core = kube.core(api)
+    tag = uuid.uuid4().hex[:5]
+    ns, jobs, release = f"ns-{tag}", f"jobs-{tag}", f"n{tag}"
+    chosen = {"pod-security.kubernetes.io/enforce": "baseline"}
+    core.create_namespace({"metadata": {"name": jobs, "labels": chosen}})
+    try:
+        _helm(cluster.kubeconfig, "install", release, str(CHART), "--namespace", ns, "--create-namespace",
+              "--set", f"image.digest={DIGEST}", "--set", "janitor.enabled=true", "--set", f"janitor.namespace={jobs}")  # fmt: skip
+        labels = core.read_namespace(ns).metadata.labels
+        assert {k: v for k, v in labels.items() if k.startswith("pod-security")} == {
+            "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/audit": "privileged",
+            "pod-security.kubernetes.io/warn": "privileged",
+        }  # fmt: skip
+        labels = core.read_namespace(jobs).metadata.labels
+        assert labels["pod-security.kubernetes.io/enforce"] == "baseline"  # someone's choice, kept
+        assert labels["pod-security.kubernetes.io/warn"] == "privileged"
+    finally:
+        subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
+                        "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
+        for name in (ns, jobs):
+            with contextlib.suppress(Exception):
+                core.delete_namespace(name, propagation_policy="Background")
 
 
 def test_an_upgrade_from_a_chart_that_rendered_its_secrets_keeps_them(
