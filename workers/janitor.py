@@ -62,7 +62,7 @@ import datetime as dt
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import SkipValidation, field_validator
@@ -70,7 +70,17 @@ from pydantic import SkipValidation, field_validator
 from faultline import bounds, config, kube, liveness, store
 from faultline.errors import ApiError, ConflictError, NotFoundError, TransientError
 from faultline.models import RepairOutcome, RepairStep
-from workers import cloud, common, inflight, overrides, preflight_findings, remedies, rules, user_requests
+from workers import (
+    cloud,
+    common,
+    gpu_clients,
+    inflight,
+    overrides,
+    preflight_findings,
+    remedies,
+    rules,
+    user_requests,
+)
 
 log = logging.getLogger(__name__)
 WORKER = "janitor"
@@ -79,11 +89,42 @@ WAIT_MAX_S = 15.0  # the longest between two looks at a node or Job the repair w
 LOOK_GAP_S = 30.0  # validation looks further apart than this: the agent gets its full time again
 STAGE = store.Stage.JANITOR
 REPAIR_LABEL = "faultline.io/repair"  # on repair Jobs and their pods: what it carries out (reboot, gpu-reset)
-RESET_SCRIPT = (
-    "if nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q .; then "
-    'echo "GPU processes still running; not resetting" >&2; exit 3; fi; '
-    'for gpu in "$@"; do nvidia-smi --gpu-reset -i "$gpu" || exit 1; done'
-)
+# The GPU reset as NVIDIA documents it (nvidia-smi(1), --gpu-reset: "requires ... no processes using the
+# GPU"), run in the host's mount namespace (the Job is privileged with hostPID; the reset command enters
+# PID 1's namespaces): nvidia-smi is the driver's own, from the GPU Operator's driver root
+# (/run/nvidia/driver, where its driver container's file system is) or the host's. It waits up to
+# HOLD_WAIT seconds for every process holding an NVIDIA device node to go (the janitor has paused the GPU
+# clients: the GPU Operator's device plugin, DCGM and exporter, faultline's agent), names them and exits 3
+# if any remains; resets each GPU; then reads each again afresh (exit 5 if one does not answer).
+RESET_SCRIPT = r"""
+driver_root=${DRIVER_ROOT:-/run/nvidia/driver}; proc=${PROC:-/proc}; wait_s=${HOLD_WAIT:-120}
+if [ -x "$driver_root/usr/bin/nvidia-smi" ]; then smi() { chroot "$driver_root" nvidia-smi "$@"; }
+elif command -v nvidia-smi >/dev/null 2>&1; then smi() { nvidia-smi "$@"; }
+else echo "no nvidia-smi: not in the GPU Operator's driver root ($driver_root) nor on the host" >&2; exit 4
+fi
+holders() {
+  for fd in "$proc"/[0-9]*/fd/*; do
+    case "$(readlink "$fd" 2>/dev/null)" in /dev/nvidia[0-9]*|/dev/nvidiactl)
+      pid=${fd#"$proc"/}; pid=${pid%%/*}
+      [ "$pid" = "$$" ] || echo "$pid $(cat "$proc/$pid/comm" 2>/dev/null)";;
+    esac
+  done | sort -u
+}
+waited=0
+while [ -n "$(holders)" ]; do
+  if [ "$waited" -ge "$wait_s" ]; then
+    echo "GPU still held after ${wait_s}s, not resetting; processes holding NVIDIA devices:" >&2
+    holders >&2; exit 3
+  fi
+  sleep 2; waited=$((waited + 2))
+done
+for gpu in "$@"; do smi --gpu-reset -i "$gpu" || exit 1; done
+for gpu in "$@"; do
+  smi --query-gpu=pci.bus_id,name --format=csv,noheader -i "$gpu" ||
+    { echo "GPU $gpu does not answer after its reset" >&2; exit 5; }
+done
+"""
+_NSENTER = ("nsenter", "-t", "1", "-m", "--")  # the host's mount namespace: its driver tools and /dev
 
 
 # record_only: the Job prints the command it was given and succeeds (its log is the record)
@@ -104,7 +145,7 @@ class Settings(config.JanitorTuning):
     @field_validator("reset_command")
     @classmethod
     def _builtin_reset(cls, command: tuple[str, ...]) -> tuple[str, ...]:
-        return command or ("sh", "-c", RESET_SCRIPT, "gpu-reset")
+        return command or (*_NSENTER, "sh", "-c", RESET_SCRIPT, "gpu-reset")
 
     @classmethod
     def from_config(cls, cfg: config.JanitorConfig, provider: cloud.Provider | None) -> Settings:
@@ -400,8 +441,13 @@ class Janitor:
             return self._check_back(node, before, started)
         if step == remedies.GPU_RESET:
             gpus = [str(g) for g in current.gpus]
+            if current.acted_at is None:  # the GPUs' clients leave the node first (the Job waits for them)
+                self._gpu_clients(node, gpu_clients.pause)
             self._job(name, node, (*self.settings.reset_command, *gpus), current, where, action="gpu-reset")
-            return self._check_job(name, started)
+            verdict = self._check_job(name, started)
+            if verdict is not None:  # done either way: they come back (and the agent, to validate)
+                self._gpu_clients(node, gpu_clients.resume)
+            return verdict
         if step == remedies.REPLACE:
             if self.settings.provider is None:
                 return RepairOutcome.FAILED, "no cloud provider is configured to replace the node"
@@ -524,6 +570,31 @@ class Janitor:
             return None
         what = "no new boot id and Ready" + (" and the Node not removed" if gone_ok else "")
         return RepairOutcome.TIMED_OUT, f"{what} within {self.settings.reboot_timeout}"
+
+    def _gpu_clients(
+        self, node: str, change: Callable[[Mapping[str, str], tuple[str, ...]], dict[str, str | None]]
+    ) -> None:
+        """Pause or resume the GPU clients on the node (`workers.gpu_clients`): a patch of its labels,
+        made only on the labels as read."""
+        for _ in range(5):
+            try:
+                meta = kube.nodes.read(self.api, node).get("metadata", {})
+            except NotFoundError:
+                return  # the Node is gone: nothing runs there
+            labels = change(meta.get("labels") or {}, self.settings.gpu_client_labels)
+            if not labels:
+                return
+            try:
+                kube.nodes.patch(self.api, node, {"metadata": {"labels": labels}},
+                                 resource_version=meta["resourceVersion"])  # fmt: skip
+            except ConflictError:
+                continue
+            log.info("GPU clients %s", "resumed" if labels.get(gpu_clients.AGENT_LABEL) is None else "paused",
+                     extra={"node": node, "item": ",".join(sorted(labels))})  # fmt: skip
+            return
+        raise TransientError(
+            f"node {node}: five conflicting updates in a row while pausing GPU clients", delay=1.0
+        )
 
     def _check_job(self, name: str, started: dt.datetime) -> Verdict | None:
         """One look at the round's Job: its outcome, timed out, or None (still running)."""

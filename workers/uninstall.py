@@ -30,10 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultline import evidence, kube
+from faultline import config, evidence, kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import ConflictError, NotFoundError, TransientError
-from workers import overrides, quarantine, rules, user_requests
+from workers import gpu_clients, overrides, quarantine, rules, user_requests
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,9 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
     marks = (quarantine.OWNED_ANNOTATION, rules.FAULTS_ANNOTATION, overrides.CANCELLED_ANNOTATION,
              user_requests.CORDONED_FOR, evidence.KEY_ANNOTATION)  # fmt: skip
     ours = [k for k in marks if k in annotations]
-    if not p.changed and not ours:
+    # a GPU reset cut short: its GPU clients (the GPU Operator's operands, the agent) come back
+    resumed = gpu_clients.resume(meta.get("labels") or {}, config.JanitorTuning().gpu_client_labels)
+    if not p.changed and not ours and not resumed:
         return False
     # the janitor's cordon for a person's RemediationRequest (it cordoned only a node that was not)
     unschedulable = p.unschedulable and user_requests.CORDONED_FOR not in annotations
@@ -96,7 +98,7 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
     taints = [t for t in p.taints if unschedulable or t[0] != UNSCHEDULABLE_TAINT]
     body = {
         "metadata": {
-            "labels": dict.fromkeys(p.remove_labels),
+            "labels": {**dict.fromkeys(p.remove_labels), **resumed},
             "annotations": dict.fromkeys([*ours, *p.remove_annotations]),
         },
         "spec": {

@@ -260,6 +260,15 @@ class JanitorTuning(Part):
     reboot_command: tuple[str, ...] = Field(
         default=_REBOOT, min_length=1, description="the reboot Job's command (run in the host's namespaces)"
     )
+    gpu_client_labels: tuple[str, ...] = Field(
+        default=(
+            "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.dcgm",
+            "nvidia.com/gpu.deploy.dcgm-exporter",
+        ),
+        description="node labels whose DaemonSets hold the GPUs (the GPU Operator's operands): each that is "
+        "true is set to paused-for-gpu-reset while a GPU reset runs, and back after (faultline's agent "
+        "steps aside too)",
+    )  # fmt: skip
     reset_command: tuple[str, ...] = Field(
         default=(),
         validate_default=True,

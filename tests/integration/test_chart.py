@@ -14,6 +14,7 @@ import datetime as dt
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -1038,6 +1039,61 @@ def test_the_agent_lands_on_gpu_nodes_with_or_without_gpu_feature_discovery(
             core.delete_namespace(ns, propagation_policy="Background")
         for name in kinds_of:
             cluster.fakelet.remove(name)
+
+
+def test_the_agent_steps_aside_while_the_driver_is_replaced_or_a_gpu_reset(
+    cluster: LocalCluster, api: Any
+) -> None:
+    """A process that holds the GPUs' device nodes keeps the driver's module loaded (the GPU Operator's
+    upgrade then waits for it: it deletes only pods that request GPUs) and a GPU from being reset. The
+    agent requests none, so it leaves by itself: the real DaemonSet controller takes its pod off a node
+    whose driver upgrade is between pod deletion and validation, or whose GPUs the janitor resets, and
+    brings it back after; nothing of the agent runs there meanwhile, so nothing holds a device or reports
+    the driver's absence as a fault."""
+    core = kube.core(api)
+    tag = uuid.uuid4().hex[:5]
+    node, ns, release = f"upg-{tag}", f"chart-{tag}", f"u{tag}"
+    cluster.fakelet.add(node)
+    upgrade = "nvidia.com/gpu-driver-upgrade-state"
+
+    def agent_pods() -> list[str]:
+        pods = core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=agent").items
+        return [
+            p.metadata.name for p in pods if p.spec.node_name == node and not p.metadata.deletion_timestamp
+        ]
+
+    def label(key: str, value: str | None) -> None:
+        kube.nodes.patch(api, node, {"metadata": {"labels": {key: value}}})
+
+    try:
+        _helm(cluster.kubeconfig, "install", release, str(CHART), "--namespace", ns, "--create-namespace",
+              "--set", f"image.digest={DIGEST}", "--set", "store.external.uri=mongodb://m:27017")  # fmt: skip
+        procs.wait_for("an agent on the node", lambda: len(agent_pods()) == 1, 30)
+        first = agent_pods()
+        for state in ("upgrade-required", "cordon-required", "wait-for-jobs-required"):  # GPUs still in use
+            label(upgrade, state)
+        time.sleep(3)
+        assert agent_pods() == first
+        label(upgrade, "pod-deletion-required")
+        procs.wait_for("the agent gone before the driver goes", lambda: not agent_pods(), 30)
+        for state in ("drain-required", "pod-restart-required", "validation-required"):
+            label(upgrade, state)
+            time.sleep(1)
+            assert not agent_pods(), state
+        label(upgrade, "uncordon-required")
+        procs.wait_for("back once the new driver is validated", lambda: len(agent_pods()) == 1, 30)
+        assert agent_pods() != first
+        label(upgrade, "upgrade-done")
+        label("faultline.io/gpu-clients", "paused")  # the janitor's GPU reset
+        procs.wait_for("gone for the reset", lambda: not agent_pods(), 30)
+        label("faultline.io/gpu-clients", None)
+        procs.wait_for("back after it", lambda: len(agent_pods()) == 1, 30)
+    finally:
+        subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
+                        "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
+        with contextlib.suppress(Exception):
+            core.delete_namespace(ns, propagation_policy="Background")
+        cluster.fakelet.remove(node)
 
 
 def test_the_install_labels_its_namespaces_for_pod_security_and_keeps_a_choice_made(

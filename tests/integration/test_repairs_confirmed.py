@@ -62,7 +62,9 @@ def pipeline(
         for w in workers:
             w.halt()
         stop_agent(agent)
-        kube.core(api).patch_node(node, {"spec": {"unschedulable": None}})
+        kube.core(api).patch_node(node, {"spec": {"unschedulable": None}, "metadata": {"labels": {
+            "nvidia.com/gpu.deploy.device-plugin": None, "nvidia.com/gpu.deploy.dcgm": None,
+            "faultline.io/gpu-clients": None}}})  # fmt: skip
         forget_repairs(api, node)  # the node is shared with other tests of the session
 
 
@@ -85,15 +87,32 @@ def test_a_reset_the_gpu_confirms_releases_the_node(
     node = cluster.node_names[2]
     began = dt.datetime.now(dt.UTC).replace(microsecond=0)
     xid = fault_id(node, "GPU", GPU[1], "XID-95")
+    # the GPU Operator's operands on the node: its device plugin on, DCGM switched off by its admin
+    plugin, dcgm = "nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.dcgm"
+    kube.nodes.patch(api, node, {"metadata": {"labels": {plugin: "true", dcgm: "false"}}})
+
+    def labels() -> dict[str, str]:
+        return dict(kube.nodes.read(api, node)["metadata"].get("labels") or {})
+
     with pipeline(cluster, mongo, api, mongo_db, node, tmp_path, validate=30) as st:
         sim(tmp_path, node, "--gpu", GPU[0], "--field", "ecc_dbe_volatile=1")
         sim(tmp_path, node, "--gpu", GPU[0], "--xid", "95")  # uncontained ECC error: a GPU reset repairs it
         poll("cordoned", lambda: bool(kube.core(api).read_node(node).spec.unschedulable), 20)
         poll("the reset Job", lambda: _reset_jobs(api, node, began), 30)
+        # its GPU clients paused for the reset: the device plugin's and faultline's agent's pods leave
+        assert (labels()[plugin], labels()[dcgm], labels()["faultline.io/gpu-clients"]) == (
+            "paused-for-gpu-reset",
+            "false",
+            "paused",
+        )
         sim(tmp_path, node, "--gpu", GPU[0], "--reset")  # what the Job's nvidia-smi --gpu-reset does
         poll("XID 95 resolved", lambda: (mongo_db["faults"].find_one({"_id": xid}) or {}).get("state")
              == "resolved", 30)  # fmt: skip
         poll("released", lambda: not kube.core(api).read_node(node).spec.unschedulable, 30)
+        assert (labels()[plugin], labels()[dcgm]) == (
+            "true",
+            "false",
+        ) and "faultline.io/gpu-clients" not in labels()
         (repair,) = st.repairs_of(node)
         assert [(r.step, r.outcome) for r in repair.rounds] == [("GPU_RESET", "Succeeded")]
         assert repair.rounds[0].verified_at is not None

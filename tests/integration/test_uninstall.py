@@ -128,6 +128,23 @@ def test_the_janitors_cordon_for_a_persons_request_goes(api: Any, node: str, nam
     assert user_requests.CORDONED_FOR not in (obj["metadata"].get("annotations") or {})
 
 
+def test_a_gpu_reset_cut_short_gives_the_gpu_clients_back(api: Any, node: str, namespace: str) -> None:
+    """Uninstalled while the janitor had a GPU reset's clients paused: the GPU Operator's operands and
+    faultline's own agent may come back (an operand someone switched off stays off)."""
+    kube.nodes.patch(api, node, {"metadata": {"labels": {
+        "nvidia.com/gpu.deploy.device-plugin": "paused-for-gpu-reset", "nvidia.com/gpu.deploy.dcgm": "false",
+        "faultline.io/gpu-clients": "paused"}}})  # fmt: skip
+    assert node in uninstall.run(api, namespace=namespace, instance=RELEASE, wait=5).nodes_released
+    labels = kube.nodes.read(api, node)["metadata"]["labels"]
+    assert (
+        labels["nvidia.com/gpu.deploy.device-plugin"] == "true"
+        and labels["nvidia.com/gpu.deploy.dcgm"] == "false"
+    )
+    assert "faultline.io/gpu-clients" not in labels
+    kube.nodes.patch(api, node, {"metadata": {"labels": {
+        "nvidia.com/gpu.deploy.device-plugin": None, "nvidia.com/gpu.deploy.dcgm": None}}})  # fmt: skip
+
+
 def test_an_operators_cordon_stays(api: Any, node: str, namespace: str) -> None:
     owned = rules.Owned(False, ((rules.FAULT_TAINT, "XID-79", "NoSchedule"),), ())
     kube.nodes.patch(api, node, {
