@@ -341,6 +341,50 @@ def test_the_extension_points_chart_users_expect(tmp_path: Path) -> None:
         render(values=bad)
 
 
+def test_dcgm_through_the_gpu_operators_host_engine(tmp_path: Path) -> None:
+    """gpuBackend=dcgm: the host engine at the node's address (the GPU Operator's standalone DCGM listens
+    on each node's port 5555), given in the environment where the kubelet expands $(HOST_IP), and DCGM's
+    bindings and client library copied from an image that carries them, or mounted from the node."""
+    from cli import settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+
+    image = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+    docs = render("agent.gpuBackend=dcgm", f"agent.dcgmBindings.image={image}")
+    pod = workloads(docs)["fl-agent"]
+    env = [e["name"] for e in pod["containers"][0]["env"]]
+    values = {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["containers"][0]["env"]}
+    assert values["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env.index("HOST_IP") < env.index("FAULTLINE_DCGM_HOST")  # defined first: the kubelet expands it
+    assert values["FAULTLINE_DCGM_HOST"] == "$(HOST_IP):5555"
+    assert (values["FAULTLINE_DCGM_BINDINGS"], values["LD_LIBRARY_PATH"]) == (
+        "/opt/dcgm/bindings",
+        "/opt/dcgm/lib",
+    )
+    (init,) = pod["initContainers"]
+    assert init["image"] == image and init["command"][3:] == [
+        "/usr/share/datacenter-gpu-manager-4/bindings/python3",
+        "/usr/lib/x86_64-linux-gnu",
+    ]
+    assert {"name": "dcgm", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    # the agent takes the address from its environment, as the kubelet expanded it
+    file = tmp_path / "agent.yaml"
+    file.write_text(yaml.safe_dump(settings_files(docs)["agent"]))
+    resolved = settings.resolve(config.AgentConfig, config_file=file, environ={
+        "MONGODB_URI": "mongodb://m:27017", "NODE_NAME": "n1", "FAULTLINE_DCGM_HOST": "10.0.4.17:5555"})  # fmt: skip
+    assert isinstance(resolved.config, config.AgentConfig) and resolved.config.dcgm_host == "10.0.4.17:5555"
+    # the node's own DCGM install instead
+    pod = workloads(render("agent.gpuBackend=dcgm"))["fl-agent"]
+    assert "initContainers" not in pod
+    assert {
+        "name": "dcgm",
+        "hostPath": {"path": "/usr/local/dcgm/bindings/python3", "type": "Directory"},
+    } in pod["volumes"]
+    assert "LD_LIBRARY_PATH" not in {e["name"] for e in pod["containers"][0]["env"]}
+    assert "HOST_IP" not in {
+        e["name"] for e in workloads(render())["fl-agent"]["containers"][0]["env"]
+    }  # nvml
+
+
 def test_the_uninstall_hook_takes_back_the_marks_with_its_own_narrow_identity() -> None:
     docs = [
         d
