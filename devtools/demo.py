@@ -220,8 +220,8 @@ class DemoStack:
         host = self.dir / "h"  # the agent's hostPaths on this machine, removed with the demo (short: the
         # simulated nodes' agents nest the same paths under their own directory, and a socket's path
         # must stay under 108 bytes)
-        agent = {
-            **DEMO_VALUES["agent"], "nodeSelector": {"nvidia.com/gpu.present": None},
+        agent = {  # on every node, the real one (no GPU label) too
+            **DEMO_VALUES["agent"], "nodeSelector": {"kubernetes.io/os": "linux"},
             "stateDir": str(host / "state"), "ingestSocket": str(host / "ingest.sock"),
         }  # fmt: skip
         record = {**DEMO_VALUES["janitor"]["config"], "record_only": True}

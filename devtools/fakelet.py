@@ -324,7 +324,16 @@ class Fakelet:
         """One of the chart's hook pods (`faultline chart-secrets`, `faultline chart-crds`), carried out as
         its container would be: `faultline` with the container's args, its ConfigMap volumes as
         directories, the pod's namespace, and this cluster's credentials. Its exit code ends the pod."""
-        namespace, name = pod.metadata.namespace, pod.metadata.name
+        try:
+            code, said = self._hook_exit(pod)
+        except Exception as exc:  # noqa: BLE001 - the pod fails, as its container would
+            code, said = 1, f"{type(exc).__name__}: {exc}"
+        if code:
+            log.warning("fakelet: hook pod %s/%s failed: %s", pod.metadata.namespace, pod.metadata.name, said)
+            self._exit_codes[pod.metadata.uid] = code
+
+    def _hook_exit(self, pod: Any) -> tuple[int, str]:
+        namespace = pod.metadata.namespace
         (container,) = pod.spec.containers
         args = [str(a) for a in container.args or []]
         with tempfile.TemporaryDirectory(prefix="fakelet-hook-") as tmp:
@@ -342,9 +351,7 @@ class Fakelet:
             env = {**os.environ, "POD_NAMESPACE": namespace, "FAULTLINE_KUBECONFIG": str(self.kubeconfig)}
             argv = [sys.executable, "-m", "faultline", *args]  # the chart's own hook args
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
-        if done.returncode:
-            log.warning("fakelet: hook pod %s/%s failed: %s", namespace, name, done.stderr[-2000:])
-            self._exit_codes[pod.metadata.uid] = done.returncode
+        return done.returncode, done.stderr[-2000:]
 
     def _containers(self, pod: Any, state: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
         return [

@@ -53,7 +53,7 @@ def wanted(spec: SecretSpec, have: dict[str, bytes]) -> dict[str, bytes]:
         data.setdefault(key, _draw(length))
     for key, value in spec.fixed.items():
         data.setdefault(key, value.encode())
-    values = {k: v.decode() for k, v in data.items() if k not in spec.derived}
+    values = {k: v.decode(errors="replace") for k, v in data.items() if k not in spec.derived}
     for key, template in spec.derived.items():
         try:
             data[key] = string.Template(template).substitute(values).encode()

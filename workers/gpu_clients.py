@@ -24,9 +24,12 @@ def pause(labels: Mapping[str, str], keys: Iterable[str]) -> dict[str, str | Non
     return {**{k: PAUSED for k in keys if labels.get(k) == "true"}, AGENT_LABEL: AGENT_PAUSED}
 
 
-def resume(labels: Mapping[str, str], keys: Iterable[str]) -> dict[str, str | None]:
-    """The labels to set after it: what `pause` changed, back; {} when nothing is paused."""
-    back: dict[str, str | None] = {k: "true" for k in keys if labels.get(k) == PAUSED}
+def resume(labels: Mapping[str, str], keys: Iterable[str] = ()) -> dict[str, str | None]:
+    """The labels to set after it: what `pause` changed, back, whichever keys it was given (PAUSED is
+    faultline's alone: a restore needs no list, so one made with other settings, or by the uninstall,
+    finds them all); {} when nothing is paused. `keys` is accepted for symmetry with `pause`."""
+    del keys
+    back: dict[str, str | None] = {k: "true" for k, v in labels.items() if v == PAUSED}
     if AGENT_LABEL in labels:
         back[AGENT_LABEL] = None
     return back

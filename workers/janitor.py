@@ -93,27 +93,37 @@ REPAIR_LABEL = "faultline.io/repair"  # on repair Jobs and their pods: what it c
 # GPU"), run in the host's mount namespace (the Job is privileged with hostPID; the reset command enters
 # PID 1's namespaces): nvidia-smi is the driver's own, from the GPU Operator's driver root
 # (/run/nvidia/driver, where its driver container's file system is) or the host's. It waits up to
-# HOLD_WAIT seconds for every process holding an NVIDIA device node to go (the janitor has paused the GPU
-# clients: the GPU Operator's device plugin, DCGM and exporter, faultline's agent), names them and exits 3
-# if any remains; resets each GPU; then reads each again afresh (exit 5 if one does not answer).
+# HOLD_WAIT seconds for every process holding one of the reset GPUs' device nodes (/dev/nvidia<minor>) to
+# go (the janitor has paused the GPU clients: the GPU Operator's device plugin, DCGM and exporter,
+# faultline's agent; the driver's own persistence and fabric manager daemons are left to nvidia-smi, and
+# pods on other GPUs after a partial drain do not count), names them and exits 3 if any remains; resets
+# each GPU; then reads each again afresh (exit 5 if one does not answer).
 RESET_SCRIPT = r"""
 driver_root=${DRIVER_ROOT:-/run/nvidia/driver}; proc=${PROC:-/proc}; wait_s=${HOLD_WAIT:-120}
 if [ -x "$driver_root/usr/bin/nvidia-smi" ]; then smi() { chroot "$driver_root" nvidia-smi "$@"; }
 elif command -v nvidia-smi >/dev/null 2>&1; then smi() { nvidia-smi "$@"; }
 else echo "no nvidia-smi: not in the GPU Operator's driver root ($driver_root) nor on the host" >&2; exit 4
 fi
+devices=""
+for gpu in "$@"; do
+  minor=$(smi --query-gpu=minor_number --format=csv,noheader -i "$gpu") ||
+    { echo "GPU $gpu: no minor number (is it on this node?)" >&2; exit 1; }
+  devices="$devices /dev/nvidia$(echo "$minor" | tr -d ' ')"
+done
 holders() {
   for fd in "$proc"/[0-9]*/fd/*; do
-    case "$(readlink "$fd" 2>/dev/null)" in /dev/nvidia[0-9]*|/dev/nvidiactl)
-      pid=${fd#"$proc"/}; pid=${pid%%/*}
-      [ "$pid" = "$$" ] || echo "$pid $(cat "$proc/$pid/comm" 2>/dev/null)";;
-    esac
+    target=$(readlink "$fd" 2>/dev/null) || continue
+    for dev in $devices; do
+      [ "$target" = "$dev" ] || continue
+      pid=${fd#"$proc"/}; pid=${pid%%/*}; comm=$(cat "$proc/$pid/comm" 2>/dev/null)
+      case "$comm" in nvidia-persiste*|nv-fabricmanage*) ;; *) [ "$pid" = "$$" ] || echo "$pid $comm";; esac
+    done
   done | sort -u
 }
 waited=0
 while [ -n "$(holders)" ]; do
   if [ "$waited" -ge "$wait_s" ]; then
-    echo "GPU still held after ${wait_s}s, not resetting; processes holding NVIDIA devices:" >&2
+    echo "GPU still held after ${wait_s}s, not resetting; processes holding it:" >&2
     holders >&2; exit 3
   fi
   sleep 2; waited=$((waited + 2))
@@ -441,11 +451,21 @@ class Janitor:
             return self._check_back(node, before, started)
         if step == remedies.GPU_RESET:
             gpus = [str(g) for g in current.gpus]
-            if current.acted_at is None:  # the GPUs' clients leave the node first (the Job waits for them)
+            pausing = not self.settings.record_only  # record only: nothing on the node is touched
+            if pausing and current.acted_at is None:  # the GPUs' clients leave first (the Job waits for them)
                 self._gpu_clients(node, gpu_clients.pause)
-            self._job(name, node, (*self.settings.reset_command, *gpus), current, where, action="gpu-reset")
-            verdict = self._check_job(name, started)
-            if verdict is not None:  # done either way: they come back (and the agent, to validate)
+            try:
+                self._job(
+                    name, node, (*self.settings.reset_command, *gpus), current, where, action="gpu-reset"
+                )
+                verdict = self._check_job(name, started)
+            except TransientError:
+                raise  # looked at again: the clients stay paused for the Job under way
+            except Exception:
+                if pausing:  # the round ends here (its Job refused, or gone): they come back
+                    self._gpu_clients(node, gpu_clients.resume)
+                raise
+            if verdict is not None and pausing:  # done either way: they come back (the agent, to validate)
                 self._gpu_clients(node, gpu_clients.resume)
             return verdict
         if step == remedies.REPLACE:

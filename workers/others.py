@@ -47,8 +47,10 @@ def parse(text: str) -> Marker:
         raise ValueError(f"{text!r}: {key!r} is not a {kind} key")
     if kind == "taint" and eq:
         raise ValueError(f"{text!r}: a taint marker names its key only")
-    if kind == "condition" and not eq:
-        raise ValueError(f"{text!r}: a condition marker needs its status (condition:TYPE=STATUS)")
+    if kind == "condition" and value not in ("True", "False", "Unknown"):
+        raise ValueError(
+            f"{text!r}: a condition marker needs its status, True, False or Unknown (condition:TYPE=STATUS)"
+        )
     if eq and not _VALUE.fullmatch(value):
         raise ValueError(f"{text!r}: {value!r} is not a {kind} value")
     return Marker(kind, key, value if eq else None)

@@ -218,10 +218,12 @@ class Remediation:
         except NotFoundError:
             return None  # gone: the round finds no Node either way, as before
         marker = others.present(obj, self.yield_to)
+        current = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}.get(CONDITION)
         if marker is None:
+            if (current or {}).get("reason") == "OtherRemediator":  # the other system is done: not any more
+                kube.nodes.write_conditions(self.api, node, [], [CONDITION])
             return None
         message = f"another system is acting on this node ({marker}): held, and no repair meanwhile"
-        current = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}.get(CONDITION)
         if (current or {}).get("reason") != "OtherRemediator" or (current or {}).get("message") != message:
             kube.nodes.write_conditions(self.api, node, [{
                 "type": CONDITION, "status": "False", "reason": "OtherRemediator", "message": message,

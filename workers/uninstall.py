@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultline import config, evidence, kube
+from faultline import evidence, kube
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from workers import gpu_clients, overrides, quarantine, rules, user_requests
@@ -89,7 +89,7 @@ def release_node(api: kube.ApiClient, node: dict[str, Any]) -> bool:
              user_requests.CORDONED_FOR, evidence.KEY_ANNOTATION)  # fmt: skip
     ours = [k for k in marks if k in annotations]
     # a GPU reset cut short: its GPU clients (the GPU Operator's operands, the agent) come back
-    resumed = gpu_clients.resume(meta.get("labels") or {}, config.JanitorTuning().gpu_client_labels)
+    resumed = gpu_clients.resume(meta.get("labels") or {})
     if not p.changed and not ours and not resumed:
         return False
     # the janitor's cordon for a person's RemediationRequest (it cordoned only a node that was not)

@@ -37,6 +37,7 @@ class FoundSecret(NamedTuple):
     data: dict[str, bytes]
     resource_version: str
     metadata: dict[str, Any]
+    type: str = "Opaque"  # kept by a replacement (the API server refuses to change it)
 
 
 def read_secret(client: Client, namespace: str, name: str) -> FoundSecret | None:
@@ -50,7 +51,7 @@ def read_secret(client: Client, namespace: str, name: str) -> FoundSecret | None
         return None
     data = {k: base64.b64decode(v) for k, v in (doc.get("data") or {}).items()}
     meta = dict(doc.get("metadata") or {})
-    return FoundSecret(data, str(meta.get("resourceVersion", "")), meta)
+    return FoundSecret(data, str(meta.get("resourceVersion", "")), meta, str(doc.get("type") or "Opaque"))
 
 
 def write_secret(
@@ -66,7 +67,8 @@ def write_secret(
         meta = {**found.metadata, "resourceVersion": found.resource_version}
     elif labels:
         meta["labels"] = labels
-    body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+    body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta,
+            "type": found.type if found is not None else "Opaque",
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}  # fmt: skip
     base = f"/api/v1/namespaces/{_quote(namespace)}/secrets"
     if found is None:

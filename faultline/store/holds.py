@@ -92,17 +92,19 @@ class Holds(Base):
         False when another replica or a person changed it since (a reset is never undone by a replica that
         had not seen it; the worker reads it again and decides again)."""
         fields = {"state": state, "since": None if since is None else utc(since), "reason": reason}
-        # no revision yet: the document is new, or older than revisions (treated as 0)
-        expected: Any = {"$exists": False} if revision == 0 else revision
+        change = {"$set": {**fields, "revision": revision + 1}}
+        if revision:
+            done = self.nodes.update_one({"_id": BREAKER_ID, "revision": revision}, change)
+            return bool(done.matched_count)
+        # revision 0: a document older than revisions, or none yet (made here; no upsert with an operator
+        # in its filter, which older FerretDB versions do not take as MongoDB does)
+        if self.nodes.update_one({"_id": BREAKER_ID, "revision": {"$exists": False}}, change).matched_count:
+            return True
         try:
-            done = self.nodes.update_one(
-                {"_id": BREAKER_ID, "revision": expected},
-                {"$set": {**fields, "revision": revision + 1}},
-                upsert=revision == 0,
-            )
+            self.nodes.insert_one({"_id": BREAKER_ID, **fields, "revision": 1})
         except DuplicateKeyError:
             return False  # written meanwhile, with a revision
-        return bool(done.matched_count or done.upserted_id is not None)
+        return True
 
     def reset_breaker(self, state: str, at: dt.datetime, reason: str, *, by: str, why: str) -> None:
         """A person's reset of the breaker: its new state, and who reset it, why and when (kept until the

@@ -101,7 +101,7 @@ def chart_values(
             "ingestSocket": str(state.parent / "ingest" / "ingest.sock"),
             "sysfsRoot": "",  # the host's NICs (and the pods' veths) are not this test's subject
             "terminationGracePeriodSeconds": 10,
-            "nodeSelector": {"nvidia.com/gpu.present": None, "kubernetes.io/hostname": NODE},
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
             "config": {"sim_dir": str(state / "sim"), "gpu_poll_interval": "500ms",
                        "repair_poll_interval": "500ms", "snapshot_interval": "2s"},
         },

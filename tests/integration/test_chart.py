@@ -1063,7 +1063,7 @@ def test_the_agent_lands_on_gpu_nodes_with_or_without_gpu_feature_discovery(
         def placed() -> set[str]:
             pods = core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=agent").items
             out = set()
-            for pod in pods:  # the DaemonSet controller pins each pod to its node by a matchFields term
+            for pod in [p for p in pods if not p.metadata.deletion_timestamp]:  # pinned by a matchFields term
                 for term in pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms:
                     out |= {v for f in term.match_fields or [] for v in f.values}
             return out & set(kinds_of)

@@ -22,7 +22,9 @@ def _smi(tmp: Path, *, fail_reset: bool = False) -> Path:
     (bin_dir / "nvidia-smi").write_text(
         "#!/bin/sh\n"
         f'echo "$*" >> {calls}\n'
-        f'case "$1" in --gpu-reset) exit {code};; --query-gpu=*) echo "$4, NVIDIA H100 80GB HBM3";; esac\n'
+        f'case "$1" in --gpu-reset) exit {code};;\n'
+        f'  --query-gpu=minor_number) case "$4" in {GPUS[0]}) echo 0;; {GPUS[1]}) echo " 1";; *) exit 6;; esac;;\n'
+        f'  --query-gpu=*) echo "$4, NVIDIA H100 80GB HBM3";; esac\n'
     )
     (bin_dir / "nvidia-smi").chmod(0o755)
     return bin_dir
@@ -42,8 +44,10 @@ def _run(tmp: Path, bin_dir: Path, proc: Path, wait: int = 2) -> subprocess.Comp
 
 
 def _calls(tmp: Path) -> list[str]:
+    """What nvidia-smi was asked, beyond each GPU's minor number (which device node is the GPU's)."""
     path = tmp / "calls.txt"
-    return path.read_text().splitlines() if path.exists() else []
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [c for c in lines if not c.startswith("--query-gpu=minor_number")]
 
 
 def test_it_resets_each_gpu_then_reads_each_afresh(tmp_path: Path) -> None:
@@ -60,11 +64,16 @@ def test_it_resets_each_gpu_then_reads_each_afresh(tmp_path: Path) -> None:
 
 def test_it_refuses_while_a_process_holds_the_gpu_and_names_it(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
-    _holder(proc, 777, "dcgm-exporter", "/dev/nvidia1")
-    _holder(proc, 778, "python3", "/dev/nvidiactl")
+    _holder(proc, 777, "dcgm-exporter", "/dev/nvidia1")  # GPUS[1]'s minor number is 1
+    _holder(proc, 778, "python3", "/dev/nvidiactl")  # another GPU's pod (a partial drain): not this GPU's
+    _holder(proc, 779, "python3", "/dev/nvidia5")
+    _holder(
+        proc, 780, "nvidia-persistenced", "/dev/nvidia0"
+    )  # the driver's own daemon: nvidia-smi's to judge
     done = _run(tmp_path, _smi(tmp_path), proc)
     assert done.returncode == 3
-    assert "777 dcgm-exporter" in done.stderr and "778 python3" in done.stderr
+    assert "777 dcgm-exporter" in done.stderr and "778" not in done.stderr and "779" not in done.stderr
+    assert "780" not in done.stderr
     assert _calls(tmp_path) == []  # never asked to reset
 
 
@@ -97,6 +106,13 @@ def test_a_failed_reset_or_no_driver_tools_fail_the_job(tmp_path: Path) -> None:
     done = subprocess.run(["sh", "-c", janitor.RESET_SCRIPT, "gpu-reset", GPUS[0]], env=env, capture_output=True,
                           text=True, timeout=30, check=False)  # fmt: skip
     assert done.returncode == 4 and "no nvidia-smi" in done.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    env = {**os.environ, "PATH": f"{_smi(other)}:{os.environ['PATH']}", "PROC": str(proc),
+           "DRIVER_ROOT": str(tmp_path / "none")}  # fmt: skip
+    done = subprocess.run(["sh", "-c", janitor.RESET_SCRIPT, "gpu-reset", "00000000:AA:00.0"], env=env,
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 1 and "no minor number" in done.stderr  # not a GPU of this node
 
 
 def test_the_job_runs_it_in_the_hosts_mount_namespace() -> None:

@@ -8,7 +8,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
-{{- with .Values.commonLabels }}
+{{- with omit (.Values.commonLabels | default dict) "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "helm.sh/chart" "app.kubernetes.io/component" }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
@@ -18,6 +18,8 @@ podLabels, then the component's (values.<component>.podAnnotations / .podLabels)
 own (`extra`): (dict "root" $ "values" .Values.x "extra" dict "kind" "podAnnotations") */}}
 {{- define "faultline.podMeta" -}}
 {{- $all := merge (deepCopy (.extra | default dict)) (deepCopy (get .values .kind | default dict)) (deepCopy (get .root.Values .kind | default dict)) -}}
+{{- /* the chart's own labels (its selectors among them) are not overridden */ -}}
+{{- $all = omit $all "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "helm.sh/chart" "app.kubernetes.io/component" -}}
 {{- with $all }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
