@@ -117,6 +117,35 @@ def chart_values(
     }  # fmt: skip
 
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "faultline"
+CLUSTER_SCOPED = (
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
+
+
+def rendered_for_test(release: str, namespace: str, template: str, *sets: str) -> list[dict[str, Any]]:
+    """One template of the chart (`helm template --show-only`), its cluster-scoped objects renamed with the
+    test's namespace (and the references to them), so tests sharing the session's cluster do not meet."""
+    args = [str(tools.binary("helm")), "template", release, str(CHART), "--namespace", namespace,
+            "--show-only", template, *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    docs = [
+        d
+        for d in yaml.safe_load_all(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+        if d
+    ]
+    for doc in docs:
+        if doc["kind"] in CLUSTER_SCOPED:
+            doc["metadata"]["name"] += f"-{namespace}"
+        if doc["kind"] in ("RoleBinding", "ClusterRoleBinding") and doc["roleRef"]["kind"] == "ClusterRole":
+            doc["roleRef"]["name"] += f"-{namespace}"
+        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            doc["spec"]["policyName"] += f"-{namespace}"
+    return docs
+
+
 def ready(pod: dict[str, Any]) -> bool:
     conditions = pod.get("status", {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)

@@ -11,7 +11,6 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,19 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from devtools import fakelet, kubeconfig, procs, tools
+from devtools import fakelet, kubeconfig, procs
 from devtools.cluster import LocalCluster
 from faultline import evidence, kube, store
 from faultline.errors import ApiError, NotFoundError
 from faultline.kube import lite
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from tests.integration import chartutil
 from workers import attribution, breaker, quarantine
 
 pytestmark = [pytest.mark.integration, pytest.mark.redteam]
-CHART = Path(__file__).resolve().parents[2] / "charts" / "faultline"
 RELEASE = "fl"
 FAST: dict[str, Any] = {
     "hold_down": dt.timedelta(seconds=0.2), "resync_interval": 0.2, "threads": 4, "lease": dt.timedelta(seconds=5),
@@ -50,17 +48,9 @@ class Agent:
 def _policy(namespace: str) -> list[dict[str, Any]]:
     """The chart's admission policy and its binding for a release in `namespace` (renamed per test: both
     are cluster-scoped)."""
-    out = subprocess.run(
-        [str(tools.binary("helm")), "template", RELEASE, str(CHART), "--namespace", namespace,
-         "--show-only", "templates/evidence.yaml"],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    docs = [d for d in yaml.safe_load_all(out) if d and d["kind"].startswith("ValidatingAdmissionPolicy")]
+    docs = [d for d in chartutil.rendered_for_test(RELEASE, namespace, "templates/evidence.yaml")
+            if d["kind"].startswith("ValidatingAdmissionPolicy")]  # fmt: skip
     assert len(docs) == 2, docs
-    for doc in docs:
-        doc["metadata"]["name"] += f"-{namespace}"
-        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
-            doc["spec"]["policyName"] += f"-{namespace}"
     return docs
 
 

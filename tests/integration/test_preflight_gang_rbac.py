@@ -6,43 +6,30 @@ namespace's other accounts get nothing."""
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
-from devtools import kubeconfig, procs, tools
+from devtools import kubeconfig, procs
 from devtools.cluster import LocalCluster
 from faultline import kube
 from faultline.errors import ApiError, ForbiddenError
 from faultline.kube import lite
 from faultline.kube import preflight as kpreflight
+from tests.integration import chartutil, test_forged_evidence
 
 pytestmark = [pytest.mark.integration, pytest.mark.redteam]
-CHART = Path(__file__).resolve().parents[2] / "charts" / "faultline"
 
 
 def _rendered(namespace: str, *sets: str) -> list[dict[str, Any]]:
-    """The chart's gang ClusterRole, RoleBindings and admission policy for a release in `namespace`; the
-    cluster-scoped objects renamed per test."""
-    args = [str(tools.binary("helm")), "template", "fl", str(CHART), "--namespace", namespace,
-            "--show-only", "templates/preflight.yaml", "--set", "preflight.enabled=true"]  # fmt: skip
-    for s in sets:
-        args += ["--set", s]
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d and "gang" in d["metadata"]["name"]]
-    for doc in docs:
-        if doc["kind"] in ("ClusterRole", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-            doc["metadata"]["name"] += f"-{namespace}"
-        if doc["kind"] == "RoleBinding":
-            doc["roleRef"]["name"] += f"-{namespace}"
-        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
-            doc["spec"]["policyName"] += f"-{namespace}"
-    return docs
+    """The chart's gang ClusterRole, RoleBindings and admission policy for a release in `namespace`."""
+    docs = chartutil.rendered_for_test(
+        "fl", namespace, "templates/preflight.yaml", "preflight.enabled=true", *sets
+    )
+    return [d for d in docs if d["metadata"]["name"].startswith("fl-preflight-gang")]
 
 
 @pytest.fixture
@@ -89,7 +76,7 @@ def accounts(
             namespace, {"metadata": {"name": "app-leader"}, "spec": {"holderIdentity": "app-0"}}
         )
         # the policy compiles in the background: wait until it refuses the bound account a foreign Lease
-        procs.wait_for("the admission policy in force", lambda: _refused(
+        procs.wait_for("the admission policy in force", lambda: test_forged_evidence._refused(
             lambda: kpreflight.annotate_lease(clients["trainer"], namespace, "app-leader", {"x": "1"})), 30)  # fmt: skip
         yield clients
     finally:
@@ -98,14 +85,6 @@ def accounts(
         for delete, name in reversed(made):
             with contextlib.suppress(Exception):
                 delete(name)
-
-
-def _refused(change: Any) -> bool:
-    try:
-        change()
-    except ApiError:
-        return True
-    return False
 
 
 def test_a_bound_account_writes_gang_leases_and_nothing_else(
