@@ -11,8 +11,8 @@ PostgreSQL by their Service names (`devtools.clusterdns`) and reach them through
     cluster DNS gives pods the name that URI holds;
 (b) `helm upgrade` that rolls PostgreSQL and FerretDB (new resource requests): the same password, the
     fault still there (the volume kept the data), and a new fault written after it;
-(c) `helm uninstall`: no pod, workload or Service of the release. The store's Secret (annotated
-    `helm.sh/resource-policy: keep`: it holds the password the data was initialised with) and the
+(c) `helm uninstall`: no pod, workload or Service of the release. The store's Secret (made by the chart's
+    Secrets hook, not the release's: it holds the password the data was initialised with) and the
     PostgreSQL claim (a StatefulSet's claims outlive it) stay by design; the test removes them, and the
     volume.
 """
@@ -227,7 +227,7 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
         assert not kube.apps(api).list_namespaced_daemon_set(ns).items
         assert not core.list_namespaced_service(ns).items
         kept = _read(api, "secret", f"{RELEASE}-store", ns)
-        assert kept["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep"
+        assert "meta.helm.sh/release-name" not in (kept["metadata"].get("annotations") or {})  # the hook's
         claim = _read(api, "persistent_volume_claim", f"data-{RELEASE}-postgres-0", ns)
         assert claim["spec"]["volumeName"] == volume
         core.delete_namespaced_secret(f"{RELEASE}-store", ns)
