@@ -94,6 +94,7 @@ def chart_values(
     return {
         "image": {"repository": repository, "digest": digest},
         "cleanup": {"nodeSelector": {"kubernetes.io/hostname": NODE}},
+        "secretsHook": {"nodeSelector": {"kubernetes.io/hostname": NODE}},
         "store": {"database": database, "external": {"uri": uri}},
         "agent": {
             "gpuBackend": "sim",

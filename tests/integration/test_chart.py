@@ -1110,8 +1110,10 @@ def test_the_agent_steps_aside_while_the_driver_is_replaced_or_a_gpu_reset(
         kube.nodes.patch(api, node, {"metadata": {"labels": {key: value}}})
 
     try:
+        # a short grace: the DaemonSet controller makes a node's next pod once the terminating one is gone
         _helm(cluster.kubeconfig, "install", release, str(CHART), "--namespace", ns, "--create-namespace",
-              "--set", f"image.digest={DIGEST}", "--set", "store.external.uri=mongodb://m:27017")  # fmt: skip
+              "--set", f"image.digest={DIGEST}", "--set", "store.external.uri=mongodb://m:27017",
+              "--set", "agent.terminationGracePeriodSeconds=2")  # fmt: skip
         procs.wait_for("an agent on the node", lambda: len(agent_pods()) == 1, 30)
         first = agent_pods()
         for state in ("upgrade-required", "cordon-required", "wait-for-jobs-required"):  # GPUs still in use
@@ -1125,13 +1127,13 @@ def test_the_agent_steps_aside_while_the_driver_is_replaced_or_a_gpu_reset(
             time.sleep(1)
             assert not agent_pods(), state
         label(upgrade, "uncordon-required")
-        procs.wait_for("back once the new driver is validated", lambda: len(agent_pods()) == 1, 30)
+        procs.wait_for("back once the new driver is validated", lambda: len(agent_pods()) == 1, 60)
         assert agent_pods() != first
         label(upgrade, "upgrade-done")
         label("faultline.io/gpu-clients", "paused")  # the janitor's GPU reset
         procs.wait_for("gone for the reset", lambda: not agent_pods(), 30)
         label("faultline.io/gpu-clients", None)
-        procs.wait_for("back after it", lambda: len(agent_pods()) == 1, 30)
+        procs.wait_for("back after it", lambda: len(agent_pods()) == 1, 60)
     finally:
         subprocess.run([str(tools.binary("helm")), "--kubeconfig", str(cluster.kubeconfig), "uninstall", release,
                         "--namespace", ns], capture_output=True, check=False, timeout=60)  # fmt: skip
@@ -1422,3 +1424,20 @@ def test_the_breakers_cap_and_the_repair_caps_reach_the_workers() -> None:
                                      "janitor.maxReplacementsInFlight=1"))["janitor"]  # fmt: skip
     config = JanitorConfig.model_validate({**settings, "mongodb_uri": "mongodb://mongo:27017"})
     assert janitor.Settings.from_config(config, None).repair_caps == inflight.Caps(4, 1)
+
+
+def test_the_install_and_upgrade_hooks_run_on_nodes_faultline_has_cordoned_or_tainted() -> None:
+    """A pre-upgrade hook left Pending stops `helm upgrade`: where faultline holds every node a hook could run
+    on (one GPU node, or a storm), the Secrets and CRD hooks must still land, as the uninstall hook does."""
+    jobs = [
+        d
+        for d in render(*ALL_ON, "secretsHook.tolerations[0].key=site", "secretsHook.tolerations[0].operator=Exists",
+                        hooks=True)
+        if d["kind"] == "Job" and d["metadata"]["annotations"].get("helm.sh/hook", "").startswith("pre-")
+    ]  # fmt: skip
+    assert {d["metadata"]["name"] for d in jobs} == {"fl-secrets", "fl-crds"}
+    for job in jobs:
+        tolerated = {t["key"] for t in job["spec"]["template"]["spec"]["tolerations"]}
+        assert tolerated == {"faultline.io/fault", "node.kubernetes.io/unschedulable", "site"}, job[
+            "metadata"
+        ]

@@ -155,7 +155,8 @@ def test_worker_settings_come_from_the_model_without_copies(tmp_path: Path) -> N
     assert (r.caps.window, r.threads, r.template) == (dt.timedelta(days=2), 9, None)
     j = janitor.Settings.from_config(config.JanitorConfig(mongodb_uri=URI, job_timeout="90s"), None)
     assert j.job_timeout == dt.timedelta(seconds=90)
-    assert j.reset_command[:2] == ("sh", "-c")  # empty in the settings: the built-in script
+    builtin = (*janitor._NSENTER, "sh", "-c", janitor.RESET_SCRIPT, "gpu-reset")
+    assert j.reset_command == builtin  # empty in the settings: the built-in script, in the host's mounts
 
 
 def test_config_show_prints_values_and_their_sources(tmp_path: Path) -> None:
