@@ -197,12 +197,48 @@ def _descriptor(media_type: str, blob: Blob, annotations: dict[str, str] | None 
     return d
 
 
-def _read_base(base: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The (only) image of the layout `base`: its manifest and its config."""
+def _platform(architecture: str) -> dict[str, str]:
+    """The OCI platform of a Linux image of `architecture` (arm64 images are ARMv8)."""
+    return {
+        "architecture": architecture,
+        "os": "linux",
+        **({"variant": "v8"} if architecture == "arm64" else {}),
+    }
+
+
+def native() -> str:
+    """This machine's architecture as OCI names it."""
+    machine = os.uname().machine
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def _pick(read: Any, index: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """The manifest of `architecture` under `index` (an index.json or an image index), following one
+    nested index; `read(digest)` gives a blob's bytes. An image with no platform in its descriptor (one
+    image alone) is taken as it is."""
+    descriptors = index["manifests"]
+    if len(descriptors) == 1 and descriptors[0]["mediaType"] == INDEX_TYPE:
+        return _pick(read, json.loads(read(descriptors[0]["digest"])), architecture)
+    for d in descriptors:
+        if (
+            d["mediaType"] == MANIFEST_TYPE
+            and d.get("platform", {}).get("architecture", architecture) == architecture
+        ):
+            found: dict[str, Any] = json.loads(read(d["digest"]))
+            return found
+    have = sorted(d.get("platform", {}).get("architecture", "?") for d in descriptors)
+    raise LookupError(f"no {architecture} image in the index (it has: {', '.join(have)})")
+
+
+def _read_base(base: Path, architecture: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The image of `architecture` in the layout `base`: its manifest and its config."""
     blobs = base / "blobs" / "sha256"
-    index = json.loads((base / "index.json").read_text())
-    manifest = json.loads((blobs / index["manifests"][0]["digest"].removeprefix("sha256:")).read_text())
-    config = json.loads((blobs / manifest["config"]["digest"].removeprefix("sha256:")).read_text())
+
+    def read(digest: str) -> bytes:
+        return (blobs / digest.removeprefix("sha256:")).read_bytes()
+
+    manifest = _pick(read, json.loads((base / "index.json").read_text()), architecture)
+    config = json.loads(read(manifest["config"]["digest"]))
     return manifest, config
 
 
@@ -230,13 +266,15 @@ def build(
     annotations: dict[str, str],
     ref_name: str,
     base: Path | None = None,
+    architecture: str = "amd64",
 ) -> Image:
     """Write the OCI image layout of `root` into `layout` (emptied first) and return what it holds.
 
     `config` is the image's runtime configuration (User, Entrypoint, Env, WorkingDir, Labels);
-    `annotations` go on the manifest; `ref_name` names the manifest in index.json. With `base` (an OCI
-    layout of one image), the layers of `root` are added on top of its layers, and `config` and
-    `annotations` are merged over its own."""
+    `annotations` go on the manifest; `ref_name` names the manifest in index.json; `architecture` is the
+    image's (Debian's and OCI's name: amd64, arm64). With `base` (an OCI layout of one image, or of an
+    index: its image of `architecture`), the layers of `root` are added on top of its layers, and
+    `config` and `annotations` are merged over its own."""
     if layout.exists():
         shutil.rmtree(layout)
     blobs = layout / "blobs" / "sha256"
@@ -244,7 +282,7 @@ def build(
     below: list[Blob] = []
     history: list[dict[str, str]] = []
     if base is not None:
-        base_manifest, base_config = _read_base(base)
+        base_manifest, base_config = _read_base(base, architecture)
         below = _base_layers(base, base_manifest, base_config, blobs)
         history = base_config.get("history", [])
         labels = {**base_config["config"].get("Labels", {}), **config.get("Labels", {})}
@@ -266,8 +304,7 @@ def build(
     history = [*history, *({"created": created, "created_by": f"devtools.oci: {x.name}"} for x in layers)]
     written = below + written
     image_config = {
-        "architecture": "amd64",
-        "os": "linux",
+        **_platform(architecture),
         "created": created,
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": [b.diff_id for b in written]},
@@ -295,6 +332,45 @@ def build(
     return Image(manifest_blob, config_blob, tuple(written), (*names, *(layer.name for layer in layers)))
 
 
+def index(images: Sequence[Path], layout: Path, *, ref_name: str, annotations: dict[str, str]) -> Blob:
+    """Write one OCI layout into `layout` (emptied first) holding the images of the one-image layouts
+    `images`, one per architecture, under one image index (`annotations` on it); index.json names the
+    index `ref_name`. Returns the index's blob: its digest is what a node pulls, the runtime then picks
+    its own architecture's image."""
+    if layout.exists():
+        shutil.rmtree(layout)
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    descriptors: list[dict[str, Any]] = []
+    for image in images:
+        (descriptor,) = json.loads((image / "index.json").read_text())["manifests"]
+        manifest = json.loads(
+            (image / "blobs" / "sha256" / descriptor["digest"].removeprefix("sha256:")).read_text()
+        )
+        config = json.loads(
+            (image / "blobs" / "sha256" / manifest["config"]["digest"].removeprefix("sha256:")).read_text()
+        )
+        platform = {k: config[k] for k in ("architecture", "os", "variant") if k in config}
+        if any(d["platform"] == platform for d in descriptors):
+            raise ValueError(f"two images for {platform} in one index ({image})")
+        for blob in (descriptor, manifest["config"], *manifest["layers"]):
+            name = blob["digest"].removeprefix("sha256:")
+            if not (blobs / name).exists():
+                shutil.copyfile(image / "blobs" / "sha256" / name, blobs / name)
+        descriptors.append({"mediaType": MANIFEST_TYPE, "digest": descriptor["digest"],
+                            "size": descriptor["size"], "platform": platform})  # fmt: skip
+    index_blob = _put(blobs, _json({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": descriptors,
+                                    "annotations": annotations}))  # fmt: skip
+    top = {
+        "schemaVersion": 2,
+        "mediaType": INDEX_TYPE,
+        "manifests": [_descriptor(INDEX_TYPE, index_blob, {"org.opencontainers.image.ref.name": ref_name})],
+    }
+    (layout / "index.json").write_bytes(_json(top))
+    (layout / "oci-layout").write_bytes(_json({"imageLayoutVersion": "1.0.0"}))
+    return index_blob
+
+
 def archive(layout: Path, out: Path, epoch: int) -> str:
     """Write the layout directory as one tar (an OCI archive), deterministically; return its sha256."""
     tmp = out.with_name(out.name + ".tmp")
@@ -317,8 +393,9 @@ def archive(layout: Path, out: Path, epoch: int) -> str:
     return hashed.sha.hexdigest()
 
 
-def unpack(archive_path: Path, dest: Path) -> dict[str, Any]:
-    """Extract an OCI archive's (only) image into `dest`, layers in order; return its runtime config.
+def unpack(archive_path: Path, dest: Path, architecture: str | None = None) -> dict[str, Any]:
+    """Extract an OCI archive's image of `architecture` (default: this machine's) into `dest`, layers in
+    order; return its runtime config.
 
     For images this module wrote (no whiteouts, trusted content): run it as root to keep owners."""
     with tarfile.open(archive_path) as outer:
@@ -331,8 +408,7 @@ def unpack(archive_path: Path, dest: Path) -> dict[str, Any]:
         def blob(digest: str) -> str:
             return "blobs/sha256/" + digest.removeprefix("sha256:")
 
-        index = json.loads(read("index.json"))
-        manifest = json.loads(read(blob(index["manifests"][0]["digest"])))
+        manifest = _pick(lambda d: read(blob(d)), json.loads(read("index.json")), architecture or native())
         config: dict[str, Any] = json.loads(read(blob(manifest["config"]["digest"])))["config"]
         dest.mkdir(parents=True, exist_ok=True)
         for layer in manifest["layers"]:
@@ -365,7 +441,26 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
+def main_index(argv: Sequence[str]) -> int:
+    """`python -m devtools.oci index`: the one-image layouts of each architecture under one index."""
+    parser = argparse.ArgumentParser(prog="python -m devtools.oci index", description=index.__doc__)
+    parser.add_argument("images", type=Path, nargs="+", help="one-image OCI layouts, one per architecture")
+    parser.add_argument("--layout", type=Path, required=True, help="the OCI layout directory to write")
+    parser.add_argument("--archive", type=Path, required=True, help="the OCI archive (tar) to write")
+    parser.add_argument("--epoch", type=int, required=True, help="SOURCE_DATE_EPOCH: the archive's mtimes")
+    parser.add_argument("--config", type=Path, required=True, help="JSON: ref_name and annotations")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.config.read_text())
+    blob = index(args.images, args.layout, ref_name=spec["ref_name"], annotations=spec["annotations"])
+    sha = archive(args.layout, args.archive, args.epoch)
+    sys.stdout.write(f"index: {blob.digest}\narchive: {args.archive} sha256:{sha}\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["index"]:
+        return main_index(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m devtools.oci", description=__doc__.split("\n")[0])
     parser.add_argument("root", type=Path, help="the root filesystem directory")
     parser.add_argument("--layout", type=Path, required=True, help="the OCI layout directory to write")
@@ -373,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epoch", type=int, required=True, help="SOURCE_DATE_EPOCH: the newest mtime")
     parser.add_argument("--config", type=Path, required=True, help="JSON: runtime config and annotations")
     parser.add_argument("--base", type=Path, help="an OCI layout whose image the layers go on top of")
+    parser.add_argument("--architecture", default="amd64", help="the image's architecture (amd64, arm64)")
     parser.add_argument(
         "--layer",
         action="append",
@@ -396,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         annotations=spec["annotations"],
         ref_name=spec["ref_name"],
         base=args.base,
+        architecture=args.architecture,
     )
     sha = archive(args.layout, args.archive, args.epoch)
     out = sys.stdout

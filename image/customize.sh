@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # mmdebstrap's customize hook for image/build.sh: installs faultline into the root filesystem ROOT from the
-# hashed wheels in WHEELS, adds the non-root user, and prunes what the image never runs.
+# hashed wheels in WHEELS, adds the non-root user, and prunes what the image never runs. STRIP: the host's
+# binutils strip for the image's architecture (default strip: the host's own).
 #
-#   image/customize.sh ROOT WHEELS
+#   image/customize.sh ROOT WHEELS [STRIP]
 set -euo pipefail
-rootfs=$1 wheels=$2
+rootfs=$1 wheels=$2 strip=${3:-strip}
 in_root() { chroot "$rootfs" "$@"; }
 
 # The application: a virtual environment made by Debian's python3, everything installed with
@@ -40,7 +41,7 @@ find "$site" \( -name '*.pyi' -o -name '*.pxd' -o -name '*.pyx' -o -name '*.c' -
   -o -name '*.h' \) -type f -delete
 # - symbols in the wheels' native extensions (not stripped upstream; bytewax's alone has 14 MB of them):
 #   strip --strip-unneeded, what Debian does to its own shared libraries (the host's binutils)
-find "$site" -name '*.so*' -type f -exec strip --strip-unneeded {} +
+find "$site" -name '*.so*' -type f -exec "$strip" --strip-unneeded {} +
 # - Debian's run-time state of the build: apt's and dpkg's caches and logs, ldconfig's cache
 rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/* \
   "$rootfs"/var/cache/ldconfig/aux-cache "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/lib/dpkg/*-old

@@ -9,6 +9,17 @@ need=()
 command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)  # the image's Debian root filesystem (make image)
 command -v strip >/dev/null || need+=(binutils)  # make image strips the wheels' native extensions
+# make image's arm64 image on an amd64 machine (or the reverse): QEMU's user-mode emulator (registered only
+# in the build's own user namespace: devtools/foreign.py) and the other architecture's strip
+case $(uname -m) in
+  x86_64) other=aarch64 ;;
+  aarch64) other=x86_64 ;;
+  *) other= ;;
+esac
+if [ -n "$other" ]; then
+  [ -e "/usr/lib/binfmt.d/qemu-$other.conf" ] || need+=(qemu-user-static)
+  command -v "$other-linux-gnu-strip" >/dev/null || need+=("binutils-${other//_/-}-linux-gnu")
+fi
 # The local cluster's real nodes: runc is built with cgo against libseccomp; bridge CNI plugins from Debian;
 # iptables for the pods' DNAT to the API server and the store on loopback.
 command -v gcc >/dev/null || need+=(gcc libc6-dev)

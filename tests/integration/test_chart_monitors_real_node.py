@@ -144,12 +144,16 @@ def _samples(text: str, name: str) -> dict[str, float]:
 
 
 def _node_as_seen(api: Any, name: str) -> dict[str, Any]:
-    """What the test may change on a node: its labels, taints, cordon, GPUs."""
+    """What the test may change on a node: its labels, taints, cordon, GPUs. Not the node lifecycle
+    controller's taints (node.kubernetes.io/not-ready, unreachable): its view of the kubelet's heartbeat,
+    which a loaded 2-core machine can delay, is not the test's or faultline's doing."""
     node = kube.nodes.read(api, name)
     status = node.get("status") or {}
     return {
         "labels": node["metadata"].get("labels") or {},
-        "taints": node["spec"].get("taints") or [],
+        "taints": [
+            t for t in node["spec"].get("taints") or [] if not t["key"].startswith("node.kubernetes.io/")
+        ],
         "unschedulable": bool(node["spec"].get("unschedulable")),
         "capacity": (status.get("capacity") or {}).get("nvidia.com/gpu"),
         "allocatable": (status.get("allocatable") or {}).get("nvidia.com/gpu"),
