@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Builds the embedded store's two OCI images, the way image/build.sh builds faultline's (no Docker, no
-# base image pull, devtools/oci.py writing the layout and archive reproducibly):
-#   ferretdb  FerretDB v1.24 (tools/ferretdb, built by tools/build.sh: one static Go binary) on an empty
+# base image pull, devtools/oci.py writing the layout and archive reproducibly; linux/amd64 and
+# linux/arm64 under one image index, the foreign one's Debian steps under QEMU user emulation registered
+# only in the build's own user namespace, devtools/foreign.py):
+#   ferretdb  FerretDB v1.24 (tools/ferretdb: one static Go binary, built for each architecture) on an empty
 #             base: the binary, /etc/passwd and /etc/group naming user 65532, an empty /tmp. Nothing else
 #             runs in it, so nothing else is in it.
 #   postgres  Debian 12's postgresql-15 (mmdebstrap, essential variant, merged /usr, no docs/man/locales)
 #             with image/postgres-entrypoint.sh (initdb on the first start with the chart's password, then
 #             PostgreSQL as PID 1); user 65532.
-# Output: .cache/image/store/<name>.oci.tar, <name>/ (the layout) and <name>.digest. The postgres image
-# needs root (mmdebstrap's root mode); the ferretdb image does not.
+# Output: .cache/image/store/<name>.oci.tar, <name>/ (the layout) and <name>.digest (the index's); each
+# architecture's image in .cache/image/store/<arch>/. The postgres image needs root (mmdebstrap's root
+# mode); the ferretdb image does not.
 #
-#   image/store.sh [ferretdb] [postgres]      # default: both
+#   image/store.sh [ferretdb] [postgres]      # default: both; IMAGE_ARCHES="amd64 arm64" by default
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,6 +24,8 @@ mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 ferretdb_version=1.24.2
 postgres_version=15
+read -r -a arches <<<"${IMAGE_ARCHES:-amd64 arm64}"
+native=$("$py" -c 'from devtools.oci import native; print(native())')
 mkdir -p "$out"
 # An image's time and revision: the last commit that changed its inputs (other commits leave its digest
 # as it was); HEAD's while those inputs are not yet committed.
@@ -43,13 +48,23 @@ config() {
 JSON
 }
 
-write() {  # NAME ROOTFS EPOCH CONFIG LAYER...
-  local name=$1 rootfs=$2 epoch=$3 cfg=$4; shift 4
+write() {  # NAME ARCH ROOTFS EPOCH CONFIG LAYER...: ARCH's image of NAME
+  local name=$1 arch=$2 rootfs=$3 epoch=$4 cfg=$5; shift 5
   local layers=()
   for l in "$@"; do layers+=(--layer "$l"); done
-  "$py" -m devtools.oci "$rootfs" --layout "$out/$name" --archive "$out/$name.oci.tar" --epoch "$epoch" \
-    --config "$cfg" "${layers[@]}" | tee "$out/$name.txt"
-  grep '^digest:' "$out/$name.txt" | cut -d' ' -f2 > "$out/$name.digest"
+  mkdir -p "$out/$arch"
+  "$py" -m devtools.oci "$rootfs" --architecture "$arch" --layout "$out/$arch/$name" \
+    --archive "$out/$arch/$name.oci.tar" --epoch "$epoch" --config "$cfg" "${layers[@]}" \
+    | sed "s/^/$arch /" | tee "$out/$arch/$name.txt"
+  grep "^$arch digest:" "$out/$arch/$name.txt" | cut -d' ' -f3 > "$out/$arch/$name.digest"
+}
+
+index() {  # NAME EPOCH CONFIG: the architectures' images of NAME under one index
+  local name=$1 epoch=$2 cfg=$3 layouts=() arch
+  for arch in "${arches[@]}"; do layouts+=("$out/$arch/$name"); done
+  "$py" -m devtools.oci index "${layouts[@]}" --layout "$out/$name" --archive "$out/$name.oci.tar" \
+    --epoch "$epoch" --config "$cfg" | tee "$out/$name.txt"
+  grep '^index:' "$out/$name.txt" | cut -d' ' -f2 > "$out/$name.digest"
 }
 
 nonroot() {  # ROOTFS: user and group 65532, as in faultline's image
@@ -59,19 +74,25 @@ nonroot() {  # ROOTFS: user and group 65532, as in faultline's image
 }
 
 ferretdb() {
-  bash tools/build.sh ferretdb >/dev/null
-  local t=$SECONDS work="$out/work-ferretdb"
-  rm -rf "$work" && mkdir -p "$work/rootfs/usr/local/bin" "$work/rootfs/tmp" "$work/rootfs/"{dev,proc,sys,run}
-  chmod 1777 "$work/rootfs/tmp"
-  install -m 0755 .cache/bin/ferretdb "$work/rootfs/usr/local/bin/ferretdb"
-  mkdir -p "$work/rootfs/etc"
-  echo 'root:x:0:0:root:/root:/usr/sbin/nologin' > "$work/rootfs/etc/passwd"
-  echo 'root:x:0:' > "$work/rootfs/etc/group"
-  nonroot "$work/rootfs"
+  local t=$SECONDS work="$out/work-ferretdb" arch
   local epoch; epoch=$(epoch_of image/store.sh tools/ferretdb)
+  rm -rf "$work" && mkdir -p "$work"
   config ferretdb "$ferretdb_version" "65532:65532" '["/usr/local/bin/ferretdb"]' \
     '["PATH=/usr/local/bin"]' "$epoch" "$(revision_of image/store.sh tools/ferretdb)" > "$work/config.json"
-  write ferretdb "$work/rootfs" "$epoch" "$work/config.json" "ferretdb="
+  for arch in "${arches[@]}"; do
+    local rootfs="$work/$arch/rootfs"
+    mkdir -p "$rootfs/usr/local/bin" "$rootfs/tmp" "$rootfs/"{dev,proc,sys,run} "$rootfs/etc"
+    chmod 1777 "$rootfs/tmp"
+    # tools/ferretdb's module, as tools/build.sh builds it, for this architecture (Go cross-compiles it)
+    (cd tools/ferretdb && go mod download && CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -trimpath \
+      -tags selinux,notest,grpcnotrace -ldflags "-s -w" -o "$rootfs/usr/local/bin/ferretdb" .)
+    chmod 0755 "$rootfs/usr/local/bin/ferretdb"
+    echo 'root:x:0:0:root:/root:/usr/sbin/nologin' > "$rootfs/etc/passwd"
+    echo 'root:x:0:' > "$rootfs/etc/group"
+    nonroot "$rootfs"
+    write ferretdb "$arch" "$rootfs" "$epoch" "$work/config.json" "ferretdb="
+  done
+  index ferretdb "$epoch" "$work/config.json"
   rm -rf "$work"
   echo "image-store: ferretdb built in $((SECONDS - t)) s"
 }
@@ -79,10 +100,14 @@ ferretdb() {
 postgres() {
   [ "$(id -u)" = 0 ] || { echo "error: the postgres image needs root (mmdebstrap --mode=root)" >&2; exit 1; }
   command -v mmdebstrap >/dev/null || { echo "error: mmdebstrap is missing: make system-deps" >&2; exit 1; }
-  local t=$SECONDS work="$out/work-postgres"
+  local t=$SECONDS work="$out/work-postgres" arch
   rm -rf "$work" && mkdir -p "$work"
   local epoch; epoch=$(epoch_of image/store.sh image/postgres-entrypoint.sh)
   export SOURCE_DATE_EPOCH=$epoch
+  local bin=/usr/lib/postgresql/$postgres_version/bin
+  config postgres "$postgres_version" "65532:65532" '["/usr/local/bin/faultline-postgres"]' \
+    "[\"PATH=$bin:/usr/local/bin:/usr/bin:/bin\", \"LANG=C.UTF-8\", \"PGDATA=/var/lib/postgresql/data/pgdata\"]" \
+    "$epoch" "$(revision_of image/store.sh image/postgres-entrypoint.sh)" > "$work/config.json"
   # What PostgreSQL itself never runs, removed after the install (dpkg --force-depends: the packages that
   # declare a need for them are kept): the LLVM JIT (llvmjit.so and its bitcode, libLLVM-14, libz3: 150 MB;
   # the entrypoint sets jit=off, and faultline's small queries would not gain from it), Perl (postgresql-
@@ -98,7 +123,11 @@ postgres() {
   exclude+=(--dpkgopt='path-include=/usr/share/doc/*/copyright')
   # postgresql-common would create a cluster in /var/lib/postgresql at install: the entrypoint makes its
   # own in the volume instead
-  mmdebstrap --quiet --mode=root --variant=essential --format=directory \
+  for arch in "${arches[@]}"; do
+  local emulate=() rootfs="$work/$arch/rootfs"
+  if [ "$arch" != "$native" ]; then emulate=("$py" -m devtools.foreign "$arch" --); fi
+  "${emulate[@]}" mmdebstrap --quiet --mode=root --variant=essential --architectures="$arch" \
+    --skip=check/qemu --format=directory \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --aptopt='APT::Install-Recommends "false"' "${exclude[@]}" \
     --essential-hook='mkdir -p "$1/etc/postgresql-common/createcluster.d" && echo "create_main_cluster = false" > "$1/etc/postgresql-common/createcluster.d/faultline.conf"' \
@@ -106,15 +135,14 @@ postgres() {
     --customize-hook="install -m 0755 '$root/image/postgres-entrypoint.sh' \"\$1/usr/local/bin/faultline-postgres\"" \
     --customize-hook="bash -c '$prune' prune \"\$1\" $postgres_version" \
     --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/* "$1"/var/cache/ldconfig/aux-cache "$1"/var/cache/debconf/*-old "$1"/var/lib/dpkg/*-old; : > "$1/etc/machine-id"' \
-    "$suite" "$work/rootfs" \
+    "$suite" "$rootfs" \
     "deb $mirror $suite main" "deb $mirror $suite-updates main" "deb $security $suite-security main"
-  nonroot "$work/rootfs"
-  install -d -o 65532 -g 65532 -m 0775 "$work/rootfs/var/lib/postgresql/data"
-  local bin=/usr/lib/postgresql/$postgres_version/bin
-  config postgres "$postgres_version" "65532:65532" '["/usr/local/bin/faultline-postgres"]' \
-    "[\"PATH=$bin:/usr/local/bin:/usr/bin:/bin\", \"LANG=C.UTF-8\", \"PGDATA=/var/lib/postgresql/data/pgdata\"]" \
-    "$epoch" "$(revision_of image/store.sh image/postgres-entrypoint.sh)" > "$work/config.json"
-  write postgres "$work/rootfs" "$epoch" "$work/config.json" "postgres="
+  nonroot "$rootfs"
+  install -d -o 65532 -g 65532 -m 0775 "$rootfs/var/lib/postgresql/data"
+  write postgres "$arch" "$rootfs" "$epoch" "$work/config.json" "postgres="
+  rm -rf --one-file-system "$rootfs"
+  done
+  index postgres "$epoch" "$work/config.json"
   rm -rf "$work"
   echo "image-store: postgres built in $((SECONDS - t)) s"
 }

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The image's supply chain, on what `make image` wrote to .cache/image (tools from tools/build.sh):
 #
-#   image/supply-chain.sh sbom [analyzer]    CycloneDX SBOM of the OCI archive (syft, offline); analyzer:
-#                                            of the analyzer image's (make image-analyzer)
+#   image/supply-chain.sh sbom [analyzer]    CycloneDX SBOM of each architecture's image (syft, offline),
+#                                            .cache/image/<arch>/sbom.cdx.json; analyzer: of the analyzer
+#                                            image's (make image-analyzer)
 #   image/supply-chain.sh keys               a cosign key pair for local signing (.cache/image/keys; never
 #                                            committed; empty password)
-#   image/supply-chain.sh push REGISTRY      push the image by digest to REGISTRY/images/faultline, sign it,
-#                                            attest the SBOM; package the chart, push it to
+#   image/supply-chain.sh push REGISTRY      push the image index by digest to REGISTRY/images/faultline,
+#                                            sign it and each architecture's image (cosign --recursive),
+#                                            attest each one's SBOM; package the chart, push it to
 #                                            oci://REGISTRY/faultline and sign it; then push-store, and
 #                                            push-analyzer when the analyzer image is built on this image
 #   image/supply-chain.sh push-analyzer REGISTRY
@@ -20,7 +22,8 @@
 #                                            and REGISTRY/images/postgres (tagged with their versions, the
 #                                            chart's default tags), signed
 #   image/supply-chain.sh verify REGISTRY [PUBLIC_KEY]
-#                                            verify the image's signature and SBOM attestation, the
+#                                            verify the index's and each image's signature and each
+#                                            image's SBOM attestation, the
 #                                            chart's signature, the built store images' signatures and
 #                                            the analyzer image's as push pushed it (default key: the
 #                                            local one); fails on a wrong key
@@ -59,17 +62,23 @@ analyzer_built() {  # on the image that is built (a stale one would push an olde
   [ -s "$out/analyzer/digest" ] && [ "$(cat "$out/analyzer/revision" 2>/dev/null)" = "$(cat "$out/revision")" ]
 }
 
+arches_of() {  # the architectures of the image in DIR, one per line
+  if [ -s "$1/arches" ]; then tr ' ' '\n' < "$1/arches"; else echo amd64; fi
+}
+
 sbom() {
-  local name=${1:-faultline} dir t=$SECONDS
+  local name=${1:-faultline} dir arch t=$SECONDS
   need; dir=$(image_dir "$name")
   [ -s "$dir/digest" ] || { echo "error: no $name image: run make image-analyzer" >&2; exit 1; }
-  "$bin/syft" scan --quiet --source-name "$name" "oci-archive:$dir/$name.oci.tar" \
-    -o "cyclonedx-json=$dir/sbom.cdx.json"
-  log "SBOM $dir/sbom.cdx.json: $("$root/.venv/bin/python" -c '
+  for arch in $(arches_of "$dir"); do
+    "$bin/syft" scan --quiet --source-name "$name" "oci-archive:$dir/$arch/$name.oci.tar" \
+      -o "cyclonedx-json=$dir/$arch/sbom.cdx.json"
+    log "SBOM $dir/$arch/sbom.cdx.json: $("$root/.venv/bin/python" -c '
 import collections, json, sys
 purls = [c.get("purl", "") for c in json.load(open(sys.argv[1]))["components"]]
 kinds = collections.Counter(p.split("/")[0].removeprefix("pkg:") for p in purls if p)
-print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))' "$dir/sbom.cdx.json") ($((SECONDS - t)) s)"
+print(", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))' "$dir/$arch/sbom.cdx.json") ($((SECONDS - t)) s)"
+  done
 }
 
 sbom_subject() {  # the image digest the SBOM in $1 describes (syft records it as the component's version)
@@ -79,6 +88,13 @@ import json, sys
 print(json.load(open(sys.argv[1]))["metadata"]["component"]["version"])' "$1/sbom.cdx.json"
 }
 
+sboms_current() {  # DIR: each architecture's SBOM describes its image as built now
+  local arch
+  for arch in $(arches_of "$1"); do
+    [ "$(sbom_subject "$1/$arch")" = "$(cat "$1/$arch/digest")" ] || return 1
+  done
+}
+
 keypair() {
   [ -s "$keys/cosign.key" ] && return
   mkdir -p "$keys" && chmod 700 "$keys"
@@ -86,19 +102,22 @@ keypair() {
   log "new local key pair in $keys (cosign.pub is the public key)"
 }
 
-push_image() {  # REGISTRY NAME: by digest to REGISTRY/images/NAME, tagged with its version, signed, SBOM
-  local reg=$1 name=$2 dir digest version
+push_image() {  # REGISTRY NAME: the index by digest to REGISTRY/images/NAME, tagged with its version; the
+  # index and each architecture's image signed, each image's SBOM attested
+  local reg=$1 name=$2 dir digest version arch
   need; keypair; dir=$(image_dir "$name")
-  [ "$(sbom_subject "$dir")" = "$(cat "$dir/digest")" ] || sbom "$name"  # of this image, not an earlier one
+  sboms_current "$dir" || sbom "$name"  # of these images, not earlier ones
   digest=$(cat "$dir/digest"); version=$(cat "$dir/version")
   local image="$reg/images/$name"
   quiet "$bin/crane" push --insecure "$dir/oci" "$image@$digest"
   quiet "$bin/crane" tag --insecure "$image@$digest" "$version"
-  log "pushed $image@$digest (tag $version)"
-  quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$image@$digest"
-  quiet "$bin/cosign" attest --key "$keys/cosign.key" --type cyclonedx --predicate "$dir/sbom.cdx.json" \
-    "${sign_flags[@]}" "$image@$digest"
-  log "signed and attested the SBOM"
+  log "pushed $image@$digest (tag $version; $(arches_of "$dir" | paste -sd' '))"
+  quiet "$bin/cosign" sign --recursive --key "$keys/cosign.key" "${sign_flags[@]}" "$image@$digest"
+  for arch in $(arches_of "$dir"); do
+    quiet "$bin/cosign" attest --key "$keys/cosign.key" --type cyclonedx \
+      --predicate "$dir/$arch/sbom.cdx.json" "${sign_flags[@]}" "$image@$(cat "$dir/$arch/digest")"
+  done
+  log "signed the index and each image, attested each image's SBOM"
 }
 
 push_analyzer() {
@@ -154,17 +173,23 @@ push_store() {
     tag=$(sed -n 's/.*"org.opencontainers.image.ref.name":"\([^"]*\)".*/\1/p' "$out/store/$name/index.json")
     quiet "$bin/crane" push --insecure "$out/store/$name" "$reg/images/$name@$digest"
     [ -z "$tag" ] || quiet "$bin/crane" tag --insecure "$reg/images/$name@$digest" "$tag"
-    quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$reg/images/$name@$digest"
-    log "pushed and signed $reg/images/$name@$digest (tag ${tag:-none})"
+    quiet "$bin/cosign" sign --recursive --key "$keys/cosign.key" "${sign_flags[@]}" "$reg/images/$name@$digest"
+    log "pushed and signed (the index and each image) $reg/images/$name@$digest (tag ${tag:-none})"
   done
 }
 
-verify_image() {  # REGISTRY KEY NAME
-  local image="$1/images/$3@$(cat "$(image_dir "$3")/digest")"
+verify_image() {  # REGISTRY KEY NAME: the index's signature, each image's signature and SBOM attestation
+  local dir arch image
+  dir=$(image_dir "$3")
+  image="$1/images/$3@$(cat "$dir/digest")"
   quiet "$bin/cosign" verify --key "$2" "${verify_flags[@]}" "$image"
   log "signature verified: $image"
-  quiet "$bin/cosign" verify-attestation --key "$2" --type cyclonedx "${verify_flags[@]}" "$image"
-  log "SBOM attestation verified"
+  for arch in $(arches_of "$dir"); do
+    image="$1/images/$3@$(cat "$dir/$arch/digest")"
+    quiet "$bin/cosign" verify --key "$2" "${verify_flags[@]}" "$image"
+    quiet "$bin/cosign" verify-attestation --key "$2" --type cyclonedx "${verify_flags[@]}" "$image"
+    log "signature and SBOM attestation verified: $image ($arch)"
+  done
 }
 
 verify() {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import os
 import re
 import shutil
 import subprocess
@@ -363,8 +364,20 @@ def test_dcgm_through_the_gpu_operators_host_engine(tmp_path: Path) -> None:
     (init,) = pod["initContainers"]
     assert init["image"] == image and init["command"][3:] == [
         "/usr/share/datacenter-gpu-manager-4/bindings/python3",
-        "/usr/lib/x86_64-linux-gnu",
+        "",  # the image's own architecture's library directory: no architecture setting
     ]
+    # the copy, run here on a stand-in of the DCGM image's files: libdcgm from /usr/lib/<machine>-linux-gnu
+    fake = tmp_path / "dcgm-image"
+    (fake / "bindings" / "pydcgm").mkdir(parents=True)
+    (fake / "bindings" / "pydcgm" / "__init__.py").write_text("")
+    (fake / "lib" / f"{os.uname().machine}-linux-gnu").mkdir(parents=True)
+    (fake / "lib" / f"{os.uname().machine}-linux-gnu" / "libdcgm.so.4").write_text("elf")
+    script = (
+        init["command"][2].replace("/opt/dcgm", str(tmp_path / "pod")).replace("/usr/lib", str(fake / "lib"))
+    )
+    subprocess.run(["sh", "-c", script, str(fake / "bindings"), ""], check=True)
+    assert (tmp_path / "pod" / "lib" / "libdcgm.so.4").read_text() == "elf"
+    assert (tmp_path / "pod" / "bindings" / "pydcgm" / "__init__.py").is_file()
     assert {"name": "dcgm", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
     # the agent takes the address from its environment, as the kubelet expanded it
     file = tmp_path / "agent.yaml"

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / ".cache" / "image"
 BIN = ROOT / ".cache" / "bin"
 SIZE_GOAL_MB = 350
+ARCHES = ("amd64", "arm64")
 REPLAY_ARGS = [
     "replay",
     "sample",
@@ -46,11 +47,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 @dataclass(frozen=True)
 class Build:
-    digest: str
+    digest: str  # the image index's
+    arch_digests: dict[str, str]  # each architecture's image (manifest) digest
     archive_sha: str
-    unpacked_mb: float
+    unpacked_mb: float  # this machine's architecture's
     compressed_mb: float
     seconds: float
+    arch_unpacked_mb: dict[str, float]
 
 
 def run(*cmd: str | Path, timeout: float = 600, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -69,15 +72,18 @@ def build_image(ref: str) -> Build:
     started = time.monotonic()
     env = {**os.environ, "IMAGE_REF": ref}
     out = ok("bash", ROOT / "image" / "build.sh", timeout=1200, cwd=ROOT, env=env)
-    size = re.search(r"^image: ([\d.]+) MB unpacked, ([\d.]+) MB compressed$", out, re.M)
-    archive = re.search(r"^archive: \S+ (sha256:[0-9a-f]{64})$", out, re.M)
-    assert size and archive, out
+    sizes = dict(re.findall(r"^(\w+) image: ([\d.]+) MB unpacked, [\d.]+ MB compressed$", out, re.M))
+    size = re.search(rf"^{oci.native()} image: ([\d.]+) MB unpacked, ([\d.]+) MB compressed$", out, re.M)
+    archive = re.search(r"^archive: \S+ (sha256:[0-9a-f]{64})$", out, re.M)  # the index's archive
+    assert size and archive and set(sizes) == set(ARCHES), out
     return Build(
         (OUT / "digest").read_text().strip(),
+        {arch: (OUT / arch / "digest").read_text().strip() for arch in ARCHES},
         archive[1],
         float(size[1]),
         float(size[2]),
         time.monotonic() - started,
+        {arch: float(mb) for arch, mb in sizes.items()},
     )
 
 
@@ -108,21 +114,44 @@ def head_tree(ref: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return src
 
 
+def _unpack(
+    arch: str, head_tree: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, object]]:
+    root = tmp_path_factory.mktemp(f"image-{arch}") / "root"
+    config = oci.unpack(OUT / "faultline.oci.tar", root, arch)
+    shutil.copytree(head_tree / "benchmarks" / "corpus" / "sample", root / "home" / "nonroot" / "sample")
+    return root, config
+
+
 @pytest.fixture(scope="module")
 def unpacked(
     builds: tuple[Build, Build], head_tree: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Path, dict[str, object]]]:
-    root = tmp_path_factory.mktemp("image") / "root"
-    config = oci.unpack(OUT / "faultline.oci.tar", root)
-    shutil.copytree(head_tree / "benchmarks" / "corpus" / "sample", root / "home" / "nonroot" / "sample")
-    yield root, config
-    shutil.rmtree(root)
+    """The image of this machine's architecture (amd64 here), from the index."""
+    image = _unpack(oci.native(), head_tree, tmp_path_factory)
+    yield image
+    shutil.rmtree(image[0])
 
 
-def in_image(image: tuple[Path, dict[str, object]], *args: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def unpacked_arm64(
+    builds: tuple[Build, Build], head_tree: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Path, dict[str, object]]]:
+    """The arm64 image, from the same index."""
+    image = _unpack("arm64", head_tree, tmp_path_factory)
+    yield image
+    shutil.rmtree(image[0])
+
+
+def in_image(
+    image: tuple[Path, dict[str, object]], *args: str, arch: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """Run the unpacked image; `arch`: another architecture's, under QEMU user emulation registered only
+    in the command's own user namespace (devtools/foreign.py)."""
     root, config = image
     config = {**config, "Env": [*config["Env"], *(f"{k}={v}" for k, v in TERM_ENV.items())]}  # type: ignore[misc]
-    return run(*oci.chroot_argv(root, config, args), timeout=300)
+    emulated = [str(ROOT / ".venv" / "bin" / "python"), "-m", "devtools.foreign", arch, "--"] if arch else []
+    return run(*emulated, *oci.chroot_argv(root, config, args), timeout=900, cwd=ROOT)
 
 
 def on_host(head_tree: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -134,13 +163,36 @@ def on_host(head_tree: Path, cwd: Path, *args: str) -> subprocess.CompletedProce
 def test_building_twice_gives_the_same_digest(builds: tuple[Build, Build]) -> None:
     first, second = builds
     assert first.digest == second.digest
+    assert first.arch_digests == second.arch_digests  # each architecture's image, the arm64 one emulated
     assert first.archive_sha == second.archive_sha
+
+
+def test_one_index_holds_an_image_for_each_architecture(builds: tuple[Build, Build]) -> None:
+    """What a node pulls is the index; its runtime picks its own architecture's image (the chart needs no
+    architecture setting): GH200 and GB200 nodes are arm64."""
+    blobs = OUT / "oci" / "blobs" / "sha256"
+
+    def blob(digest: str) -> dict[str, object]:
+        return json.loads((blobs / digest.removeprefix("sha256:")).read_text())  # type: ignore[no-any-return]
+
+    first, _ = builds
+    (top,) = json.loads((OUT / "oci" / "index.json").read_text())["manifests"]
+    assert (top["mediaType"], top["digest"]) == (oci.INDEX_TYPE, first.digest)
+    index = blob(first.digest)
+    by_arch = {d["platform"]["architecture"]: d for d in index["manifests"]}  # type: ignore[attr-defined]
+    assert {a: d["digest"] for a, d in by_arch.items()} == first.arch_digests
+    for arch, descriptor in by_arch.items():
+        config = blob(blob(descriptor["digest"])["config"]["digest"])  # type: ignore[index]
+        assert (config["architecture"], config["os"]) == (arch, "linux")
+        assert descriptor["platform"]["os"] == "linux"
 
 
 def test_size_goal(builds: tuple[Build, Build]) -> None:
     first, _ = builds
-    print(f"\nimage: {first.unpacked_mb} MB unpacked, {first.compressed_mb} MB compressed")
-    assert first.unpacked_mb <= SIZE_GOAL_MB
+    print(
+        f"\nimage: {first.unpacked_mb} MB unpacked, {first.compressed_mb} MB compressed; {first.arch_unpacked_mb}"
+    )
+    assert all(mb <= SIZE_GOAL_MB for mb in first.arch_unpacked_mb.values()), first.arch_unpacked_mb
 
 
 def test_runs_as_the_non_root_user_and_journalctl_reads_a_journal_file(
@@ -177,6 +229,30 @@ def test_help_and_sample_replay_match_the_host(
     assert inside.returncode == host.returncode == 0, inside.stderr
     assert inside.stdout == host.stdout
     inside = in_image(unpacked, *REPLAY_ARGS)
+    host = on_host(head_tree, head_tree / "benchmarks" / "corpus", *REPLAY_ARGS)
+    assert inside.returncode == host.returncode == 0, inside.stderr
+    faults = [json.loads(line) for line in inside.stdout.splitlines() if line.strip()]
+    assert len(faults) > 10
+    assert faults == [json.loads(line) for line in host.stdout.splitlines() if line.strip()]
+
+
+def test_the_arm64_image_runs_the_agent_and_the_sample_replay_under_emulation(
+    unpacked_arm64: tuple[Path, dict[str, object]], head_tree: Path
+) -> None:
+    """The arm64 image's own interpreter and native extensions (bytewax, re2, grpcio, pydantic-core) run
+    under QEMU's user-mode emulator: `faultline agent --help` prints what the host prints, and the sample
+    corpus replays to the same faults."""
+    root, config = unpacked_arm64
+    python = root / "usr" / "bin" / "python3.11"
+    assert python.read_bytes()[18:20] == b"\xb7\x00", "not an aarch64 executable"  # ELF e_machine 183
+    machine = in_image((root, {**config, "Entrypoint": ["/opt/faultline/bin/python", "-c"]}),
+                       "import platform; print(platform.machine())", arch="arm64")  # fmt: skip
+    assert (machine.returncode, machine.stdout.strip()) == (0, "aarch64"), machine.stderr
+    inside = in_image(unpacked_arm64, "agent", "--help", arch="arm64")
+    host = on_host(head_tree, head_tree, "agent", "--help")
+    assert inside.returncode == host.returncode == 0, inside.stderr
+    assert inside.stdout == host.stdout
+    inside = in_image(unpacked_arm64, *REPLAY_ARGS, arch="arm64")
     host = on_host(head_tree, head_tree / "benchmarks" / "corpus", *REPLAY_ARGS)
     assert inside.returncode == host.returncode == 0, inside.stderr
     faults = [json.loads(line) for line in inside.stdout.splitlines() if line.strip()]
@@ -227,17 +303,24 @@ def pushed(registry: str) -> str:
 def test_sbom_describes_this_image_with_its_debian_and_python_packages(
     pushed: str, builds: tuple[Build, Build]
 ) -> None:
-    sbom = json.loads((OUT / "sbom.cdx.json").read_text())
-    assert sbom["metadata"]["component"]["version"] == builds[0].digest
-    assert sbom["metadata"]["component"]["name"] == "faultline"
-    components = sbom["components"]
-    purls = {c.get("purl", "").split("@")[0] for c in components}
-    assert {
-        "pkg:deb/debian/python3.11",
-        "pkg:deb/debian/systemd",
-        "pkg:pypi/bytewax",
-        "pkg:pypi/faultline",
-    } <= purls
+    for arch in ARCHES:  # one SBOM per architecture's image
+        sbom = json.loads((OUT / arch / "sbom.cdx.json").read_text())
+        assert sbom["metadata"]["component"]["version"] == builds[0].arch_digests[arch]
+        assert sbom["metadata"]["component"]["name"] == "faultline"
+        components = sbom["components"]
+        purls = {c.get("purl", "").split("@")[0] for c in components}
+        assert {
+            "pkg:deb/debian/python3.11",
+            "pkg:deb/debian/systemd",
+            "pkg:pypi/bytewax",
+            "pkg:pypi/faultline",
+        } <= purls, arch
+        debs = [
+            c.get("purl", "")
+            for c in components
+            if c.get("purl", "").startswith("pkg:deb/debian/python3.11@")
+        ]
+        assert debs and all(f"arch={arch}" in p for p in debs), debs
 
 
 def test_signature_and_attestation_verify_with_the_key_and_fail_with_another(

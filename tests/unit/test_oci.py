@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 from pathlib import Path
+
+import pytest
 
 from devtools import oci
 
@@ -111,3 +114,45 @@ def test_layers_on_a_base_image_reuse_its_layers_and_merge_its_config(tmp_path: 
     assert config == {**CONFIG, "Labels": {"title": "app-plugin"}}
     assert (tmp_path / "out" / "opt" / "app" / "lib" / "mod.py").read_text() == "x = 1\n"
     assert (tmp_path / "out" / "opt" / "app" / "lib" / "plugin" / "mod.py").read_text() == "y = 2\n"
+
+
+def arch_image(tmp: Path, arch: str) -> Path:
+    """A one-image layout of `arch` whose only file names its architecture."""
+    tree = tmp / arch / "root"
+    (tree / "etc").mkdir(parents=True)
+    (tree / "etc" / "arch").write_text(f"{arch}\n")
+    layout = tmp / arch / "layout"
+    oci.build(tree, layout, layers=[oci.Layer("base", ("",))], epoch=EPOCH, config=CONFIG, annotations={},
+              ref_name="1", architecture=arch)  # fmt: skip
+    return layout
+
+
+def test_an_index_holds_one_image_per_architecture_and_each_is_picked_by_its_platform(tmp_path: Path) -> None:
+    layouts = [arch_image(tmp_path, arch) for arch in ("amd64", "arm64")]
+    first = oci.index(layouts, tmp_path / "index", ref_name="1", annotations={"a": "b"})
+    again = oci.index(layouts, tmp_path / "again", ref_name="1", annotations={"a": "b"})
+    assert first == again  # same images, same index
+    blobs = tmp_path / "index" / "blobs" / "sha256"
+    top = json.loads((tmp_path / "index" / "index.json").read_text())
+    assert [(d["mediaType"], d["digest"]) for d in top["manifests"]] == [(oci.INDEX_TYPE, first.digest)]
+    image_index = json.loads((blobs / first.digest.removeprefix("sha256:")).read_text())
+    platforms = [d["platform"] for d in image_index["manifests"]]
+    assert platforms == [{"architecture": "amd64", "os": "linux"},
+                         {"architecture": "arm64", "os": "linux", "variant": "v8"}]  # fmt: skip
+    for d, layout in zip(image_index["manifests"], layouts, strict=True):
+        assert d["digest"] == json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+    oci.archive(tmp_path / "index", tmp_path / "index.tar", EPOCH)
+    for arch in ("amd64", "arm64"):
+        config = oci.unpack(tmp_path / "index.tar", tmp_path / f"out-{arch}", arch)
+        assert config["Entrypoint"] == CONFIG["Entrypoint"]
+        assert (tmp_path / f"out-{arch}" / "etc" / "arch").read_text() == f"{arch}\n"
+        _, image_config = oci._read_base(tmp_path / "index", arch)  # what an image on top reads
+        assert image_config["architecture"] == arch
+    with pytest.raises(LookupError, match=re.escape("no riscv64 image in the index (it has: amd64, arm64)")):
+        oci.unpack(tmp_path / "index.tar", tmp_path / "none", "riscv64")
+
+
+def test_an_index_refuses_two_images_of_one_architecture(tmp_path: Path) -> None:
+    amd64 = arch_image(tmp_path, "amd64")
+    with pytest.raises(ValueError, match=r"two images for .*amd64"):
+        oci.index([amd64, amd64], tmp_path / "index", ref_name="1", annotations={})
