@@ -11,7 +11,7 @@ SAMPLE := benchmarks/corpus/sample
 
 .PHONY: setup system-deps tools test-tools replay check test redteam demo bench bench-agent bench-quarantine bench-drain chaos sample cluster proto proto-check
 .PHONY: docs docs-gen
-.PHONY: image image-store image-analyzer lock image-tools sbom push verify-image registry
+.PHONY: image image-store image-analyzer lock image-tools sbom push verify-image registry release
 
 # A virtual environment at the repository root with faultline (editable) and its dev tools.
 $(VENV)/.installed: pyproject.toml
@@ -133,6 +133,20 @@ COSIGN_KEY ?=
 verify-image: image-tools
 	@if [ -n "$(REGISTRY)" ]; then bash image/supply-chain.sh verify $(REGISTRY) $(COSIGN_KEY); \
 	else bash image/supply-chain.sh selftest; fi
+
+# A release: `make release REGISTRY=host:port VERSION=1.2.0` builds what is not built from HEAD (the image
+# indexes of faultline and the store, amd64 and arm64; needs root), pushes them by digest, signed, with each
+# image's SBOM attested, and the chart as VERSION naming them by digest (so `helm install faultline
+# oci://REGISTRY/faultline --version VERSION` needs no value), signed; then verifies all of it.
+# REGISTRY_TLS=1: the registry speaks HTTPS (trusted by the system's CAs or SSL_CERT_FILE).
+VERSION ?=
+release: image-tools
+	@test -n "$(REGISTRY)" -a -n "$(VERSION)" || { echo "error: make release REGISTRY=host:port VERSION=X.Y.Z"; exit 1; }
+	@[ -s .cache/image/digest ] && [ "$$(cat .cache/image/revision 2>/dev/null)" = "$$(git rev-parse HEAD)" ] \
+	  || $(MAKE) --no-print-directory image
+	@[ -s .cache/image/store/ferretdb.digest ] && [ -s .cache/image/store/postgres.digest ] \
+	  || $(MAKE) --no-print-directory image-store
+	bash image/supply-chain.sh release $(REGISTRY) $(VERSION)
 
 # A registry on loopback in the foreground (crane), for push and for the local cluster to pull from.
 registry: image-tools

@@ -90,6 +90,7 @@ class LocalCluster:
         self.keep_workdir = keep_workdir
         self.procs: list[procs.Proc] = []
         self.fakelet: Any = None
+        self.provisioner: Any = None  # devtools.volumes.Provisioner, with real nodes
         self._api: Any = None
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.server = ""
@@ -224,6 +225,11 @@ class LocalCluster:
             self.real.start()
             self.real.wait_ready(self._nodes_ready)
             self.real.start_proxy()
+            from devtools.volumes import Provisioner  # noqa: PLC0415 - devtools.volumes imports this module
+
+            # the default StorageClass, provided on demand on the first real node (as local-path would)
+            self.provisioner = Provisioner(self.api(), self.real.dir / "volumes", self.real_node_names[0])
+            self.provisioner.start()
 
     def _controllers(self) -> tuple[str, ...]:
         return CONTROLLERS + (REAL_NODE_CONTROLLERS if self.real_node_names else ())
@@ -273,6 +279,9 @@ class LocalCluster:
 
     def stop(self) -> None:
         real_error: Exception | None = None
+        if self.provisioner is not None:
+            self.provisioner.stop()
+            self.provisioner = None
         if self.real is not None:
             real, self.real = self.real, None
             try:

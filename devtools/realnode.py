@@ -160,6 +160,17 @@ class RealNodes:
             realnode_host.cleanup(self.state)
             self.state = None
 
+    def trust_registry(self, address: str) -> None:
+        """Let every node pull from the registry at `address` over HTTPS (its certificate not verified: a
+        test's own CA). containerd reads a host's hosts.toml at each pull, so this holds at once."""
+        for name in self.names:
+            hosts = self.dir / name / "certs.d" / address
+            hosts.mkdir(parents=True, exist_ok=True)
+            (hosts / "hosts.toml").write_text(
+                f'server = "https://{address}"\n[host."https://{address}"]\n'
+                '  capabilities = ["pull", "resolve"]\n  skip_verify = true\n'
+            )
+
     # -- one node ------------------------------------------------------------------------------------
     def _start_node(self, name: str, ip: str) -> None:
         assert self.state is not None

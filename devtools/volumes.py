@@ -10,20 +10,34 @@ needed: a claim naming a class binds to a volume of that class by name.
 
     path = volumes.add(cluster, "store-data", storage_class="faultline-local", size="1Gi")
     volumes.remove(cluster, "store-data")     # the PersistentVolume and the directory
+
+And on demand, as most clusters have it: a cluster with real nodes also runs a `Provisioner` for its
+default StorageClass `local-path` (annotated `storageclass.kubernetes.io/is-default-class`, so the API
+server's DefaultStorageClass admission gives it to every claim that names no class). For each pending
+claim of that class it makes a volume as `add` does, bound to the claim (its `claimRef`), on the first real
+node, named `pvc-<claim uid>`; once a claim is deleted and its volume Released, it deletes the volume and
+its directory (reclaim policy Delete), as an external provisioner does. So `helm install` of a chart whose
+StatefulSet asks for storage works as written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 from devtools import procs, realnode, realnode_host
 from devtools.cluster import LocalCluster
 from faultline import kube
-from faultline.errors import NotFoundError
+from faultline.errors import AlreadyExistsError, NotFoundError
 
 LOCAL_CLASS = "faultline-local"  # the storage class `dev cluster up --real-nodes` provides a volume of
+DEFAULT_CLASS = "local-path"  # the cluster's default StorageClass, provided on demand by `Provisioner`
+PROVISIONER = "faultline.dev/local-path"
+log = logging.getLogger(__name__)
 
 
 def directory(cluster: LocalCluster, name: str) -> Path:
@@ -78,3 +92,84 @@ def remove(cluster: LocalCluster, name: str, *, timeout: float = 60) -> None:
     if realnode_host.mounts_under(path):
         raise RuntimeError(f"{path} is still mounted: {realnode_host.mounts_under(path)}")
     shutil.rmtree(path, ignore_errors=True)
+
+
+class Provisioner:
+    """The default StorageClass's provisioner: a thread that gives each pending claim of the class a
+    hostPath volume on `node` under `root`, and deletes a Released volume it made with its directory."""
+
+    def __init__(self, api: Any, root: Path, node: str, *, poll: float = 0.5) -> None:
+        self.api, self.root, self.node, self.poll = api, root, node, poll
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="local-path-provisioner", daemon=True)
+
+    def start(self) -> None:
+        from kubernetes import client  # noqa: PLC0415 - devtools only; the project's API groups lack storage
+
+        storage = client.StorageV1Api(self.api)
+        body = {
+            "metadata": {"name": DEFAULT_CLASS, "labels": {realnode.LABEL: "true"},
+                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        }  # fmt: skip
+        with contextlib.suppress(AlreadyExistsError):  # a control plane restarted on its data
+            kube.client.send_json(
+                "create", f"StorageClass {DEFAULT_CLASS}", storage.create_storage_class, body
+            )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self.sync()
+            except Exception:
+                log.debug("local-path provisioner: pass failed", exc_info=True)
+
+    def sync(self) -> None:
+        """One pass: volumes for pending claims of the class, released volumes deleted."""
+        core: Any = kube.core(self.api)  # its models' fields are all optional; these are set
+        for claim in core.list_persistent_volume_claim_for_all_namespaces().items:
+            spec, meta = claim.spec, claim.metadata
+            pending = claim.status.phase == "Pending" and meta.deletion_timestamp is None
+            if spec.storage_class_name == DEFAULT_CLASS and not spec.volume_name and pending:
+                self._provide(core, claim)
+        for volume in core.list_persistent_volume().items:
+            annotations = volume.metadata.annotations or {}
+            if annotations.get("pv.kubernetes.io/provisioned-by") == PROVISIONER and volume.status.phase in (
+                "Released", "Failed"
+            ):  # fmt: skip
+                with contextlib.suppress(NotFoundError):
+                    core.delete_persistent_volume(volume.metadata.name)
+                shutil.rmtree(self.root / volume.metadata.name, ignore_errors=True)
+
+    def _provide(self, core: Any, claim: Any) -> None:
+        name = f"pvc-{claim.metadata.uid}"
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)
+        on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node]}
+        size = (claim.spec.resources.requests or {}).get("storage", "1Gi")
+        body = {
+            "metadata": {"name": name, "labels": {realnode.LABEL: "true"},
+                         "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": claim.spec.access_modes or ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": DEFAULT_CLASS,
+                "volumeMode": "Filesystem",
+                "hostPath": {"path": str(path), "type": "Directory"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}},
+                "claimRef": {"namespace": claim.metadata.namespace, "name": claim.metadata.name,
+                             "uid": claim.metadata.uid},
+            },
+        }  # fmt: skip
+        with contextlib.suppress(AlreadyExistsError):  # made in an earlier pass, not yet bound
+            kube.client.send_json("create", f"PersistentVolume {name}", core.create_persistent_volume, body)

@@ -27,6 +27,11 @@
 #                                            chart's signature, the built store images' signatures and
 #                                            the analyzer image's as push pushed it (default key: the
 #                                            local one); fails on a wrong key
+#   image/supply-chain.sh release REGISTRY VERSION
+#                                            push, with the chart as release VERSION (Chart.yaml's version
+#                                            and appVersion) whose values name the images just pushed by
+#                                            digest (devtools/release.py), the images tagged VERSION; then
+#                                            verify all of it (what `make release` runs)
 #   image/supply-chain.sh registry ADDRESS   a registry in the foreground (crane registry serve)
 #   image/supply-chain.sh selftest           a registry on a free loopback port for the time of a push
 #                                            and a verify, then stopped (what `make verify-image` runs)
@@ -102,12 +107,12 @@ keypair() {
   log "new local key pair in $keys (cosign.pub is the public key)"
 }
 
-push_image() {  # REGISTRY NAME: the index by digest to REGISTRY/images/NAME, tagged with its version; the
-  # index and each architecture's image signed, each image's SBOM attested
+push_image() {  # REGISTRY NAME: the index by digest to REGISTRY/images/NAME, tagged with its version (a
+  # release's); the index and each architecture's image signed, each image's SBOM attested
   local reg=$1 name=$2 dir digest version arch
   need; keypair; dir=$(image_dir "$name")
   sboms_current "$dir" || sbom "$name"  # of these images, not earlier ones
-  digest=$(cat "$dir/digest"); version=$(cat "$dir/version")
+  digest=$(cat "$dir/digest"); version=${release_version:-$(cat "$dir/version")}
   local image="$reg/images/$name"
   quiet "$bin/crane" push --insecure "$dir/oci" "$image@$digest"
   quiet "$bin/crane" tag --insecure "$image@$digest" "$version"
@@ -131,7 +136,10 @@ push() {
   chart
   local tgz; tgz=$(ls "$out"/chart/faultline-*.tgz)
   local pushed
-  pushed=$("$bin/helm" push "$tgz" "oci://$reg" --plain-http 2>&1) || { echo "$pushed" >&2; exit 1; }
+  # a registry on plain HTTP (the loopback one) unless REGISTRY_TLS=1 (HTTPS, trusted by the system's CAs
+  # or SSL_CERT_FILE)
+  local plain=(--plain-http); [ "${REGISTRY_TLS:-}" != 1 ] || plain=()
+  pushed=$("$bin/helm" push "$tgz" "oci://$reg" "${plain[@]}" 2>&1) || { echo "$pushed" >&2; exit 1; }
   chart_digest=$(sed -n 's/^Digest: //p' <<<"$pushed")
   [ -n "$chart_digest" ] || { echo "error: helm push gave no digest" >&2; exit 1; }
   quiet "$bin/cosign" sign --key "$keys/cosign.key" "${sign_flags[@]}" "$reg/faultline@$chart_digest"
@@ -153,6 +161,11 @@ chart() {
   done < <(git -C "$root" ls-tree -r "$rev" charts | awk '$1 == "120000" {print $4}')
   rm -rf "$out/chart" && mkdir -p "$out/chart/src"
   git -C "$root" archive "$rev" charts "${linked[@]}" | tar -x -C "$out/chart/src"
+  if [ -n "${release_version:-}" ]; then  # make release: its version and the images just pushed, by digest
+    "$root/.venv/bin/python" -m devtools.release "$out/chart/src/charts/faultline" --version "$release_version" \
+      --registry "$release_registry" --image "$(cat "$out/digest")" \
+      --ferretdb "$(cat "$out/store/ferretdb.digest")" --postgres "$(cat "$out/store/postgres.digest")"
+  fi
   quiet "$bin/helm" package "$out/chart/src/charts/faultline" --destination "$out/chart"
   rm -rf "$out/chart/src"
 }
@@ -238,6 +251,19 @@ selftest() {
   verify "127.0.0.1:$port"
 }
 
+release() {  # REGISTRY VERSION: everything push pushes, the chart as release VERSION naming these images
+  release_registry=$1 release_version=$2
+  need
+  for name in ferretdb postgres; do
+    [ -s "$out/store/$name.digest" ] || { echo "error: no $name image: run make image-store" >&2; exit 1; }
+  done
+  push "$release_registry"
+  verify "$release_registry"
+  log "released $release_version: verify, then install:"
+  log "  cosign verify --key cosign.pub --insecure-ignore-tlog=true $release_registry/faultline:$release_version"
+  log "  helm install faultline oci://$release_registry/faultline --version $release_version -n faultline --create-namespace"
+}
+
 case ${1:-} in
   sbom) case ${2:-} in "") sbom ;; analyzer) sbom faultline-analyzer ;; *) sed -n '4,5p' "$0" >&2; exit 2 ;; esac ;;
   keys) keypair ;;
@@ -248,5 +274,6 @@ case ${1:-} in
   verify) verify "${2:?REGISTRY}" "${3:-}" ;;
   registry) exec "$bin/crane" registry serve --address "${2:?ADDRESS}" ;;
   selftest) selftest ;;
-  *) sed -n '2,33p' "$0" >&2; exit 2 ;;
+  release) release "${2:?REGISTRY}" "${3:?VERSION}" ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2 ;;
 esac

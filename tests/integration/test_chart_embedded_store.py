@@ -1,11 +1,11 @@
 """The store the chart brings, as real pods (issue 13): `helm install oci://<loopback registry>/faultline`
 with the default store (embedded: FerretDB in front of PostgreSQL), only the agent on (simulated GPUs),
 into the local cluster with a real kubelet node. The store's images are the ones `make image-store` built,
-pushed by digest and signed beside the project's; the PostgreSQL claim binds a hostPath PersistentVolume
-the test provides (`devtools.volumes`, storage class `faultline-local`); the pods find FerretDB and
+pushed by digest and signed beside the project's; the PostgreSQL claim, naming no storage class, gets the
+cluster's default one and a volume its provisioner makes (`devtools.volumes`); the pods find FerretDB and
 PostgreSQL by their Service names (`devtools.clusterdns`) and reach them through kube-proxy.
 
-(a) install: PostgreSQL (StatefulSet, its claim bound to the test's volume), FerretDB and the agent run on
+(a) install: PostgreSQL (StatefulSet, its claim bound to a provisioned volume), FerretDB and the agent run on
     the real node, Ready, never restarted; an XID 79 on the agent's simulated GPU ends up in the embedded
     store, read from the host through FerretDB's Service (kube-proxy) with the Secret's URI, and the
     cluster DNS gives pods the name that URI holds;
@@ -14,7 +14,7 @@ PostgreSQL by their Service names (`devtools.clusterdns`) and reach them through
 (c) `helm uninstall`: no pod, workload or Service of the release. The store's Secret (made by the chart's
     Secrets hook, not the release's: it holds the password the data was initialised with) and the
     PostgreSQL claim (a StatefulSet's claims outlive it) stay by design; the test removes them, and the
-    volume.
+    provisioner then deletes the released volume and its directory.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="real nodes need root (CI runs as root)"),
 ]
 RELEASE = "fls"
-STORAGE_CLASS = volumes.LOCAL_CLASS
+STORAGE_CLASS = volumes.DEFAULT_CLASS  # the cluster's default: the chart's claim names no class
 STORE = ("postgres", "ferretdb")
 
 
@@ -69,7 +69,7 @@ def _values(
                 "ferretdb": {"image": _by_digest(store["ferretdb"]),
                              "resources": {"requests": {"cpu": "50m", "memory": memory}}},
                 "postgres": {"image": _by_digest(store["postgres"]),
-                             "storage": {"size": "1Gi", "storageClass": STORAGE_CLASS},
+                             "storage": {"size": "1Gi"},  # storageClass "": the cluster's default
                              "resources": {"requests": {"cpu": "100m", "memory": memory}}},
             },
         },
@@ -134,17 +134,12 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
     core = kube.core(api)
     store_images = real.registry.push_store_images()
     ns = f"fls-{uuid.uuid4().hex[:6]}"
-    volume = f"{ns}-data"
     state = tmp_path / "node" / "state"
     (state / "sim").mkdir(parents=True)
-    volumes.add(real_cluster, volume, storage_class=STORAGE_CLASS, size="1Gi")
 
-    def after() -> None:  # the volume, when the test did not get to remove it
-        if volumes.directory(real_cluster, volume).exists():
-            volumes.remove(real_cluster, volume)
-
-    with chartutil.Release(real_cluster, helm_env, RELEASE, ns, values=tmp_path / "values.yaml",
-                           after=after) as release:  # fmt: skip
+    # the volume comes from the cluster's default StorageClass, provided on demand (devtools/volumes.py);
+    # the namespace's deletion at the end releases it when the test did not get that far
+    with chartutil.Release(real_cluster, helm_env, RELEASE, ns, values=tmp_path / "values.yaml") as release:
         # -- (a) install: the store and the agent, real pods on the real node -----------------------------
         installed = time.monotonic()
         release.install(_values(real_cluster, store_images, state), create_namespace=True)
@@ -169,8 +164,11 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
             image_id = pods[component]["status"]["containerStatuses"][0]["imageID"]  # type: ignore[index]
             assert image_id.endswith(store_images[component].split("@")[1]), (component, image_id)
         claim = _read(api, "persistent_volume_claim", f"data-{RELEASE}-postgres-0", ns)
+        volume = f"pvc-{claim['metadata']['uid']}"  # the provisioner's, bound to the claim
         assert claim["status"]["phase"] == "Bound" and claim["spec"]["volumeName"] == volume, claim["status"]
-        assert claim["spec"]["storageClassName"] == STORAGE_CLASS
+        assert (
+            claim["spec"]["storageClassName"] == STORAGE_CLASS
+        )  # given by the DefaultStorageClass admission
 
         # the name the Secret's URI holds, as the pods' resolver asks for it (kubelet's clusterDNS)
         ip = _read(api, "service", f"{RELEASE}-ferretdb", ns)["spec"]["clusterIP"]
@@ -240,8 +238,14 @@ def test_the_chart_brings_its_store_as_real_pods_keeps_it_across_an_upgrade_and_
                 return True
             return False
 
+        def volume_gone() -> bool:
+            try:
+                _read(api, "persistent_volume", volume)
+            except NotFoundError:
+                return not volumes.directory(real_cluster, volume).exists()
+            return False
+
         procs.wait_for("the PostgreSQL claim deleted", claim_gone, 60, interval=0.5)
-        assert _read(api, "persistent_volume", volume)["status"]["phase"] == "Released"  # Retain: data stays
-        volumes.remove(real_cluster, volume)
-        assert not volumes.directory(real_cluster, volume).exists()
+        # reclaim policy Delete: the provisioner deletes the released volume and its directory
+        procs.wait_for("the claim's volume and its directory deleted", volume_gone, 60, interval=0.5)
         print(f"embedded store test: {time.monotonic() - started:.1f} s")
