@@ -104,9 +104,7 @@ class Provisioner:
         self._thread = threading.Thread(target=self._run, name="local-path-provisioner", daemon=True)
 
     def start(self) -> None:
-        from kubernetes import client  # noqa: PLC0415 - devtools only; the project's API groups lack storage
-
-        storage = client.StorageV1Api(self.api)
+        storage = kube.storage(self.api)
         body = {
             "metadata": {"name": DEFAULT_CLASS, "labels": {realnode.LABEL: "true"},
                          "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},

@@ -58,16 +58,17 @@ if TYPE_CHECKING:
         custom,
         policy,
         rbac,
+        storage,
     )
 
 __all__ = [
     "ApiClient", "access", "api_client", "apps", "authorization", "batch", "bodies", "client",
     "coordination", "core", "custom", "events", "jobs", "lite", "namespaces", "nodes", "pods", "policy",
-    "rbac", "resources", "tokens", "translate", "watch",
+    "rbac", "resources", "storage", "tokens", "translate", "watch",
 ]  # fmt: skip
 _FROM_CLIENT = frozenset(
     {"ApiClient", "api_client", "apps", "authorization", "batch", "coordination", "core", "custom", "policy",
-     "rbac"}
+     "rbac", "storage"}
 )  # fmt: skip
 _MODULES = frozenset(__all__) - _FROM_CLIENT
 

@@ -113,6 +113,10 @@ def apps(api: client.ApiClient) -> client.AppsV1Api:
     return client.AppsV1Api(api)
 
 
+def storage(api: client.ApiClient) -> client.StorageV1Api:
+    return client.StorageV1Api(api)
+
+
 def batch(api: client.ApiClient) -> client.BatchV1Api:
     return client.BatchV1Api(api)
 
