@@ -34,6 +34,7 @@ class FakeNvmlLib:
         self.events: queue.Queue[tuple[int, int] | str] = queue.Queue()
         self.lost: set[int] = set()
         self.registered: list[int] = []
+        self.inits = self.event_sets = 0  # what the process holds open in the driver
         # health state per GPU; GPU 1 has no NVLink (PCIe card) and no row remapper (answers NotSupported)
         self.ecc = [{(1, 0): 3, (1, 1): 3, (0, 0): 7}, {(1, 0): 0, (1, 1): 0, (0, 0): 0}]
         self.remap: list[tuple[int, int, int, int] | None] = [(2, 0, 0, 0), None]
@@ -54,9 +55,11 @@ class FakeNvmlLib:
         return next(i for i, d in enumerate(self.devices) if ctypes.addressof(d) == address)
 
     def _nvmlInitWithFlags(self, flags: int) -> int:
+        self.inits += 1  # the driver keeps its device nodes open while any init is not shut down
         return 0
 
     def _nvmlShutdown(self) -> int:
+        self.inits -= 1
         return 0
 
     def _nvmlErrorString(self, code: int) -> bytes:
@@ -80,9 +83,11 @@ class FakeNvmlLib:
 
     def _nvmlEventSetCreate(self, ref: Any) -> int:
         ref._obj.contents = self.event_set
+        self.event_sets += 1
         return 0
 
     def _nvmlEventSetFree(self, es: Any) -> int:
+        self.event_sets -= 1
         return 0
 
     def _nvmlDeviceRegisterEvents(self, handle: Any, types: Any, es: Any) -> int:
@@ -216,3 +221,14 @@ def test_health_fields_read_through_nvml(fake: FakeNvmlLib) -> None:
     assert (second[0]["nvlink_down"], second[0]["nvlink_recovery"]) == (1, 8)
     assert second[1] == {"lost": 1}
     backend.close()
+
+
+def test_closing_the_backend_leaves_nothing_open_in_the_driver(fake: FakeNvmlLib) -> None:
+    """What the agent holds while it runs (one NVML init, one event set on every GPU) it gives back when
+    it stops: a driver upgrade or a GPU reset finds no handle of faultline's once its pod is gone (the
+    agent leaves the node for both: the chart's step-aside affinity)."""
+    backend = NvmlBackend(pynvml)
+    assert (fake.inits, fake.event_sets) == (1, 1)
+    backend.read_fields()
+    backend.close()
+    assert (fake.inits, fake.event_sets) == (0, 0)
