@@ -125,6 +125,7 @@ postgres() {
   # own in the volume instead
   for arch in "${arches[@]}"; do
   local emulate=() rootfs="$work/$arch/rootfs"
+  mkdir -p "$work/$arch"
   if [ "$arch" != "$native" ]; then emulate=("$py" -m devtools.foreign "$arch" --); fi
   "${emulate[@]}" mmdebstrap --quiet --mode=root --variant=essential --architectures="$arch" \
     --skip=check/qemu --format=directory \
