@@ -210,8 +210,11 @@ class TLSFront:
 
         def run() -> None:
             asyncio.set_event_loop(loop)
-            with contextlib.suppress(asyncio.CancelledError):
-                loop.run_until_complete(main())
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    loop.run_until_complete(main())
+            finally:
+                loop.close()  # its own sockets (the self-pipe) with it
 
         self._loop = loop
         self._thread = threading.Thread(target=run, name="registry-tls", daemon=True)
