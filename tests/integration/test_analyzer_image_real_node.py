@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
+import subprocess
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -25,7 +28,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools import procs
+from devtools import oci, procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -147,3 +150,27 @@ def test_the_analyzer_image_runs_the_anomaly_scores_as_a_real_pod(
         release.uninstall()
         seconds["test"] = time.monotonic() - started
         print("\nanalyzer image on a real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
+
+
+def test_the_analyzer_image_s_arm64_build_imports_its_extra_under_emulation(
+    real_cluster: LocalCluster,
+) -> None:
+    """The same index's arm64 image: its interpreter loads river and the aarch64 numpy and scipy wheels
+    (their vendored OpenBLAS included) under QEMU user emulation (devtools/foreign.py)."""
+    assert real_cluster.real is not None
+    real_cluster.real.registry.push_analyzer_image()  # built when it is not of HEAD
+    root_dir = Path(__file__).resolve().parents[2]
+    work = Path(tempfile.mkdtemp(prefix="analyzer-arm64-"))
+    try:
+        config = oci.unpack(
+            root_dir / ".cache" / "image" / "analyzer" / "faultline-analyzer.oci.tar", work, "arm64"
+        )
+        code = (
+            "import platform, river, numpy, scipy.stats; print(platform.machine(), scipy.stats.norm.cdf(0))"
+        )
+        argv = oci.chroot_argv(work, {**config, "Entrypoint": ["/opt/faultline/bin/python", "-c"]}, [code])
+        done = subprocess.run([str(root_dir / ".venv" / "bin" / "python"), "-m", "devtools.foreign", "arm64", "--",
+                               *argv], cwd=root_dir, capture_output=True, text=True, check=False, timeout=300)  # fmt: skip
+        assert (done.returncode, done.stdout.split()) == (0, ["aarch64", "0.5"]), done.stderr
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
