@@ -77,8 +77,10 @@ tools:
 	bash tools/build.sh
 
 # The one OCI image for every component (image/build.sh): from HEAD and requirements/image.lock, a Debian 12
-# root filesystem from Debian's packages (mmdebstrap; needs root), reproducible; written to
-# .cache/image/faultline.oci.tar with its digest in .cache/image/digest.
+# root filesystem from Debian's packages (mmdebstrap; needs root), reproducible, for linux/amd64 and
+# linux/arm64 (the foreign one under QEMU user emulation in the build's own user namespace); written as one
+# image index to .cache/image/faultline.oci.tar with the index's digest in .cache/image/digest (each
+# architecture's image in .cache/image/<arch>/). IMAGE_ARCHES=amd64 builds one.
 image: setup system-deps
 	bash image/build.sh
 
@@ -115,7 +117,7 @@ lock: setup
 image-tools:
 	bash tools/build.sh syft cosign crane helm
 
-# CycloneDX SBOM of the image: .cache/image/sbom.cdx.json.
+# CycloneDX SBOM of each architecture's image: .cache/image/<arch>/sbom.cdx.json.
 sbom: image-tools
 	bash image/supply-chain.sh sbom
 
