@@ -162,13 +162,14 @@ def test_the_analyzer_image_s_arm64_build_imports_its_extra_under_emulation(
     root_dir = Path(__file__).resolve().parents[2]
     work = Path(tempfile.mkdtemp(prefix="analyzer-arm64-"))
     try:
+        root = work / "root"  # not the temporary directory itself (0700): the image's user walks into "/"
         config = oci.unpack(
-            root_dir / ".cache" / "image" / "analyzer" / "faultline-analyzer.oci.tar", work, "arm64"
+            root_dir / ".cache" / "image" / "analyzer" / "faultline-analyzer.oci.tar", root, "arm64"
         )
         code = (
             "import platform, river, numpy, scipy.stats; print(platform.machine(), scipy.stats.norm.cdf(0))"
         )
-        argv = oci.chroot_argv(work, {**config, "Entrypoint": ["/opt/faultline/bin/python", "-c"]}, [code])
+        argv = oci.chroot_argv(root, {**config, "Entrypoint": ["/opt/faultline/bin/python", "-c"]}, [code])
         done = subprocess.run([str(root_dir / ".venv" / "bin" / "python"), "-m", "devtools.foreign", "arm64", "--",
                                *argv], cwd=root_dir, capture_output=True, text=True, check=False, timeout=300)  # fmt: skip
         assert (done.returncode, done.stdout.split()) == (0, ["aarch64", "0.5"]), done.stderr
