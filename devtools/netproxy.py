@@ -9,6 +9,9 @@ puts one between the node agents and FerretDB, and one between the workers and F
     proxy.reject()           # the server gone: connections reset, new ones closed at once (until heal)
     proxy.stop()
 
+With `tls` (an SSLContext with the server's certificate) it terminates TLS: the registry behind HTTPS in
+the install page's test (`devtools.registry.tls_front`).
+
 A partition drops traffic instead of refusing it, as a broken network does: clients find out by their
 own timeouts (a refused connection is what a stopped server gives, the FerretDB-kill scenario's case).
 Connections held across the partition are closed when it heals (after minutes of silence both ends
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +35,17 @@ CHUNK = 65536
 
 
 class NetProxy:
-    def __init__(self, target_port: int, *, target_host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        *,
+        target_host: str = "127.0.0.1",
+        port: int = 0,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.target = (target_host, target_port)
         self.port = port
+        self.tls = tls  # TLS terminated here: clients speak it, the server gets the plain bytes
         self.delay = 0.0
         self.partitioned = False
         self.rejecting = False
@@ -107,7 +119,7 @@ class NetProxy:
         self._loop = loop
         try:
             self._server = loop.run_until_complete(
-                asyncio.start_server(self._serve, "127.0.0.1", self.port, limit=CHUNK)
+                asyncio.start_server(self._serve, "127.0.0.1", self.port, limit=CHUNK, ssl=self.tls)
             )
             self.port = int(self._server.sockets[0].getsockname()[1])
         finally:

@@ -14,16 +14,14 @@ scratch written by devtools.oci, pushed with crane.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shutil
 import ssl
 import subprocess
-import threading
 from pathlib import Path
 from types import TracebackType
 
 from devtools import oci, procs, tools
+from devtools.netproxy import NetProxy
 from faultline.errors import ConfigError
 
 SUPPLY_CHAIN = tools.REPO / "image" / "supply-chain.sh"
@@ -158,84 +156,14 @@ def _head() -> str:
     return done.stdout.strip()
 
 
-class TLSFront:
-    """The registry behind HTTPS, as registries are outside a lab: TLS on a loopback port of its own,
-    terminated here, the bytes passed on to the registry's plain port. Clients trust it through the CA
-    that signed `cert` (for Go tools, SSL_CERT_FILE); containerd through `RealNodes.trust_registry`.
+def tls_front(address: str, cert: Path, key: Path) -> NetProxy:
+    """The registry at `address` behind HTTPS, as registries are outside a lab: a loopback proxy that
+    terminates TLS with `cert` and passes the bytes on. Clients trust it through the CA that signed `cert`
+    (for Go tools, SSL_CERT_FILE); containerd through `RealNodes.trust_registry`.
 
-        front = TLSFront(registry.address, pki.apiserver).start()   # front.address: 127.0.0.1:PORT
+        front = tls_front(registry.address, pki.apiserver.cert, pki.apiserver.key)  # front.port; .stop()
     """
-
-    def __init__(self, target: str, cert: Path, key: Path) -> None:
-        self.target_host, port = target.rsplit(":", 1)
-        self.target_port = int(port)
-        self.cert, self.key = cert, key
-        self.address = ""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._main: asyncio.Task[None] | None = None
-
-    def start(self) -> TLSFront:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.cert, self.key)
-        loop = asyncio.new_event_loop()
-        started = threading.Event()
-
-        async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                while chunk := await reader.read(65536):
-                    writer.write(chunk)
-                    await writer.drain()
-            except (ConnectionError, ssl.SSLError):
-                pass
-            finally:
-                with contextlib.suppress(Exception):
-                    writer.close()
-
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
-                up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
-            except OSError:
-                writer.close()
-                return
-            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
-
-        async def main() -> None:
-            self._main = asyncio.current_task()
-            server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
-            self.address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
-            started.set()
-            async with server:
-                await server.serve_forever()
-
-        def run() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                with contextlib.suppress(asyncio.CancelledError):
-                    loop.run_until_complete(main())
-            finally:
-                loop.close()  # its own sockets (the self-pipe) with it
-
-        self._loop = loop
-        self._thread = threading.Thread(target=run, name="registry-tls", daemon=True)
-        self._thread.start()
-        if not started.wait(10):
-            raise ConfigError("the registry's TLS front did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-
-            async def shutdown() -> None:  # every connection, awaited; then the server
-                main = self._main
-                tasks = [t for t in asyncio.all_tasks() if t not in (asyncio.current_task(), main)]
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                if main is not None:
-                    main.cancel()
-
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
-            self._thread.join(timeout=10)
-            self._loop = self._thread = None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    host, port = address.rsplit(":", 1)
+    return NetProxy(int(port), target_host=host, tls=context).start()

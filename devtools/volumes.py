@@ -46,6 +46,25 @@ def directory(cluster: LocalCluster, name: str) -> Path:
     return cluster.real.dir / "volumes" / name
 
 
+def _volume(
+    name: str, path: Path, node: str, size: str, *, storage_class: str, reclaim: str
+) -> dict[str, Any]:
+    """A hostPath PersistentVolume in `path` on `node`, pinned there by node affinity."""
+    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+    return {
+        "metadata": {"name": name, "labels": {realnode.LABEL: "true"}},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": reclaim,
+            "storageClassName": storage_class,
+            "volumeMode": "Filesystem",
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}},
+        },
+    }
+
+
 def add(cluster: LocalCluster, name: str, *, storage_class: str, size: str = "1Gi", node: str = "") -> Path:
     """A PersistentVolume `name` of `storage_class` and capacity `size` on the real node `node` (default:
     the first); returns its directory."""
@@ -55,19 +74,7 @@ def add(cluster: LocalCluster, name: str, *, storage_class: str, size: str = "1G
         raise ValueError(f"{node!r} is not a real node of this cluster ({cluster.real_node_names})")
     path.mkdir(parents=True)
     path.chmod(0o777)
-    on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
-    body = {
-        "metadata": {"name": name, "labels": {realnode.LABEL: "true"}},
-        "spec": {
-            "capacity": {"storage": size},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": storage_class,
-            "volumeMode": "Filesystem",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}},
-        },
-    }
+    body = _volume(name, path, node, size, storage_class=storage_class, reclaim="Retain")
     core = kube.core(cluster.api())
     kube.client.send_json("create", f"PersistentVolume {name}", core.create_persistent_volume, body)
     return path
@@ -152,22 +159,11 @@ class Provisioner:
         path = self.root / name
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o777)
-        on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node]}
         size = (claim.spec.resources.requests or {}).get("storage", "1Gi")
-        body = {
-            "metadata": {"name": name, "labels": {realnode.LABEL: "true"},
-                         "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
-            "spec": {
-                "capacity": {"storage": size},
-                "accessModes": claim.spec.access_modes or ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": DEFAULT_CLASS,
-                "volumeMode": "Filesystem",
-                "hostPath": {"path": str(path), "type": "Directory"},
-                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [on_node]}]}},
-                "claimRef": {"namespace": claim.metadata.namespace, "name": claim.metadata.name,
-                             "uid": claim.metadata.uid},
-            },
-        }  # fmt: skip
+        body = _volume(name, path, self.node, size, storage_class=DEFAULT_CLASS, reclaim="Delete")
+        body["metadata"]["annotations"] = {"pv.kubernetes.io/provisioned-by": PROVISIONER}
+        body["spec"]["accessModes"] = claim.spec.access_modes or ["ReadWriteOnce"]
+        body["spec"]["claimRef"] = {"namespace": claim.metadata.namespace, "name": claim.metadata.name,
+                                    "uid": claim.metadata.uid}  # fmt: skip
         with contextlib.suppress(AlreadyExistsError):  # made in an earlier pass, not yet bound
             kube.client.send_json("create", f"PersistentVolume {name}", core.create_persistent_volume, body)

@@ -23,7 +23,7 @@ import pytest
 from devtools import procs, tools, volumes
 from devtools.certs import LocalPKI
 from devtools.cluster import LocalCluster
-from devtools.registry import TLSFront
+from devtools.registry import tls_front
 from faultline import kube
 from tests.integration import chartutil
 from tests.integration.chartutil import NODE
@@ -65,12 +65,13 @@ def https_registry(real_cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple
     """The cluster's registry behind HTTPS: its address and a CA bundle (the system's and the test's)."""
     assert real_cluster.real is not None
     pki = LocalPKI(tmp_path / "pki")  # its API server pair is a server certificate for 127.0.0.1
-    front = TLSFront(real_cluster.real.registry.address, pki.apiserver.cert, pki.apiserver.key).start()
+    front = tls_front(real_cluster.real.registry.address, pki.apiserver.cert, pki.apiserver.key)
+    address = f"127.0.0.1:{front.port}"
     bundle = tmp_path / "ca-bundle.pem"
     bundle.write_text(SYSTEM_CAS.read_text() + pki.ca.read_text())
-    real_cluster.real.trust_registry(front.address)
+    real_cluster.real.trust_registry(address)
     try:
-        yield front.address, bundle
+        yield address, bundle
     finally:
         front.stop()
 
