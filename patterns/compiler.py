@@ -153,6 +153,8 @@ class CompiledPattern:
             else None
         )
         self.entity_id = self._template(p.entity.id, groups, loaded, "entity.id") if p.entity else None
+        fallbacks = p.entity.fallback if p.entity else []
+        self.entity_fallback = tuple(self._template(t, groups, loaded, "entity.fallback") for t in fallbacks)
         self.message = self._template(p.message, groups, loaded, "message") if p.message else None
         self.steps: list[_Step] = []
         self.tables_used = [s.table for s in p.classify if isinstance(s, TableStep)]
@@ -204,6 +206,10 @@ class CompiledPattern:
         if code is None:
             return None
         entity_id = self.entity_id.render(groups) if self.entity_id else ""
+        for fallback in self.entity_fallback if entity_id is None else ():
+            entity_id = fallback.render(groups)
+            if entity_id is not None:
+                break
         if entity_id is None:
             return None
         spec = self.spec

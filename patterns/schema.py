@@ -113,6 +113,16 @@ ClassifyStep = SetStep | TableStep
 class EntitySpec(_Strict):
     type: str
     id: str = Field(description="template, e.g. '{pci|bus}'")
+    fallback: list[str] = Field(
+        default_factory=list,
+        description="templates tried in order when `id` names a group the match did not take part in (a "
+        "line that names the device another way, e.g. by its RDMA device when the PCI address is missing)",
+    )
+
+    @field_validator("fallback", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
 
 
 class Escalate(_Strict):

@@ -151,7 +151,12 @@ def sniff(
     fmt = force_format or formats.detect(sample, ctx)
     if fmt is None:
         first = next((ln for ln in sample if ln.strip()), "")
-        raise InputError(f"{path}: unknown log format (first line: {bounds.quote(first)})")
+        raise InputError(
+            f"{path}: not a log faultline reads: none of its first {formats.DETECT_LINES} lines starts the "
+            "way a kernel log does (syslog RFC 3164 or 5424, rsyslog's ISO stamp, journalctl -o json or "
+            "export, dmesg with a time, /dev/kmsg), so no line has a time; dmesg -t output has none: "
+            f"write it without -t (first line: {bounds.quote(first)})"
+        )
     if fmt in ("dmesg", "kmsg"):
         base = boot_time
         if base is None:

@@ -10,7 +10,9 @@ that format.  Time is the line's own time as float epoch seconds (UTC):
 - `json`     `journalctl -o json` lines
 - `export`   `journalctl -o export` records (parsed by `sources.files`, see `parse_export_fields`)
 - `dmesg`    `[ 1108.858286] msg` (seconds since boot), `[Tue Dec  1 10:00:00 2026] msg` (`dmesg -T`),
-  `2026-12-01T10:00:00,123456+00:00 msg` (`dmesg --time-format iso`)
+  `2026-12-01T10:00:00,123456+00:00 msg` (`dmesg --time-format iso`); each optionally after the
+  facility and level `dmesg --decode` prints (`kern  :warn  : `) or the raw priority `dmesg -r` prints
+  (`<4>`), and before a printk caller id (`[  T896] `, `[    C3]`, kernels with CONFIG_PRINTK_CALLER)
 - `kmsg`     `/dev/kmsg` records `6,1234,1108858286,-;msg` (microseconds since boot)
 
 Origin (`Parsed.kernel`): whether the kernel wrote the line, as far as the line can prove it. A journal
@@ -20,7 +22,8 @@ for). A kmsg record is the kernel's when its facility is kern (0). A syslog line
 app-name and priority are chosen by its writer (`logger -t kernel -p kern.err` forges both), so syslog
 lines are never the kernel's unless `Context.syslog_trusted` says the file's tags can be trusted (a file
 only the kernel's logger writes to); then a tag or app-name other than `kernel`, or a facility other than
-kern, still makes a line user space's. dmesg lines carry no origin and are the kernel's.
+kern, still makes a line user space's. Plain dmesg lines carry no origin and are the kernel's; `dmesg
+--decode` and `dmesg -r` name the facility, and a line whose facility is not kern is user space's (as kmsg).
 
 Records the writer split over lines inside one entry are joined here (`join_lines`): a journal MESSAGE
 with newlines, rsyslog's `#012` escapes, kmsg's `\x0a` escapes. dmesg's indented continuation lines
@@ -117,11 +120,19 @@ _ISO_CACHE: dict[str, float] = {}
 _3164_CACHE: dict[tuple[int, str], float] = {}
 # ASCII digits only (a Unicode \d also matches digits int() refuses, such as '²'), and no more than a
 # float holds: a line is untrusted text, and one exception in a parser would stop the agent's dataflow
-_UPTIME = re.compile(r"^\[\s*(\d{1,12})\.(\d{1,9})\] ", re.ASCII)
+_UPTIME = re.compile(r"^\[\s*(\d{1,12})\.(\d{1,9})\](?= |\[)", re.ASCII)
 _DMESG_T = re.compile(
     r"^\[(?:[A-Z][a-z]{2}) ([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\] ", re.ASCII
 )
 _ISO_DMESG = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.](\d+)([+-]\d\d:?\d\d|Z) ", re.ASCII)
+# `dmesg --decode`: the facility and level names util-linux prints, each padded (`kern  :warn  : `)
+_DECODE = re.compile(
+    r"^(kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|res0|res1|res2|res3|"
+    r"local[0-7]) *:(emerg|alert|crit|err|warn|notice|info|debug) *: ",
+    re.ASCII,
+)
+_RAW_PRI = re.compile(r"^<(\d{1,3})>", re.ASCII)  # `dmesg -r`: the record's priority, facility * 8 + level
+_CALLER = re.compile(r"^\[ *[TC]\d{1,10}\] ?", re.ASCII)  # printk caller id: thread (T) or CPU (C)
 _MAX_FRACTION = 9  # digits of a fraction of a second that count (nanoseconds); later ones are dropped
 
 
@@ -180,12 +191,24 @@ def _syslog_message(message: str) -> str:
     return message
 
 
+def _after_stamp(rest: str) -> str:
+    """The message after a stamp: `] msg`, `] [  T896] msg` or `][  T896] msg` (the printk caller id,
+    CONFIG_PRINTK_CALLER: T for a thread, C for a CPU) -> `msg`."""
+    if rest[:1] == " ":
+        rest = rest[1:]
+    if rest[:1] == "[":
+        m = _CALLER.match(rest)
+        if m:
+            return rest[m.end() :]
+    return rest
+
+
 def _strip_uptime(message: str, ts: float) -> tuple[str, float | None]:
     if message.startswith("["):
         m = _UPTIME.match(message)
         if m:
             uptime = int(m.group(1)) + int(m.group(2)) / 10 ** len(m.group(2))
-            return message[m.end() :], ts - uptime
+            return _after_stamp(message[m.end() :]), ts - uptime
     return message, None
 
 
@@ -326,13 +349,32 @@ def parse_json(line: str, ctx: Context) -> Parsed | None:
     return journal_record(fields) if isinstance(fields, dict) else None
 
 
+def _dmesg_origin(line: str) -> tuple[str, bool] | None:
+    """The line after a `dmesg --decode` or `dmesg -r` prefix, and whether its facility is kern; the
+    line itself (the kernel's) when it has neither; None for a `<` that opens no priority."""
+    if line[:1] == "<":
+        m = _RAW_PRI.match(line)
+        if m is None:
+            return None
+        return line[m.end() :], int(m.group(1)) >> 3 == 0
+    if line[:1] in "kumdalnucfr":
+        m = _DECODE.match(line)
+        if m:
+            return line[m.end() :], m.group(1) == "kern"
+    return line, True
+
+
 def parse_dmesg(line: str, ctx: Context) -> Parsed | None:
+    origin = _dmesg_origin(line)
+    if origin is None:
+        return None
+    line, kernel = origin
     if line.startswith("["):
         m = _UPTIME.match(line)
         if m:
             uptime = int(m.group(1)) + int(m.group(2)) / 10 ** len(m.group(2))
             base = ctx.boot_base if ctx.boot_base is not None else 0.0
-            return Parsed(base + uptime, None, line[m.end() :], base)
+            return Parsed(base + uptime, None, _after_stamp(line[m.end() :]), base, kernel)
         m = _DMESG_T.match(line)
         if m and m.group(1) in MONTHS:
             mon, day, hh, mi, ss, year = m.groups()
@@ -342,13 +384,13 @@ def parse_dmesg(line: str, ctx: Context) -> Parsed | None:
                 )
             except ValueError:
                 return None
-            return Parsed(ts, None, line[m.end() :], None)
+            return Parsed(ts, None, _after_stamp(line[m.end() :]), None, kernel)
         return None
     m = _ISO_DMESG.match(line)
     if m:
         stamp = iso_epoch(f"{m.group(1)}.{m.group(2)}{m.group(3)}")
         if stamp is not None:
-            return Parsed(stamp, None, line[m.end() :], None)
+            return Parsed(stamp, None, _after_stamp(line[m.end() :]), None, kernel)
     return None
 
 
@@ -418,7 +460,8 @@ def last_uptime(lines: list[str]) -> float | None:
     """The largest seconds-since-boot stamp among dmesg or kmsg lines (to anchor relative times)."""
     best = None
     for ln in lines:
-        m = _UPTIME.match(ln)
+        origin = _dmesg_origin(ln)
+        m = _UPTIME.match(origin[0]) if origin else None
         if m:
             best = int(m.group(1)) + int(m.group(2)) / 10 ** len(m.group(2))
             continue

@@ -95,7 +95,7 @@ FAMILIES = (
     Family(
         "mlx5 command timeout",
         ("mlx5_core 0000:03:00.0: wait_func:964:(pid 112): ENABLE_HCA(0x104) timeout. Will cause a leak of a command resource",),
-        ("NIC", "0000:03:00.0", "NIC-CMD-TIMEOUT", True, "RESTART_BM"),
+        ("NIC", "0000:03:00.0", "NIC-CMD-TIMEOUT", False, "NONE"),
     ),
     Family(
         "mlx5 PCIe slot power",
@@ -110,7 +110,7 @@ FAMILIES = (
     Family(
         "port module error, newer kernels' port_module prefix",
         ("mlx5_core 0000:5e:00.0: port_module:254:(pid 0): Port module event[error]: module 0, Cable error, High Temperature",),
-        ("NIC", "0000:5e:00.0", "NIC-MODULE-ERROR", True, "CONTACT_SUPPORT"),
+        ("NIC", "0000:5e:00.0", "NIC-MODULE-ERROR", False, "CONTACT_SUPPORT"),
     ),
     Family(
         "port module cable unplugged, no prefix",
@@ -125,7 +125,7 @@ FAMILIES = (
     Family(
         "mlx5e transmit timeout",
         ("mlx5_core 0000:af:00.0 enp175s0f0np0: TX timeout detected",),
-        ("NIC", "enp175s0f0np0", "NIC-TX-TIMEOUT", False, "NONE"),
+        ("NIC", "0000:af:00.0", "NIC-TX-TIMEOUT", False, "NONE"),
     ),
     Family(
         "mlx5 register access failures",
@@ -137,6 +137,140 @@ FAMILIES = (
         "EFA admin queue",
         ("efa 0000:00:1d.0 rdmap0s29: The device didn't send any completion for admin cmd CREATE_QP(1) status 1 (ctx: 0x00000000a1b2c3d4, sq producer: 12, sq consumer: 11, cq consumer: 11)",),
         ("NIC", "0000:00:1d.0", "NIC-EFA-ADMIN-QUEUE", True, "RESTART_VM"),
+    ),
+    # issue 27: the formats real drivers write besides the ones above
+    Family(
+        "EFA admin queue closed, RDMA class prefix",
+        ("infiniband rdmap0s6: Admin queue is closed",),
+        ("NIC", "rdmap0s6", "NIC-EFA-ADMIN-QUEUE", True, "RESTART_VM"),
+    ),
+    Family(
+        "EFA reset failed during probe, (null) device",
+        ("(null): Reset indication didn't turn on",),
+        ("NIC", "efa", "NIC-EFA-RESET-FAILED", True, "RESTART_VM"),
+    ),
+    Family(
+        "EFA unknown async event",
+        ("efa 0000:00:06.0 efa_0: Unknown event was received or event with unimplemented handler",),
+        ("NIC", "0000:00:06.0", "NIC-EFA-UNKNOWN-EVENT", False, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "ENA reset failed",
+        ("ena 0000:00:05.0: Reset attempt failed. Can not reset the device",),
+        ("NIC", "0000:00:05.0", "NIC-ENA-RESET-FAILED", True, "RESTART_VM"),
+    ),
+    Family(
+        "mlx5 command without done completion",
+        ("mlx5_core 0000:56:00.1: wait_func_handle_exec_timeout:1062:(pid 871): cmd[13]: MODIFY_CQ(0x403) No done completion",),
+        ("NIC", "0000:56:00.1", "NIC-CMD-TIMEOUT", False, "NONE"),
+    ),
+    Family(
+        "mlx5 health recovery failed",
+        ("mlx5_core 0000:41:00.0: mlx5_health_try_recover:390:(pid 1122): health recovery failed",),
+        ("NIC", "0000:41:00.0", "NIC-RECOVERY-FAILED", True, "RESTART_BM"),
+    ),
+    Family(
+        "InfiniBand port down (RDMA core)",
+        ("mlx5_core 0000:42:00.0 mlx5_1: Port: 1 Link DOWN",),
+        ("NIC", "0000:42:00.0", "NIC-LINK-DOWN", False, "NONE"),
+    ),
+    Family(
+        "transmit watchdog, newer kernels' device prefix",
+        ("mlx5_core 0000:b0:00.0 enp176s0np0: NETDEV WATCHDOG: CPU: 3: transmit queue 5 timed out 5120 ms",),
+        ("NIC", "0000:b0:00.0", "NIC-TX-TIMEOUT", False, "NONE"),
+    ),
+    Family(
+        "PCIe AER fatal on a GPU with its register dump",
+        (
+            "nvidia 0000:c1:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), type=Transaction Layer, (Receiver ID)",
+            "nvidia 0000:c1:00.0:   device [10de:2330] error status/mask=00040000/00000000",
+            "nvidia 0000:c1:00.0:    [18] MalfTLP                (First)",
+        ),
+        ("GPU", "0000:c1:00", "PCIE-AER-FATAL", True, "RESTART_BM"),
+    ),
+    Family(
+        "PCIe AER on a GPU with no driver bound (5.x wording)",
+        (
+            "pci 0000:c2:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)",
+            "pci 0000:c2:00.0:   device [10de:2330] error status/mask=00004000/00000000",
+            "pci 0000:c2:00.0:    [14] CmpltTO                (First)",
+        ),
+        ("GPU", "0000:c2:00", "PCIE-AER-FATAL", True, "RESTART_BM"),
+    ),
+    Family(
+        "PCIe AER non-fatal on a NIC",
+        ("mlx5_core 0000:5e:00.1: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, (Requester ID)",),
+        ("NIC", "0000:5e:00.1", "PCIE-AER-NON-FATAL", False, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "PCIe DPC containment",
+        ("pcieport 0000:00:03.1: DPC: containment event, status:0x1f05, ERR_FATAL received from 0000:c1:00.0",),
+        ("PCIE", "0000:00:03.1", "PCIE-DPC-CONTAINMENT", True, "RESTART_BM"),
+    ),
+    Family(
+        "PCIe recovery failed",
+        ("pcieport 0000:00:05.1: AER: device recovery failed",),
+        ("PCIE", "0000:00:05.1", "PCIE-RECOVERY-FAILED", True, "RESTART_BM"),
+    ),
+    Family(
+        "PCIe hotplug surprise link down",
+        ("pcieport 0000:00:1c.0: pciehp: Slot(3): Link Down",),
+        ("PCIE", "0000:00:1c.0", "PCIE-SLOT-DOWN", True, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "fallen off the bus, PCI: address form",
+        ("NVRM: GPU PCI:0000:d1:00: GPU has fallen off the bus.",),
+        ("GPU", "0000:d1:00", "GPU-FELL-OFF-BUS", True, "RESTART_BM"),
+    ),
+    Family(
+        "fallen off the bus, garbled XID number",
+        ("NVRM: Xid (PCI:0000:d2:00): 7g9, GPU has fallen off the bus.",),
+        ("GPU", "0000:d2:00", "GPU-FELL-OFF-BUS", True, "RESTART_BM"),
+    ),
+    Family(
+        "GPU reset failed",
+        ("NVRM: GPU 0000:d3:00.0: MC prepare for XVE reset failed.",),
+        ("GPU", "0000:d3:00", "GPU-RESET-FAILED", True, "RESTART_BM"),
+    ),
+    Family(
+        "NVLink training failed (postRxDetLinkMask)",
+        ("NVRM: knvlinkDiscoverPostRxDetLinks_GH100: Getting peer0's postRxDetLinkMask failed!",),
+        ("GPU", "", "GPU-NVLINK-TRAINING-FAILED", True, "RESTART_BM"),
+    ),
+    Family(
+        "XID 145 Non-Fatal in capitals",
+        ("NVRM: Xid (PCI:0008:07:00): 145, RLW_SRC_TRACK Non-Fatal XC1 i0 Link 10 (0x04082907 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",),
+        ("GPU", "0008:07:00", "XID-145", False, "NONE"),
+    ),
+    Family(
+        "fatal machine check",
+        ("mce: [Hardware Error]: CPU 12: Machine Check Exception: 5 Bank 4: b200000000070005",),
+        ("NODE", "", "NODE-MCE-FATAL", True, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "NVMe controller down",
+        ("nvme nvme1: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff",),
+        ("DISK", "nvme1", "NODE-NVME-CONTROLLER-DOWN", True, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "disk I/O error",
+        ("I/O error, dev nvme2n1, sector 104857600 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2",),
+        ("DISK", "nvme2n1", "NODE-DISK-IO-ERROR", False, "NONE"),
+    ),
+    Family(
+        "file system remounted read-only",
+        ("EXT4-fs (nvme0n1p1): Remounting filesystem read-only",),
+        ("FILESYSTEM", "nvme0n1p1", "NODE-FS-READ-ONLY", True, "RESTART_BM"),
+    ),
+    Family(
+        "hung task",
+        ("INFO: task python3:48211 blocked for more than 122 seconds.",),
+        ("NODE", "", "NODE-HUNG-TASK", False, "NONE"),
+    ),
+    Family(
+        "soft lockup",
+        ("watchdog: BUG: soft lockup - CPU#17 stuck for 23s! [nv_queue:1422]",),
+        ("NODE", "", "NODE-SOFT-LOCKUP", False, "NONE"),
     ),
 )  # fmt: skip
 # What user space writes to look like the kernel: never a fault (entities 0000:aa:00, 0000:ab:00).
@@ -315,6 +449,47 @@ def dmesg(stamp: Callable[[float], str]) -> Callable[[list[Event], str], bytes]:
     return write
 
 
+_LEVELS = ("emerg", "alert", "crit", "err", "warn", "notice", "info", "debug")
+
+
+def _decode(ts: float, e: Event) -> str:
+    """`dmesg --decode`: facility and level names, each padded (util-linux prints `%-6s:%-6s: `)."""
+    return f"{'kern' if e.app == 'kernel' else 'user':<6}:{_LEVELS[3 if e.app == 'kernel' else 5]:<6}: "
+
+
+def dmesg_with_origin(
+    prefix: Callable[[float, Event], str], stamp: Callable[[float], str]
+) -> Callable[[list[Event], str], bytes]:
+    """dmesg forms that print each record's facility (`--decode`, `-r`): user-space records appear too
+    (what `logger` wrote to /dev/kmsg, facility user), and only kern is the kernel's. Continuation lines
+    are indented under the first line's text."""
+
+    def write(evs: list[Event], host: str) -> bytes:
+        out = []
+        for e in evs:
+            head = prefix(e.ts, e) + stamp(e.ts)
+            out.append(head + e.lines[0])
+            out.extend(" " * len(head) + line for line in e.lines[1:])
+        return ("\n".join(out) + "\n").encode()
+
+    return write
+
+
+def _raw(ts: float, e: Event) -> str:
+    """`dmesg -r`: the record's priority, facility * 8 + level (kern 0, user 1)."""
+    return "<3>" if e.app == "kernel" else "<13>"
+
+
+def _caller(ts: float) -> str:
+    """The kernel's console form with a printk caller id (CONFIG_PRINTK_CALLER): `[ 1.5][  T896] `."""
+    return f"[{ts - BOOT:12.6f}][{'T' + str(896 + int(ts) % 7):>6}] "
+
+
+def _iso_dmesg(ts: float) -> str:
+    d = datetime.fromtimestamp(ts, tz=UTC)
+    return f"{d:%Y-%m-%dT%H:%M:%S},{d.microsecond:06d}+00:00 "
+
+
 def write_kmsg(evs: list[Event], host: str) -> bytes:
     """/dev/kmsg records `prio,seq,usec,flags;text`: a record's newlines are escaped as \\x0a, the
     priority carries the facility (kern 0; what user space writes to /dev/kmsg has user, 1)."""
@@ -337,6 +512,11 @@ WRITERS = (
     Writer("dmesg", "dmesg", dmesg(_uptime), origin=False),
     Writer("dmesg-T", "dmesg", dmesg(_dmesg_t), origin=False),
     Writer("kmsg", "kmsg", write_kmsg),
+    Writer("dmesg-decode", "dmesg", dmesg_with_origin(_decode, _uptime)),
+    Writer("dmesg-decode-T", "dmesg", dmesg_with_origin(_decode, _dmesg_t)),
+    Writer("dmesg-raw", "dmesg", dmesg_with_origin(_raw, _uptime)),
+    Writer("dmesg-iso", "dmesg", dmesg(_iso_dmesg), origin=False),
+    Writer("dmesg-caller", "dmesg", dmesg(_caller), origin=False),
 )  # fmt: skip
 
 

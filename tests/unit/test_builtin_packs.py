@@ -99,15 +99,39 @@ def test_xid_classification(builtin: CompiledPacks, line: str, fatal: bool, acti
         ("nvidia-nvswitch1: SXid (PCI:0000:07:00.0): 22003, minion halted", "SXID-22003",
          ("NVSWITCH", "0000:07:00"), True),
         ("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "GPU-FELL-OFF-BUS", ("GPU", "0000:3b:00"), True),
-        ("mlx5_core 0000:5e:00.0 ens5np0: Link down", "NIC-LINK-DOWN", ("NIC", "ens5np0"), False),
-        ("nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
-         "PCIE-AER-FATAL", ("GPU", "0000:3b:00"), True),
+        ("mlx5_core 0000:5e:00.0 ens5np0: Link down", "NIC-LINK-DOWN", ("NIC", "0000:5e:00.0"), False),
+        ("mlx5_core 0000:5e:00.0 mlx5_0: Port: 1 Link DOWN", "NIC-LINK-DOWN", ("NIC", "0000:5e:00.0"), False),
+        ("mlx5_core 0000:5e:00.0 ens5np0: NETDEV WATCHDOG: CPU: 3: transmit queue 5 timed out 5120 ms",
+         "NIC-TX-TIMEOUT", ("NIC", "0000:5e:00.0"), False),
+        ("mce: [Hardware Error]: CPU 12: Machine Check Exception: 5 Bank 4: b200000000070005", "NODE-MCE-FATAL",
+         ("NODE", ""), True),
     ],
 )  # fmt: skip
 def test_other_pack_lines(
     builtin: CompiledPacks, line: str, code: str, entity: tuple[str, str], fatal: bool
 ) -> None:
     (hit,) = builtin.match("syslog", line)
+    assert (hit.code, (hit.entity_type, hit.entity_id), hit.fatal) == (code, entity, fatal)
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "entity", "fatal"),
+    [
+        ("nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)",
+         "PCIE-AER-FATAL", ("GPU", "0000:3b:00"), True),
+        ("pci 0000:3b:00.0: PCIe Bus Error: severity=Uncorrectable (Fatal), type=Transaction Layer, (Receiver ID)"
+         " device [10de:2330] error status/mask=00040000/00000000 [18] MalfTLP (First)",
+         "PCIE-AER-FATAL", ("GPU", "0000:3b:00"), True),
+        ("mlx5_core 0000:5e:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer,"
+         " (Requester ID)", "PCIE-AER-NON-FATAL", ("NIC", "0000:5e:00.0"), False),
+    ],
+)  # fmt: skip
+def test_aer_records(
+    builtin: CompiledPacks, line: str, code: str, entity: tuple[str, str], fatal: bool
+) -> None:
+    """AER reports are records (the register dump's lines joined to the first): one conclusion each."""
+    assert builtin.match("syslog", line) == ()
+    (hit,) = builtin.match("syslog", line, records=True)
     assert (hit.code, (hit.entity_type, hit.entity_id), hit.fatal) == (code, entity, fatal)
 
 

@@ -35,7 +35,7 @@ def test_xid74_is_decoded_not_blindly_reset_and_fatal_sxids_reboot() -> None:
     assert packs.tables["xid74_registers"]["hardware"].action.value == "CONTACT_SUPPORT"  # type: ignore[union-attr]
     fatal = [(k, r) for k, r in packs.tables["sxid"].items() if r.fatal]
     assert fatal and all(r.action is not None and r.action.value == "RESTART_BM" for _, r in fatal)
-    assert packs.tables["sxid_severity"]["Fatal"].action.value == "RESTART_BM"  # type: ignore[union-attr]
+    assert packs.tables["sxid_severity"]["fatal"].action.value == "RESTART_BM"  # type: ignore[union-attr]
 
 
 def test_only_user_space_patterns_trust_user_space_lines() -> None:

@@ -37,6 +37,24 @@ T = calendar.timegm((2026, 12, 1, 10, 0, 0, 0, 0, 0))
         ("dmesg", "[Tue Dec  1 10:00:00 2026] NVRM: x", T, None, "NVRM: x", None),
         ("dmesg", "2026-12-01T10:00:00,500000+00:00 NVRM: x", T + 0.5, None, "NVRM: x", None),
         ("kmsg", "6,1234,100500000,-;NVRM: x", 1_000_100.5, None, "NVRM: x", 1_000_000.0),
+        ("kmsg", "6,1234,100500000,-,caller=T896;NVRM: x", 1_000_100.5, None, "NVRM: x", 1_000_000.0),
+        # dmesg --decode, -r, printk caller ids, each with every stamp dmesg prints
+        ("dmesg", "kern  :warn  : [  100.500000] NVRM: x", 1_000_100.5, None, "NVRM: x", 1_000_000.0),
+        ("dmesg", "kern  :err   : [Tue Dec  1 10:00:00 2026] NVRM: x", T, None, "NVRM: x", None),
+        ("dmesg", "kern  :info  : 2026-12-01T10:00:00,500000+00:00 NVRM: x", T + 0.5, None, "NVRM: x", None),
+        ("dmesg", "<4>[  100.500000] NVRM: x", 1_000_100.5, None, "NVRM: x", 1_000_000.0),
+        ("dmesg", "[  100.500000][  T896] NVRM: x", 1_000_100.5, None, "NVRM: x", 1_000_000.0),
+        ("dmesg", "[  100.500000] [    C3] NVRM: x", 1_000_100.5, None, "NVRM: x", 1_000_000.0),
+        ("dmesg", "<3>[  100.500000][ T1234] NVRM: x", 1_000_100.5, None, "NVRM: x", 1_000_000.0),
+        ("dmesg", "kern  :err   : [Tue Dec  1 10:00:00 2026] [  T896] NVRM: x", T, None, "NVRM: x", None),
+        (
+            "rfc3164",
+            "Dec  1 10:00:00 gpu-1 kernel: [ 100.5][  T896] NVRM: x",
+            T,
+            "gpu-1",
+            "NVRM: x",
+            T - 100.5,
+        ),
     ],
 )
 def test_line_parsers(
@@ -47,6 +65,28 @@ def test_line_parsers(
     assert parsed.ts == pytest.approx(ts)
     assert (parsed.host, parsed.message) == (host, message)
     assert parsed.boot == (pytest.approx(boot) if boot is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("line", "kernel"),
+    [
+        ("kern  :err   : [  100.500000] NVRM: x", True),
+        ("user  :notice: [  100.500000] NVRM: x", False),
+        ("daemon:info  : [  100.500000] NVRM: x", False),
+        ("<3>[  100.500000] NVRM: x", True),
+        ("<14>[  100.500000] NVRM: x", False),
+        ("[  100.500000] NVRM: x", True),
+    ],
+)
+def test_dmesg_decode_and_raw_name_the_writer(line: str, kernel: bool) -> None:
+    """`dmesg --decode` and `dmesg -r` print each record's facility: only kern is the kernel's."""
+    parsed = formats.parse_dmesg(line, CTX)
+    assert parsed is not None
+    assert (parsed.kernel, parsed.message) == (kernel, "NVRM: x")
+
+
+def test_last_uptime_reads_decoded_and_raw_dmesg() -> None:
+    assert formats.last_uptime(["kern  :warn  : [ 1108.858286] a", "<3>[ 2000.500000][  T1] b"]) == 2000.5
 
 
 def test_journal_json_line() -> None:
@@ -76,6 +116,9 @@ def test_journal_json_line() -> None:
         ("json", '{"MESSAGE": "no timestamp"}'),
         ("json", "{not json"),
         ("dmesg", "[abc] x"),
+        ("dmesg", "kern  :warn  : no stamp"),
+        ("dmesg", "<4>no stamp"),
+        ("dmesg", "<abc>[  1.0] x"),
         ("kmsg", "6,x,100;msg"),
     ],
 )
@@ -92,6 +135,10 @@ def test_lines_not_in_the_format(fmt: str, line: str) -> None:
         (['{"__REALTIME_TIMESTAMP": "1", "MESSAGE": "x"}'], "json"),
         (["__CURSOR=s=1", "__REALTIME_TIMESTAMP=1", "MESSAGE=x"], "export"),
         (["[    1.000000] Linux version 6.8"], "dmesg"),
+        (["kern  :notice: [    1.000000] Linux version 6.8"], "dmesg"),
+        (["kern  :notice: [Tue Dec  1 10:00:00 2026] Linux version 6.8"], "dmesg"),
+        (["<5>[    1.000000] Linux version 6.8"], "dmesg"),
+        (["[    1.000000][    T0] Linux version 6.8"], "dmesg"),
         (["6,1,1000,-;Linux version 6.8"], "kmsg"),
         (["", "hello world", "nothing here"], None),
         ([], None),
