@@ -69,6 +69,11 @@ class Hit:
     component: str
     description: str
     escalate: tuple[int, float, bool, str] | None = None
+    amount: int = 1  # what the match counts for in a threshold with `amount` (a rate rule)
+
+
+# a rate rule's amount per match is capped: a counter reset or a corrupt read is not a flood
+MAX_AMOUNT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -153,8 +158,10 @@ class CompiledPattern:
             else None
         )
         self.entity_id = self._template(p.entity.id, groups, loaded, "entity.id") if p.entity else None
-        fallbacks = p.entity.fallback if p.entity else []
-        self.entity_fallback = tuple(self._template(t, groups, loaded, "entity.fallback") for t in fallbacks)
+        self.entity_fallback = tuple(
+            self._template(t, groups, loaded, "entity.fallback")
+            for t in (p.entity.fallback if p.entity else [])
+        )
         self.message = self._template(p.message, groups, loaded, "message") if p.message else None
         self.steps: list[_Step] = []
         self.tables_used = [s.table for s in p.classify if isinstance(s, TableStep)]
@@ -186,7 +193,13 @@ class CompiledPattern:
             else None
         )
         self.rules = Rules(p.boot_grace, p.threshold, p.flapping, p.then, clears, p.suppressed_by)
+        self.amount = self._amount(p, groups, loaded)
         self.escalate = p.escalate
+
+    def _amount(self, p: Pattern, groups: set[str], loaded: LoadedPattern) -> Template | None:
+        if p.threshold is None or p.threshold.amount is None:
+            return None
+        return self._template(p.threshold.amount, groups, loaded, "threshold.amount")
 
     def _template(self, source: str, groups: set[str], loaded: LoadedPattern, what: str) -> Template:
         try:
@@ -242,6 +255,10 @@ class CompiledPattern:
         entity_type = self.entity_type
         if self.entity_type_t is not None:
             entity_type = self.entity_type_t.render(groups) or "NODE"
+        amount = 1
+        if self.amount is not None:
+            text = self.amount.render(groups)
+            amount = min(int(text), MAX_AMOUNT) if text and text.isascii() and text.isdigit() else 1
         return Hit(
             self.index,
             self.kind,
@@ -253,6 +270,7 @@ class CompiledPattern:
             component,
             description,
             esc,
+            max(amount, 1),
         )
 
 

@@ -134,13 +134,16 @@ class NodeDetector:
         if fault is None and rules.threshold is not None:
             times = self.pending.setdefault(key, [])
             need = rules.threshold.count
+            for _ in range(min(hit.amount, need) - 1):  # a rate rule: the match counts its amount
+                _remember(times, ts, max(RECENT_CAP, need))
             at = _remember(times, ts, max(RECENT_CAP, need))
             start = _window(times, at, need, rules.threshold.within)
             if start < 0:
                 self.counters.below_threshold += 1
                 return
             del self.pending[key]
-            self.counters.below_threshold -= need - 1  # these now belong to the fault
+            # these now belong to the fault (a rate rule counted fewer matches than units)
+            self.counters.below_threshold = max(0, self.counters.below_threshold - (need - 1))
             window = times[start : start + need]
             window.remove(ts)  # the current hit is counted below, like any other
             fault = self._open(key, hit, window[0] if window else ts, message)

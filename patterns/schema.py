@@ -135,10 +135,16 @@ class Escalate(_Strict):
 
 
 class Threshold(_Strict):
-    """No fault until `count` matches within `within` on the same key; then one fault carrying them all."""
+    """No fault until `count` matches within `within` on the same key; then one fault carrying them all.
+    With `amount`, each match counts the number it carries (a rate rule: e.g. a counter's increase)."""
 
     count: int = Field(ge=2)
     within: Duration
+    amount: str | None = Field(
+        default=None,
+        description="template of a number in the match, e.g. '{n}': the window sums it instead of counting "
+        "matches (symbol errors +40 counts 40)",
+    )
 
 
 class Flapping(_Strict):

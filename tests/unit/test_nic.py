@@ -81,3 +81,76 @@ def test_flapping_in_sysfs_is_one_flapping_fault(tmp_path: Path, builtin: Compil
     )
     assert faults["NIC-LINK-DOWN"].count == 4 and faults["NIC-LINK-DOWN"].resolved_at is not None
     assert faults["NIC-IB-LINK-DOWNED"].fatal  # 4 link_downed increments in 4 minutes escalate
+
+
+def _set_counter(root: Path, dev: str, port: int, name: str, value: int) -> None:
+    (root / "class" / "infiniband" / dev / "ports" / str(port) / "counters" / name).write_text(f"{value}\n")
+
+
+def _poll_into(watcher: NicWatcher, detector: NodeDetector, builtin: CompiledPacks, t: float) -> None:
+    for message in watcher.poll():
+        for hit in builtin.match("nic", message):
+            detector.observe(t, hit, message)
+
+
+def test_counter_rate_rules_sum_the_increases_in_their_window(tmp_path: Path, builtin: CompiledPacks) -> None:
+    """symbol_error: 100 within 10 minutes on one port, summed over the polls' increases; the same total
+    spread over more than the window is no fault."""
+    ib_port(tmp_path, "mlx5_0", 1)
+    ib_port(tmp_path, "mlx5_1", 1)
+    watcher = NicWatcher(tmp_path)
+    detector = NodeDetector("gpu-node-01", builtin)
+    t = 10_000.0
+    watcher.poll()
+    fast, slow = 0, 0
+    for step in range(1, 13):  # one poll a minute
+        t += 60
+        fast += 30 if step <= 4 else 0  # 120 in 4 minutes on mlx5_0
+        slow += 30 if step % 6 == 0 else 0  # 30 every 6 minutes on mlx5_1: 60 in any 10 minutes
+        _set_counter(tmp_path, "mlx5_0", 1, "symbol_error", fast)
+        _set_counter(tmp_path, "mlx5_1", 1, "symbol_error", slow)
+        _poll_into(watcher, detector, builtin, t)
+    faults = {(f.entity.id, f.code): f for f in detector.snapshot_faults()}
+    assert set(faults) == {("mlx5_0/1", "NIC-IB-SYMBOL_ERROR")}
+    fault = faults[("mlx5_0/1", "NIC-IB-SYMBOL_ERROR")]
+    assert (fault.fatal, fault.action.value) == (False, "CONTACT_SUPPORT")
+    # the fourth poll (+30, 120 in all) crossed 100; polls after it count on the open fault
+    assert fault.first_seen.timestamp() == 10_060.0
+
+
+def test_a_rate_rule_threshold_is_tunable_in_a_pack(tmp_path: Path) -> None:
+    """A site pack overrides the built-in rule by id: 10 symbol errors within 10 minutes."""
+    from patterns import compiler, loader  # noqa: PLC0415
+
+    site = tmp_path / "packs"
+    site.mkdir()
+    (site / "site.yaml").write_text(
+        """pack: site
+version: 1
+description: stricter symbol error rate
+patterns:
+  - id: nic-ib-symbol-errors
+    description: InfiniBand symbol errors, 10 within 10 minutes
+    sources: [nic]
+    regex: "^nic (?P<port>[A-Za-z0-9_./-]+): counter symbol_error \\\\+(?P<n>\\\\d+)$"
+    code: NIC-IB-SYMBOL_ERROR
+    component: NIC
+    entity: {type: NIC, id: "{port}"}
+    classify:
+      - set: {fatal: false, action: CONTACT_SUPPORT}
+    threshold: {count: 10, within: 10m, amount: "{n}"}
+    examples:
+      match: ["nic mlx5_0/1: counter symbol_error +3"]
+      no_match: ["nic mlx5_0/1: counter port_rcv_errors +3"]
+"""
+    )
+    packs = compiler.compile_packs(loader.load([site]))
+    sysfs = tmp_path / "sys"
+    ib_port(sysfs, "mlx5_0", 1)
+    watcher = NicWatcher(sysfs)
+    detector = NodeDetector("gpu-node-01", packs)
+    watcher.poll()
+    _set_counter(sysfs, "mlx5_0", 1, "symbol_error", 12)
+    _poll_into(watcher, detector, packs, 10_060.0)
+    (fault,) = detector.snapshot_faults()
+    assert (fault.code, fault.entity.id) == ("NIC-IB-SYMBOL_ERROR", "mlx5_0/1")
