@@ -65,9 +65,9 @@ def test_dcgm_fields_through_the_pack(bindings: dict[str, Any]) -> None:
     s, state = bindings["dcgm_structs"], bindings["dcgm_agent"].STATE
     previous: dict[int, dict[str, int]] = {}
     steps = [
-        [incident(bindings, "MEM", s.DCGM_HEALTH_RESULT_FAIL, 5, 0),
-         incident(bindings, "NVSWITCH_FATAL", s.DCGM_HEALTH_RESULT_FAIL, 52, 0, group=3)],
-        [incident(bindings, "NVSWITCH_FATAL", s.DCGM_HEALTH_RESULT_FAIL, 52, 0, group=3)],
+        [incident(bindings, "MEM", s.DCGM_HEALTH_RESULT_FAIL, 4, 0),
+         incident(bindings, "NVSWITCH_FATAL", s.DCGM_HEALTH_RESULT_FAIL, 15, 0, group=3)],
+        [incident(bindings, "NVSWITCH_FATAL", s.DCGM_HEALTH_RESULT_FAIL, 15, 0, group=3)],
     ]  # fmt: skip
     for ts, incidents in enumerate(steps, start=1):
         state["incidents"] = incidents
@@ -81,8 +81,8 @@ def test_dcgm_fields_through_the_pack(bindings: dict[str, Any]) -> None:
     got = {(f.entity.type, f.entity.id, f.code, f.fatal, f.action.value, f.state.value)
            for f in detector.snapshot_faults()}  # fmt: skip
     assert got == {
-        ("GPU", "0000:18:00", "DCGM-MEM-5", True, "COMPONENT_RESET", "resolved"),
-        ("NVSWITCH", "0", "DCGM-NVSWITCH-FATAL-52", True, "RESTART_BM", "open"),
+        ("GPU", "0000:18:00", "DCGM-MEM-4", True, "COMPONENT_RESET", "resolved"),
+        ("NVSWITCH", "0", "DCGM-NVSWITCH-FATAL-15", True, "RESTART_BM", "open"),
     }
 
 
