@@ -22,8 +22,8 @@ ACTION_OF_BUCKET = {
 
 
 def _buckets() -> dict[str, str]:
-    rows = [line.split("\t") for line in BUCKETS.read_text().splitlines() if line and not line.startswith("#")]
-    return {xid: bucket for xid, bucket in rows}
+    lines = [line for line in BUCKETS.read_text().splitlines() if line and not line.startswith("#")]
+    return dict(tuple(line.split("\t")) for line in lines)
 
 
 def test_every_catalogued_xid_has_a_bucket_row_and_a_pack_row() -> None:
@@ -52,5 +52,5 @@ def test_workflow_buckets_are_decided_by_the_line_and_say_what_to_do() -> None:
     others = {x: b for x, b in _buckets().items() if b not in ACTION_OF_BUCKET}
     assert "154" in others and others["154"] == "XID_154"  # decided by the recovery action in the line
     assert {x for x, b in others.items() if b == "WORKFLOW_NVLINK5_ERR"} == {str(x) for x in range(144, 151)}
-    for xid in others:
-        assert table[xid].recommendation, f"XID {xid} ({others[xid]}) has no recommendation"
+    for xid, bucket in others.items():
+        assert table[xid].recommendation, f"XID {xid} ({bucket}) has no recommendation"
