@@ -17,7 +17,10 @@ ACTION_OF_BUCKET = {
     "RESTART_VM": ("RESTART_VM", True),
     "RESTART_APP": ("RESTART_APP", False),
     "IGNORE": ("NONE", False),
-    "CONTACT_SUPPORT": ("CONTACT_SUPPORT", None),  # unused or unknown codes: not fatal unless the row says why
+    "CONTACT_SUPPORT": (
+        "CONTACT_SUPPORT",
+        None,
+    ),  # unused or unknown codes: not fatal unless the row says why
 }
 
 
