@@ -268,6 +268,66 @@ FAMILIES = (
         ("NODE", "", "NODE-HUNG-TASK", False, "NONE"),
     ),
     Family(
+        "EFA admin timeout before the device is renamed (efa_0)",
+        ("efa_0: The device didn't send any completion for admin cmd GET_FEATURE(11) status 0 (id: 0, sq producer: 1, sq consumer: 0, cq consumer: 0)",),
+        ("NIC", "efa_0", "NIC-EFA-ADMIN-QUEUE", True, "RESTART_VM"),
+    ),
+    Family(
+        "EFA probe failed",
+        ("efa 0000:00:07.0: EFA device init failed",),
+        ("NIC", "0000:00:07.0", "NIC-EFA-INIT-FAILED", True, "RESTART_VM"),
+    ),
+    Family(
+        "EFA admin command failed",
+        ("efa 0000:00:08.0 rdmap0s8: Failed to process command REG_MR (opcode 9) err -12",),
+        ("NIC", "0000:00:08.0", "NIC-EFA-CMD-FAILED", False, "NONE"),
+    ),
+    Family(
+        "ENA keep-alive timeout",
+        ("ena 0000:00:06.0 eth1: Keep alive watchdog timeout.",),
+        ("NIC", "0000:00:06.0", "NIC-ENA-KEEP-ALIVE", False, "NONE"),
+    ),
+    Family(
+        "mlx5 unrecoverable error without a PCI address",
+        ("print_health_info:458:(pid 0): synd 0x8: unrecoverable hardware error",),
+        ("NIC", "mlx5", "NIC-FW-FATAL", True, "RESTART_BM"),
+    ),
+    Family(
+        "mlx5 port module event without the device prefix",
+        ("mlx5_port_module_event:1131:(pid 0): Port module event[error]: module 2, Cable error, High Temperature",),
+        ("NIC", "module 2", "NIC-MODULE-ERROR", False, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "mlx5 insufficient PCIe power, no wattage",
+        ("mlx5_core 0000:5d:00.0: mlx5_pcie_event:287:(pid 11): Detected insufficient power on the PCIe slot.",),
+        ("NIC", "0000:5d:00.0", "NIC-PCI-POWER-INSUFFICIENT", False, "CONTACT_SUPPORT"),
+    ),
+    Family(
+        "PCIe AER, device inaccessible",
+        ("nvidia 0000:c3:00.0: AER: PCIe Bus Error: severity=Uncorrectable (Fatal), type=Inaccessible, (Unregistered Agent ID)",),
+        ("GPU", "0000:c3:00", "PCIE-AER-FATAL", True, "RESTART_BM"),
+    ),
+    Family(
+        "SXid Nonfatal",
+        ("nvidia-nvswitch3: SXid (PCI:0000:c4:00.0): 12028, Nonfatal, Link 46 egress non-posted PRIV error",),
+        ("NVSWITCH", "0000:c4:00", "SXID-12028", False, "NONE"),
+    ),
+    Family(
+        "NVMe command timeout, 6.x wording",
+        ("nvme nvme3: I/O tag 28 (401c) opcode 0x2 (Read) QID 5 timeout, aborting req_op:READ(0) size:131072",),
+        ("DISK", "nvme3", "NODE-NVME-TIMEOUT", False, "NONE"),
+    ),
+    Family(
+        "XFS shut down",
+        ("XFS (nvme4n1): Filesystem has been shut down due to log error (0x2).",),
+        ("FILESYSTEM", "nvme4n1", "NODE-FS-READ-ONLY", True, "RESTART_BM"),
+    ),
+    Family(
+        "hard lockup, 7.x prefix",
+        ("watchdog: CPU3: Watchdog detected hard LOCKUP on cpu 5",),
+        ("NODE", "", "NODE-LOCKUP", True, "RESTART_BM"),
+    ),
+    Family(
         "soft lockup",
         ("watchdog: BUG: soft lockup - CPU#17 stuck for 23s! [nv_queue:1422]",),
         ("NODE", "", "NODE-SOFT-LOCKUP", False, "NONE"),
