@@ -357,7 +357,7 @@ def _dmesg_origin(line: str) -> tuple[str, bool] | None:
         if m is None:
             return None
         return line[m.end() :], int(m.group(1)) >> 3 == 0
-    if line[:1] in "kumdalnucfr":
+    if line[:1] in "kumdalnucfrs":
         m = _DECODE.match(line)
         if m:
             return line[m.end() :], m.group(1) == "kern"

@@ -73,6 +73,8 @@ def test_line_parsers(
         ("kern  :err   : [  100.500000] NVRM: x", True),
         ("user  :notice: [  100.500000] NVRM: x", False),
         ("daemon:info  : [  100.500000] NVRM: x", False),
+        ("syslog:info  : [  100.500000] NVRM: x", False),
+        ("local7:err   : [  100.500000] NVRM: x", False),
         ("<3>[  100.500000] NVRM: x", True),
         ("<14>[  100.500000] NVRM: x", False),
         ("[  100.500000] NVRM: x", True),
