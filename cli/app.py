@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -158,6 +159,9 @@ def replay(
         _error("no readable input files")
         raise typer.Exit(1)
     show_progress = sys.stdout.isatty() if progress is None else progress
+    # the compiled packs and their tables live for the whole run: out of the cyclic collector's scans
+    gc.collect()
+    gc.freeze()
     with _progress(inputs.files, enabled=show_progress) as advance:
         result = replay_flow.run(
             inputs.groups(),
