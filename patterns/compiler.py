@@ -72,10 +72,6 @@ class Hit:
     amount: int = 1  # what the match counts for in a threshold with `amount` (a rate rule)
 
 
-# a rate rule's amount per match is capped: a counter reset or a corrupt read is not a flood
-MAX_AMOUNT = 1_000_000
-
-
 @dataclass(frozen=True)
 class CompiledClears:
     codes: tuple[str, ...]
@@ -257,8 +253,11 @@ class CompiledPattern:
             entity_type = self.entity_type_t.render(groups) or "NODE"
         amount = 1
         if self.amount is not None:
+            # a line is untrusted text: at most 12 ASCII digits (int() refuses over 4300 digits, and the
+            # detector counts no more than its threshold anyway)
             text = self.amount.render(groups)
-            amount = min(int(text), MAX_AMOUNT) if text and text.isascii() and text.isdigit() else 1
+            if text and len(text) <= 12 and text.isascii() and text.isdigit():
+                amount = int(text)
         return Hit(
             self.index,
             self.kind,

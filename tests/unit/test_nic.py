@@ -154,3 +154,12 @@ patterns:
     _poll_into(watcher, detector, packs, 10_060.0)
     (fault,) = detector.snapshot_faults()
     assert (fault.code, fault.entity.id) == ("NIC-IB-SYMBOL_ERROR", "mlx5_0/1")
+
+
+def test_a_rate_rules_amount_is_bounded(builtin: CompiledPacks) -> None:
+    """An amount is untrusted text: a number too long to be a counter's increase counts as one match
+    (and never raises: int() refuses strings over 4300 digits)."""
+    (hit,) = builtin.match("nic", "nic mlx5_0/1: counter symbol_error +" + "9" * 5000)
+    assert (hit.code, hit.amount) == ("NIC-IB-SYMBOL_ERROR", 1)
+    (hit,) = builtin.match("nic", "nic mlx5_0/1: counter symbol_error +40")
+    assert hit.amount == 40
