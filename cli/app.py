@@ -220,10 +220,11 @@ def _progress(infos: list[FileInfo], *, enabled: bool) -> Iterator[Callable[[int
 
 
 def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> None:
-    from patterns import examples  # noqa: PLC0415
+    from patterns import compiler, examples  # noqa: PLC0415
 
     try:
         compiled = _compile(dirs, builtin=builtin, check_examples=False)
+        compiler.verify_builtin(compiled)
     except PackError as exc:
         err.print(f"FAIL {exc}", markup=False)
         raise typer.Exit(1) from exc

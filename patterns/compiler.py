@@ -18,6 +18,7 @@ run only on assembled records (`match_line(..., records=True)`); the others only
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re as stdre
 import warnings
 from collections.abc import Iterable, Iterator
@@ -125,17 +126,17 @@ class CompiledPattern:
                 "copies (the regex module compiles each copy); use * or + or smaller counts",
                 p.id,
             )
-        try:
-            self.regex = regex.compile(p.regex, flags | regex.VERSION0)
-        except regex.error as exc:
-            raise PackError(loaded.file, f"invalid regex: {exc}", p.id) from exc
+        self.builtin = loaded.builtin
+        self._flags = flags | regex.VERSION0
+        parsed = _stdlib_parse(p.regex, flags)
+        groups = self._groups(loaded, parsed)
         re2_source = f"(?i){p.regex}" if p.ignore_case else p.regex
         try:
             re2.compile(re2_source, _RE2_OPTIONS)
             self.re2_source: str | None = re2_source
         except re2.error:
             self.re2_source = None
-        self.literals = tuple(p.prefilter) if p.prefilter else _derive_literals(p.regex, flags)
+        self.literals = tuple(p.prefilter) if p.prefilter else _literals(parsed)
         # inline (?i) or (?i:...) makes the regex match other cases: so must its literals
         self.literal_ignore_case = p.ignore_case or _has_inline_ignore_case(p.regex)
         if not self.literals:
@@ -145,7 +146,6 @@ class CompiledPattern:
                 "add `prefilter: [...]`",
                 p.id,
             )
-        groups = set(self.regex.groupindex)
         self.code = self._template(p.code or p.id, groups, loaded, "code")
         self.entity_type = p.entity.type if p.entity else "NODE"
         self.entity_type_t = (
@@ -191,6 +191,23 @@ class CompiledPattern:
         self.rules = Rules(p.boot_grace, p.threshold, p.flapping, p.then, clears, p.suppressed_by)
         self.amount = self._amount(p, groups, loaded)
         self.escalate = p.escalate
+
+    def _groups(self, loaded: LoadedPattern, parsed: Any) -> set[str]:
+        """The regex's group names. A built-in regex is proven by the test suite: it is compiled (by the
+        slow pure-Python parser of `regex`) when a candidate line first needs it, so start-up pays only
+        for the ones a log meets; any other is compiled now, so a bad one fails the load."""
+        if self.builtin and parsed is not None:
+            return set(parsed.state.groupdict)
+        try:
+            self.regex = regex.compile(loaded.pattern.regex, self._flags)
+        except regex.error as exc:
+            raise PackError(loaded.file, f"invalid regex: {exc}", loaded.pattern.id) from exc
+        return set(self.regex.groupindex)
+
+    @functools.cached_property
+    def regex(self) -> regex.Pattern[str]:
+        """The pattern's own regex (set in `__init__` unless built-in; then compiled on first use)."""
+        return regex.compile(self.spec.regex, self._flags)
 
     def _amount(self, p: Pattern, groups: set[str], loaded: LoadedPattern) -> Template | None:
         if p.threshold is None or p.threshold.amount is None:
@@ -282,13 +299,21 @@ def _has_inline_ignore_case(source: str) -> bool:
     return _INLINE_FLAGS.search(source) is not None
 
 
-def _derive_literals(source: str, flags: int) -> tuple[str, ...]:
-    """The longest run of fixed characters that every match must contain, if the stdlib can parse it."""
+def _stdlib_parse(source: str, flags: int) -> Any:
+    """The stdlib's parse of the regex (its group names and literal runs), or None for `regex`-only
+    syntax."""
     try:
         with warnings.catch_warnings():  # "possible nested set" (`[[`): the stdlib's future reading, not ours
             warnings.simplefilter("ignore", FutureWarning)
-            parsed = stdre._parser.parse(source, flags & stdre.IGNORECASE)  # type: ignore[attr-defined, unused-ignore]
+            return stdre._parser.parse(source, flags & stdre.IGNORECASE)  # type: ignore[attr-defined, unused-ignore]
     except Exception:  # noqa: BLE001 - `regex`-only syntax: the pack must declare `prefilter`
+        return None
+
+
+def _literals(parsed: Any) -> tuple[str, ...]:
+    """The longest run of fixed characters that every match must contain, if the stdlib could parse the
+    regex."""
+    if parsed is None:
         return ()
     best = ""
     run: list[str] = []
@@ -322,12 +347,7 @@ class CompiledPacks:
         if not self.patterns:
             raise PackError(", ".join(packs.files) or "(no packs)", "no patterns loaded")
         if check_backtracking:
-            for p in self.patterns:
-                bad = redos.catastrophic_probe(p.regex, _positive_lines(p.spec))
-                if bad is not None:
-                    raise PackError(
-                        p.file, f"regex backtracks catastrophically (timed out on probe {bad})", p.id
-                    )
+            self._probe(p for p in self.patterns if not p.builtin)
         self.horizons = _horizons(self.patterns, packs.tables)
         self.timeouts = 0
         self._cache: dict[tuple[str, str], tuple[Hit, ...]] = {}
@@ -384,6 +404,12 @@ class CompiledPacks:
                 return
             yield span
             pos = span[1] + 1
+
+    def _probe(self, patterns: Iterable[CompiledPattern]) -> None:
+        for p in patterns:
+            bad = redos.catastrophic_probe(p.regex, _positive_lines(p.spec))
+            if bad is not None:
+                raise PackError(p.file, f"regex backtracks catastrophically (timed out on probe {bad})", p.id)
 
     def prefilter(self, message: str) -> bool:
         return self.scanner.search(message.encode("utf-8", "replace")) is not None
@@ -456,6 +482,23 @@ def _horizons(patterns: list[CompiledPattern], tables: dict[str, dict[str, Class
     return out
 
 
+def verify_builtin(compiled: CompiledPacks) -> None:
+    """What loading takes on trust for the built-in patterns, checked: each regex compiles with `regex`,
+    names the groups the stdlib's parse gave the templates, and does not backtrack catastrophically
+    (`faultline patterns lint` and `test`, and the test suite)."""
+    for p in compiled.patterns:
+        if not p.builtin:
+            continue
+        try:
+            groups = set(p.regex.groupindex)
+        except regex.error as exc:
+            raise PackError(p.file, f"invalid regex: {exc}", p.id) from exc
+        parsed = _stdlib_parse(p.spec.regex, p._flags & regex.IGNORECASE)
+        if parsed is None or set(parsed.state.groupdict) != groups:
+            raise PackError(p.file, "the stdlib and `regex` read the regex's groups differently", p.id)
+    compiled._probe(p for p in compiled.patterns if p.builtin)
+
+
 def _byte_literal(literal: str) -> bytes:
     """A literal as a Latin-1 RE2 pattern matching its UTF-8 bytes one by one."""
     return b"".join(b"\\x%02x" % b if not chr(b).isalnum() else bytes([b]) for b in literal.encode("utf-8"))
@@ -466,12 +509,13 @@ def _positive_lines(p: Pattern) -> list[str]:
 
 
 def compile_packs(packs: PackSet, *, check_examples: bool = True) -> CompiledPacks:
-    """Compile and, by default, insist that every pattern's examples behave (the first failure raises)."""
+    """Compile and, by default, insist that every user pattern's examples behave (the first failure
+    raises). The built-in patterns' examples are run by the test suite and by `faultline patterns test`."""
     compiled = CompiledPacks(packs)
     if check_examples:
         from patterns import examples  # noqa: PLC0415 - examples imports this module
 
-        failures = examples.run(compiled)
+        failures = examples.run(compiled, builtin=False)
         if failures:
             first = failures[0]
             raise PackError(first.file, first.reason, first.pattern_id)

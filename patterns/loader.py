@@ -25,6 +25,7 @@ class LoadedPattern:
     file: str
     pack: str
     overrides: str | None = None  # the file whose pattern of the same id this one replaced
+    builtin: bool = False  # shipped in patterns/packs (its regex and examples are proven by the test suite)
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,11 @@ def load(user_dirs: list[Path] | None = None, *, builtin: bool = True) -> PackSe
     dirs = ([BUILTIN_DIR] if builtin else []) + list(user_dirs or [])
     for directory in dirs:
         for path in pack_files(Path(directory)):
-            _merge(packs, read_pack(path), str(path))
+            _merge(packs, read_pack(path), str(path), builtin=directory == BUILTIN_DIR)
     return packs
 
 
-def _merge(packs: PackSet, pack: Pack, file: str) -> None:
+def _merge(packs: PackSet, pack: Pack, file: str, *, builtin: bool = False) -> None:
     packs.files.append(file)
     seen: set[str] = set()
     for pattern in pack.patterns:
@@ -124,7 +125,7 @@ def _merge(packs: PackSet, pack: Pack, file: str) -> None:
         seen.add(pattern.id)
         previous = packs.patterns.get(pattern.id)
         packs.patterns[pattern.id] = LoadedPattern(
-            pattern, file, pack.pack, overrides=previous.file if previous else None
+            pattern, file, pack.pack, overrides=previous.file if previous else None, builtin=builtin
         )
     for cp in pack.cluster_patterns:
         if cp.id in seen:

@@ -4,16 +4,70 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from faultline.errors import PackError
 from faultline.models import Action
-from patterns import examples, loader
+from patterns import compiler, examples, loader
 from patterns.compiler import CompiledPacks
 
 
 def test_every_builtin_example_passes(builtin: CompiledPacks) -> None:
     assert examples.run(builtin) == []
+
+
+def test_builtin_regexes_compile_as_loading_trusted_them(builtin: CompiledPacks) -> None:
+    """Loading compiles a built-in regex only when a line first needs it, taking its groups from the
+    stdlib's parse and skipping the backtracking probe: both checked here, for every built-in pattern."""
+    fresh = compiler.compile_packs(loader.load(), check_examples=False)
+    assert all(p.builtin for p in fresh.patterns)
+    assert not any(
+        "regex" in vars(p) for p in fresh.patterns if p.spec.prefilter is None
+    )  # none compiled yet
+    compiler.verify_builtin(fresh)
+    assert all("regex" in vars(p) for p in fresh.patterns)
+
+
+def test_user_patterns_and_overrides_are_compiled_and_checked_at_load(
+    write_pack: Callable[[str, str], Path],
+) -> None:
+    """Only the shipped patterns are taken on trust: a user pattern, also one overriding a built-in id,
+    is compiled at load and its examples run there."""
+    directory = write_pack(
+        "site.yaml",
+        """
+        pack: site
+        patterns:
+          - id: site-ecc
+            regex: 'site ecc on (?P<gpu>[0-9a-f:.]+)'
+            code: SITE-ECC
+            entity: {type: GPU, id: '{gpu}'}
+            description: site ECC report
+            examples: {match: ['site ecc on 0000:01:00.0'], no_match: ['site ecc off']}
+        """,
+    )
+    compiled = compiler.compile_packs(loader.load([directory]))
+    site = next(p for p in compiled.patterns if p.id == "site-ecc")
+    assert not site.builtin and "regex" in vars(site)
+    write_pack(
+        "override.yaml",
+        """
+        pack: override
+        patterns:
+          - id: xid
+            regex: 'NVRM: Xid \\(PCI:(?P<pci>[0-9a-f:.]+)\\): (?P<xid>\\d+)'
+            code: 'XID-{xid}'
+            entity: {type: GPU, id: '{pci}'}
+            description: narrower XID form
+            examples: {match: ['NVRM: Xid 79 is not this form'], no_match: ['NVRM: nothing']}
+        """,
+    )
+    with pytest.raises(PackError, match="does not catch example") as caught:
+        compiler.compile_packs(loader.load([directory]))
+    assert caught.value.file == str(directory / "override.yaml")
 
 
 def test_patterns_test_command_passes_on_the_builtin_packs() -> None:
