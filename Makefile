@@ -161,7 +161,7 @@ system-deps:
 # Every tool the suite uses, built before the tests (not inside a test's time limit): the control plane,
 # FerretDB and helm, the supply-chain tools (image tests) and the real node's runtime (real-node tests).
 test-tools:
-	bash tools/build.sh etcd ferretdb kubernetes helm crane syft cosign containerd runc pause
+	bash tools/build.sh etcd ferretdb kubernetes helm crane syft cosign containerd runc pause prometheus
 
 test: system-deps check test-tools
 	$(BIN)/pytest

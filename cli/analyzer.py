@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from prometheus_client import CollectorRegistry, Counter, Gauge
 from rich.console import Console
 from rich.table import Table
 
 from cli import analyzer_processes, options, settings
+from dataflows import analyzer_metrics
 from faultline import config, liveness
 from faultline.errors import ConfigError, FaultlineError
 
@@ -56,17 +56,6 @@ _callback.__doc__ = config.AnalyzerConfig.__doc__
 app.callback()(_callback)
 
 
-class Metrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.active = Gauge("faultline_analyzer_active", "1 while this replica holds the analyzer's lease",
-                            registry=self.registry)  # fmt: skip
-        self.derived = Counter("faultline_analyzer_derived_faults", "Derived fault writes that applied",
-                               ["pattern"], registry=self.registry)  # fmt: skip
-        self.lost = Counter("faultline_analyzer_feed_lost", "Feed documents pruned before the analyzer read "
-                            "them", registry=self.registry)  # fmt: skip
-
-
 def run(cfg: config.AnalyzerConfig) -> None:
     """Take the analyzer's lease (waiting while another replica holds it), then run the dataflow until a
     signal, or until the lease is lost (exit 1: the replica starts again as a standby)."""
@@ -80,7 +69,7 @@ def run(cfg: config.AnalyzerConfig) -> None:
         raise ConfigError("no cluster patterns loaded (scope: cluster in the packs)")
     _scores(cfg)  # river missing: said before the lease is taken
     owner = cfg.owner or common.default_owner("analyzer")
-    m = Metrics()
+    m = analyzer_metrics.Metrics()
     # liveness: the standby's wait, then the lease's renewal and the feed's reads; one silent past its
     # limit (a flow whose epochs stopped) fails /healthz
     alive = liveness.Liveness()
@@ -111,6 +100,7 @@ def run(cfg: config.AnalyzerConfig) -> None:
         alive.forget(STANDBY_LOOP)
         alive.loop(LEASE_LOOP, stall + cfg.lease.total_seconds() / 3)
         m.active.set(1)
+        m.watch_lag(st, stop)
         leader.keep(on_lost=lost)
         try:
             _active(cfg, packs, st, leader, stop, m, group, alive.loop(FEED_LOOP, stall + cfg.poll))
@@ -141,7 +131,7 @@ def _acquire(leader: Leadership, stop: threading.Event, beat: Callable[[], None]
 
 def _active(
     cfg: config.AnalyzerConfig, packs: ClusterPacks, st: Store, leader: Leadership, stop: threading.Event,
-    m: Metrics, group: analyzer_processes.ProcessGroup, beat: Callable[[], None],
+    m: analyzer_metrics.Metrics, group: analyzer_processes.ProcessGroup, beat: Callable[[], None],
 ) -> None:  # fmt: skip
     """What the replica holding the lease does: restore the checkpoints, run the flow (with its other
     processes), prune the feed. `beat`: at every read of the feed (the flow's liveness)."""

@@ -29,6 +29,7 @@ TOOLS = {
     "containerd": ("containerd", "containerd-shim-runc-v2", "ctr"),
     "runc": ("runc",),
     "pause": ("pause",),
+    "prometheus": ("prometheus", "promtool"),
 }
 
 

@@ -5,6 +5,8 @@ Labels stay bounded: codes and components, never nodes lines or ids (one agent i
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 import socket
 import threading
 import time
@@ -37,6 +39,26 @@ HEARTBEAT = Gauge("faultline_dataflow_heartbeat_timestamp_seconds", "Last time t
                   registry=REGISTRY)  # fmt: skip
 
 
+_BUILD_INFO: set[int] = set()  # the registries that have it
+
+
+def build_info(registry: CollectorRegistry) -> None:
+    """`faultline_build_info{version, python}` 1 on the registry (once): which release each pod runs."""
+    if id(registry) in _BUILD_INFO:
+        return
+    _BUILD_INFO.add(id(registry))
+    info = Gauge("faultline_build_info", "The faultline release and Python this component runs (always 1)",
+                 ["version", "python"], registry=registry)  # fmt: skip
+    info.labels(version=_version(), python=platform.python_version()).set(1)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("faultline")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree without an install
+        return "unknown"
+
+
 def beat() -> None:
     HEARTBEAT.set(time.time())
 
@@ -61,6 +83,7 @@ def serve(
     the pod IP is answered (bound to 127.0.0.1 it was refused and the pod restarted); an IPv6 address
     (e.g. "::", which also accepts IPv4 where the host allows) listens on IPv6."""
     check = health or (lambda: healthy(30.0))
+    build_info(registry)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -9,7 +9,7 @@
 # Each tool is stamped with a hash of its module files and the Go version; a current tool is skipped,
 # and the Go build cache makes a rebuild after a small change quick.
 #
-#   tools/build.sh [TOOL...]     # TOOL: kubernetes etcd helm ferretdb syft cosign crane containerd runc pause
+#   tools/build.sh [TOOL...]     # TOOL: kubernetes etcd helm ferretdb syft cosign crane containerd runc pause prometheus
 #                                # (default: the first four, what the tests and the demo need)
 set -euo pipefail
 shopt -s nullglob
@@ -30,6 +30,7 @@ cosign_version=v3.1.3
 crane_version=v0.22.1
 containerd_version=v2.4.2
 runc_version=v1.5.3
+prometheus_version=v0.316.0  # Prometheus 3.16.0 (its Go module numbers releases 0.<major><minor>.<patch>)
 
 stamp_of() {  # the hash of what a tool's build depends on
   local files=("$root/tools/$1"/go.mod "$root/tools/$1"/go.sum "$root/tools/$1"/*.go "$root/tools/build.sh")
@@ -52,7 +53,7 @@ build() {  # build TOOL "ldflags" output-names... -- packages...  (env: tags=...
   local started=$SECONDS
   local out="$bin/"  # several packages: each binary named after its directory
   [ ${#pkgs[@]} -eq 1 ] && out="$bin/${outputs[0]}"  # one: named as asked (etcd's main package is server/v3)
-  (cd "$root/tools/$tool" && go mod download && CGO_ENABLED=${cgo:-0} go build -trimpath \
+  (cd "$root/tools/$tool" && { [ "${download:-1}" = 0 ] || go mod download; } && CGO_ENABLED=${cgo:-0} go build -trimpath \
     -tags "${tags-selinux,notest,grpcnotrace}" -ldflags "-s -w $ldflags" -o "$out" "${pkgs[@]}")
   echo "$stamp" > "$stampfile"
   echo "tools: built $tool in $((SECONDS - started)) s"
@@ -101,10 +102,15 @@ for tool in "${tools[@]}"; do
       command -v gcc >/dev/null && pkg-config --exists libseccomp ||
         { echo "error: runc needs gcc and libseccomp-dev: make system-deps" >&2; exit 1; }
       cgo=1 tags=seccomp build runc "" runc -- github.com/opencontainers/runc ;;
+    prometheus)  # the alert rules' tests (promtool) and the scrape test; no service discovery but static
+      # (remove_all_sd), and only the modules the build needs are downloaded (the rest are cloud SDKs)
+      download=0 tags=remove_all_sd,netgo build prometheus \
+        "-X github.com/prometheus/common/version.Version=3.16.0" prometheus promtool -- \
+        github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool ;;
     pause)
       tags="" build pause "" pause -- . ;;  # tools/pause/main.go, static (no cgo)
     *) echo "error: unknown tool $tool (kubernetes, etcd, helm, ferretdb, syft, cosign, crane, containerd, runc," \
-         "pause)" >&2; exit 2 ;;
+         "pause, prometheus)" >&2; exit 2 ;;
   esac
 done
 echo "tools: ready in $bin (etcd $etcd_version, FerretDB $ferretdb_version, Kubernetes $k8s_version, helm $helm_version)"

@@ -88,6 +88,10 @@ class WorkerMetrics:
         self.queue = Gauge(f"faultline_{worker}_queue_depth", "Pending work items", registry=r)
         held_back = "Work held back by a limit: the breaker tripping, or a cap on repairs in flight reached"
         self.limited = Counter(f"faultline_{worker}_limit_reached", held_back, ["limit"], registry=r)
+        parked_now = "Work items parked now, waiting for a person (faultline status)"
+        self.parked_items = Gauge(f"faultline_{worker}_parked_items", parked_now, registry=r)
+        reachable = "1 when the last maintenance pass reached the store, else 0"
+        self.store_reachable = Gauge("faultline_store_reachable", reachable, registry=r)
         self.latency = Histogram(
             f"faultline_{worker}_action_latency_seconds", "Fault first seen -> action applied", registry=r,
             buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
@@ -146,6 +150,7 @@ class ClaimLoop:
         self, st: store.Store, stage: store.Stage, owner: str, handle: Callable[[store.Claim], Outcome], *,
         lease: dt.timedelta, threads: int, metrics: WorkerMetrics, collection: store.Work,
         order: tuple[str, ...] = ("first_seen",), resync: Callable[[], None] | None = None,
+        observe: Callable[[], None] | None = None,
         every: float = 5.0, max_attempts: int = 10,
         prefetch: Callable[[list[dict[str, Any]]], None] | None = None,
         refresh: float = CANDIDATES_MAX_AGE_S, api: kube.ApiClient | None = None,
@@ -162,6 +167,7 @@ class ClaimLoop:
         self.collection = collection
         self.order = order
         self.resync = resync
+        self.observe = observe  # the worker's state metrics, read in the maintenance pass
         self.every = every
         self.max_attempts = max_attempts
         self.prefetch = prefetch  # called with each new list of candidates, before any is handled
@@ -267,20 +273,28 @@ class ClaimLoop:
 
     def _maintain(self) -> None:
         """Every `every` seconds: the worker's resync pass, expired claims back to pending (parked past
-        `max_attempts`), and the queue depth."""
+        `max_attempts`), the queue depth and the state metrics."""
         beat = f"{self.stage}-maintain"
         while True:
             self.alive.beat(beat)
             try:
                 if self.resync is not None:
                     self.resync()
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                log.warning("%s: resync pass failed: %s", self.stage, exc)
+            try:  # the store alone: whether it answered is a metric (`faultline_store_reachable`)
                 _, parked = self.store.reap(self.stage, self.max_attempts, collection=self.collection)
                 if parked:  # claims that expired `max_attempts` times (their holders died or hung)
                     self.metrics.parked.inc(parked)
                     fields = {"stage": self.stage, "worker": self.metrics.worker, "parked": parked}
                     log.warning("%s: %d expired claims parked", self.stage, parked, extra=fields)
                 self.metrics.queue.set(self.store.count_pending(self.stage, collection=self.collection))
+                self.metrics.parked_items.set(self.store.count_parked(self.stage, collection=self.collection))
+                if self.observe is not None:
+                    self.observe()
+                self.metrics.store_reachable.set(1)
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                self.metrics.store_reachable.set(0)
                 log.warning("%s: maintenance pass failed: %s", self.stage, exc)
             if self.stop.wait(self.every):
                 return

@@ -73,6 +73,7 @@ from faultline.models import RepairOutcome, RepairStep
 from workers import (
     cloud,
     common,
+    fleet_state,
     gpu_clients,
     inflight,
     overrides,
@@ -180,11 +181,12 @@ class Janitor:
         self.metrics = common.WorkerMetrics(WORKER)
         limits = user_requests.Limits(settings.user_actions, settings.caps, settings.provider is not None)
         self.adopter = user_requests.Adopter(st, api, limits, record=self._event)
+        self.state = fleet_state.JanitorState(st, self.metrics.registry)
         self.loop = common.ClaimLoop(
             st, STAGE, owner, self._handle, lease=settings.lease, threads=settings.threads,
             metrics=self.metrics, collection=store.Work.REPAIRS, order=("-fatal", "first_seen"),
             every=settings.lease.total_seconds() / 2, max_attempts=5, api=api, resync=self.adopter.run,
-            alive=self.alive, stall=stall,
+            observe=self.state.refresh, alive=self.alive, stall=stall,
         )  # fmt: skip
         self.stop = self.loop.stop
 
@@ -322,6 +324,7 @@ class Janitor:
             action="Repair", warning=outcome != RepairOutcome.SUCCEEDED, worker=WORKER, owner=self.owner,
         )  # fmt: skip
         self.metrics.actions.labels(result=outcome).inc()
+        self.state.ended(step, outcome)
         if outcome != RepairOutcome.SUCCEEDED:  # remediation decides the next round (an escalation)
             return store.Completion(then=store.HandOver.TO_REMEDIATION)  # once this claim closes
         return store.State.DONE
@@ -389,6 +392,7 @@ class Janitor:
         self._event(repair.node, "FaultlineRepairCancelled", f"{current.step} ({current.request}): {message}",
                     False)  # fmt: skip
         self.metrics.actions.labels(result=remedies.CANCELLED).inc()
+        self.state.ended(current.step, remedies.CANCELLED)
         return store.State.DONE
 
     def _unrequested(self, node: str, current: store.RepairRound) -> str | None:

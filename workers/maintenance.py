@@ -65,6 +65,20 @@ FEED_WRITER = "maintenance"  # its sequence in the analyzer's feed (`analyzer_fe
 Reader = Callable[[Mapping[str, cloud.Instance]], dict[str, announcements.Read]]
 
 
+class Metrics:
+    """The maintenance monitor's metrics, on a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.announced = Gauge("faultline_maintenance_announced", "Maintenance events announced now",
+                               ["provider", "kind"], registry=r)  # fmt: skip
+        self.open = Gauge("faultline_maintenance_faults_open", "Open maintenance faults", registry=r)
+        self.errors = Counter("faultline_maintenance_read_errors", "Provider reads that failed", ["provider"],
+                              registry=r)  # fmt: skip
+        self.actions = Counter("faultline_maintenance_actions", "Faults raised and resolved, early starts",
+                               ["result"], registry=r)  # fmt: skip
+
+
 class Settings(config.MaintenanceTuning):
     """The monitor's tunables and the providers' readers (built in `workers.run`, fakes in tests)."""
 
@@ -180,15 +194,14 @@ class MaintenanceMonitor:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.revision = 0
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.announced = Gauge("faultline_maintenance_announced", "Maintenance events announced now",
-                               ["provider", "kind"], registry=r)  # fmt: skip
-        self.open = Gauge("faultline_maintenance_faults_open", "Open maintenance faults", registry=r)
-        self.errors = Counter("faultline_maintenance_read_errors", "Provider reads that failed", ["provider"],
-                              registry=r)  # fmt: skip
-        self.actions = Counter("faultline_maintenance_actions", "Faults raised and resolved, early starts",
-                               ["result"], registry=r)  # fmt: skip
+        m = Metrics()
+        self.registry, self.announced, self.open, self.errors, self.actions = (
+            m.registry,
+            m.announced,
+            m.open,
+            m.errors,
+            m.actions,
+        )
 
     # -- the loop ------------------------------------------------------------------------------------------
     def start(self) -> list[threading.Thread]:

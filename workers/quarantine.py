@@ -35,7 +35,7 @@ from pydantic import SkipValidation
 from faultline import bounds, conditions, config, evidence, kube, liveness, store
 from faultline.errors import ConflictError, NotFoundError, TransientError
 from faultline.models import Action, Component, FaultState
-from workers import attribution, breaker, common, overrides, rules, suppression
+from workers import attribution, breaker, common, fleet_state, overrides, rules, suppression
 
 log = logging.getLogger(__name__)
 STAGE = store.Stage.QUARANTINE
@@ -107,6 +107,7 @@ class QuarantineWorker:
         self.prefetched: dict[str, list[store.FaultRecord]] = {}  # node -> its faults, read once
         self.prefetched_at = 0.0  # when (time.monotonic())
         self.reconciled_at: dict[str, float] = {}  # node -> when its last reconcile ended (monotonic)
+        self.state = fleet_state.QuarantineState(st, self.metrics.registry)
         self.loop = common.ClaimLoop(
             st,
             STAGE,
@@ -116,6 +117,7 @@ class QuarantineWorker:
             threads=settings.threads,
             metrics=self.metrics,
             resync=self.resync,
+            observe=self._observe,
             every=settings.resync_interval.total_seconds(),
             prefetch=self._prefetch,
             collection=store.Work.QUEUE,
@@ -330,6 +332,8 @@ class QuarantineWorker:
             return DRY_RUN
         self._patch(obj, p, want, cancelled_raw)
         newly = want.quarantined and not holds
+        if holds and not want.quarantined:  # released: how long the node was out of service
+            self.state.released(self.store.hold(node), now)
         self._announce(node, d, p, newly=newly)
         self._record(node, want, p, now, faults, newly=newly, released=not want.quarantined)
         if newly:
@@ -424,6 +428,15 @@ class QuarantineWorker:
             self.gpu_nodes = (now, count)
         return count
 
+    def _observe(self) -> None:
+        """The state metrics (the maintenance pass): the store's view, then the GPU node count (at most
+        every `gpu_count_ttl`; the API server away: the last count stays)."""
+        self.state.refresh()
+        try:
+            self.state.gpu_nodes.set(self._gpu_node_count())
+        except Exception as exc:  # noqa: BLE001 - a metric, never a reason to fail the pass
+            log.warning("quarantine: counting the GPU nodes failed: %s", exc)
+
     def _admit(self, node: str, now: dt.datetime) -> bool:
         """May this node be newly quarantined? The breaker's view (its stored state, and the nodes
         quarantined since it counts, and the nodes held now) is read from MongoDB at most every
@@ -441,6 +454,8 @@ class QuarantineWorker:
             if self.store.save_breaker(state.state, state.since, state.reason, revision=revision):
                 if state.state == breaker.OPEN:
                     self.metrics.limited.labels(limit="breaker").inc()
+                    self.state.trips.inc()
+                    self.state.breaker_open.set(1)
                     log.warning("circuit breaker tripped: it stays open until `faultline breaker reset`: %s",
                                 state.reason, extra={"node": node, "worker": WORKER})  # fmt: skip
                 return admitted  # other replicas count it once its record (quarantined_at) is written

@@ -248,6 +248,10 @@ class Claims(Base):
         """How many items of `stage` wait (due or backing off): a worker's queue depth."""
         return int(self.db[collection].count_documents({f"{stage}.state": State.PENDING}))
 
+    def count_parked(self, stage: Stage, *, collection: Work) -> int:
+        """How many items of `stage` are parked now (waiting for a person): the state metrics."""
+        return int(self.db[collection].count_documents({f"{stage}.state": State.PARKED}))
+
     def parked(self) -> list[documents.Parked]:
         """Every parked work item of every stage, by stage then when it was parked."""
         out = []

@@ -131,6 +131,25 @@ class Faults(Base):
         docs = self.faults.find({"state": FaultState.OPEN.value, "metadata.source": source})
         return [documents.FaultRecord.from_doc(d) for d in docs]
 
+    def oldest_open_first_seen(self) -> dt.datetime | None:
+        """When the longest-open fault was first seen (None: no fault is open): the state metrics."""
+        found = list(
+            self.faults.find({"state": FaultState.OPEN.value}, {"first_seen": 1})
+            .sort("first_seen", 1)
+            .limit(1)
+        )
+        return utc(found[0]["first_seen"]) if found and found[0].get("first_seen") else None
+
+    def codes_of(self, keys: Iterable[str]) -> dict[str, str]:
+        """The code of each stored fault of `keys` (a node hold's faults), by key."""
+        ids = list(keys)
+        if not ids:
+            return {}
+        return {
+            str(d["_id"]): str(d.get("code", ""))
+            for d in self.faults.find({"_id": {"$in": ids}}, {"code": 1})
+        }
+
     def preflight_run_written(self, run: str) -> bool:
         """Were the findings of this preflight container run (its container id) written already?"""
         return self.faults.count_documents({"metadata.source": "preflight", "metadata.run": run}, limit=1) > 0
