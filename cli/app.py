@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
+import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -680,36 +681,139 @@ def chart_crds(cfg: config.ChartCrdsConfig) -> None:
     out.print(", ".join(f"{name} {what}" for name, what in done.items()), markup=False)
 
 
-@options.command(app, "status", config.StatusConfig)
-def status(cfg: config.StatusConfig) -> None:
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+def _output_param() -> inspect.Parameter:
+    return inspect.Parameter(
+        "output",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=Output.table,
+        annotation=Annotated[Output, typer.Option("--output", "-o", help="table (people), json or yaml.")],
+    )
+
+
+def _node_param(*, required: bool) -> inspect.Parameter:
+    help_text = "the node" if required else "only this node (its hold, open faults and parked work)"
+    return inspect.Parameter(
+        "node",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=... if required else None,
+        annotation=Annotated[
+            str if required else str | None, typer.Argument(help=help_text, show_default=False, metavar="NODE")
+        ],
+    )
+
+
+def _dump(data: Any, output: Output) -> None:
+    import json  # noqa: PLC0415
+
+    import yaml  # noqa: PLC0415
+
+    if output == Output.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False, width=120))
+
+
+def status(resolved: Any, node: str | None = None, output: Output = Output.table) -> None:
     """The quarantine circuit breaker, the nodes faultline holds, the parked work items (failed
-    permanently or out of attempts: they wait for a person), and the cluster analyzer's progress."""
+    permanently or out of attempts: they wait for a person), and the cluster analyzer's progress; with a
+    NODE, only that node's hold, open faults and parked work."""
     from rich.table import Table  # noqa: PLC0415
 
+    from cli import explain  # noqa: PLC0415
     from faultline import store  # noqa: PLC0415
     from patterns.cluster import PARTITIONS  # noqa: PLC0415
 
+    cfg: config.StatusConfig = resolved.config
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
         with store.unreachable_is_transient("reading status"):
             brk = st.breaker()
-            held = st.held_nodes()
-            parked = st.parked()
+            held = [h for h in st.held_nodes() if node is None or h.id == node]
+            parked = [p for p in st.parked() if node is None or p.node == node]
             analyzer = st.analyzer_status(PARTITIONS)
+            faults = st.faults_of([node]).get(node, []) if node is not None else []
     finally:
         st.close()
+    t = explain.timestamp
+    if output != Output.table:
+        data: dict[str, Any] = {
+            "breaker": {
+                "state": brk.state,
+                "since": t(brk.since),
+                "reason": brk.reason,
+                "reset_by": brk.reset_by or None,
+                "reset_reason": brk.reset_reason or None,
+                "reset_at": t(brk.reset_at),
+            },
+            "held": [
+                {"node": h.id, "quarantined_at": t(h.quarantined_at), "faults": list(h.faults)} for h in held
+            ],
+            "parked": [
+                {
+                    "stage": str(p.stage),
+                    "item": p.item,
+                    "node": p.node,
+                    "attempts": p.attempts,
+                    "reason": p.reason,
+                    "at": t(p.at),
+                }
+                for p in parked
+            ],
+            "analyzer": None
+            if analyzer is None
+            else {
+                "owner": analyzer.owner,
+                "position": analyzer.position,
+                "head": analyzer.head,
+                "behind": analyzer.head - analyzer.position,
+                "checkpointed_at": t(analyzer.checkpointed_at),
+            },
+        }
+        if node is not None:
+            data = {
+                "node": node,
+                **data,
+                "faults": [
+                    {
+                        "code": f.code,
+                        "entity": {"type": f.entity.type, "id": f.entity.id},
+                        "fatal": f.fatal,
+                        "action": f.action,
+                        "count": f.count,
+                        "first_seen": t(f.first_seen),
+                        "last_seen": t(f.last_seen),
+                    }
+                    for f in faults
+                    if f.state == "open"
+                ],
+            }
+        _dump(data, output)
+        return
     _print_breaker(brk)
-    if analyzer is not None:
+    if analyzer is not None and node is None:
         who = f"active: {analyzer.owner}" if analyzer.owner else "no replica active"
         at = analyzer.checkpointed_at
         saved = f", last checkpoint {at:%Y-%m-%d %H:%M:%S}Z" if at else ""
-        out.print(f"cluster analyzer: {who}; feed read up to {analyzer.position} of {analyzer.head} "
-                  f"({analyzer.head - analyzer.position} behind){saved}", markup=False)  # fmt: skip
+        out.print(
+            f"cluster analyzer: {who}; feed read up to {analyzer.position} of {analyzer.head} "
+            f"({analyzer.head - analyzer.position} behind){saved}",
+            markup=False,
+        )
     table = Table("node", "quarantined at", "faults")
     for hold in held:
         at = hold.quarantined_at
         table.add_row(hold.id, f"{at:%Y-%m-%d %H:%M:%S}Z" if at else "", ", ".join(hold.faults))
     out.print(table)
+    if node is not None:
+        open_ = [f for f in faults if f.state == "open"]
+        listed = ", ".join(f"{f.code} ({f.entity.type} {f.entity.id})" for f in open_) or "none"
+        out.print(f"open faults of {node}: {listed}", markup=False)
     if not parked:
         out.print("parked work items: none", markup=False)
         return
@@ -718,6 +822,49 @@ def status(cfg: config.StatusConfig) -> None:
         when = f"{item.at:%Y-%m-%d %H:%M:%S}Z" if item.at else ""
         table.add_row(item.stage, item.item, item.node, str(item.attempts), item.reason, when)
     out.print(table)
+
+
+options.register(
+    app,
+    "status",
+    config.StatusConfig,
+    status,
+    status.__doc__,
+    extra=(_node_param(required=False), _output_param()),
+)
+
+
+def explain_node(resolved: Any, node: str, output: Output = Output.table) -> None:
+    """Why faultline holds NODE (or does not): its marks, each fault with its evidence and the rules and
+    breaker's decision on it, the drain's scope, the repair rounds, what comes next and what a person can
+    do now (as commands). Reads the store and the cluster."""
+    from cli import explain  # noqa: PLC0415
+    from faultline import kube, store  # noqa: PLC0415
+    from workers import rules  # noqa: PLC0415
+
+    cfg: config.ExplainConfig = resolved.config
+    quarantine_rules = rules.load_rules(cfg.rules)
+    api = kube.api_client(cfg.kubeconfig)
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+    try:
+        with store.unreachable_is_transient("reading the node's story"):
+            data = explain.gather(st, api, node, quarantine_rules)
+    finally:
+        st.close()
+    if output == Output.table:
+        sys.stdout.write(explain.render(data))
+    else:
+        _dump(data, output)
+
+
+options.register(
+    app,
+    "explain",
+    config.ExplainConfig,
+    explain_node,
+    explain_node.__doc__,
+    extra=(_node_param(required=True), _output_param()),
+)
 
 
 def _print_breaker(brk: store_documents.Breaker) -> None:

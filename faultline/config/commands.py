@@ -6,6 +6,7 @@ import datetime as dt
 import getpass
 import os
 import re
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +18,15 @@ _NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 class StatusConfig(Component, StoreFields):
     """`faultline status`: the breaker and the nodes faultline holds."""
+
+
+class ExplainConfig(Component, StoreFields, KubeFields):
+    """`faultline explain NODE`: why faultline holds a node (or does not), what comes next, what to do."""
+
+    rules: Path | None = Field(
+        default=None,
+        description="the quarantine's rules YAML file (which rules match each fault); unset: built-in rules",
+    )  # fmt: skip
 
 
 def _os_user() -> str:

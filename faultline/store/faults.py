@@ -25,6 +25,8 @@ from faultline.models import Fault, FaultState, HealthEvent
 from faultline.store import documents
 from faultline.store.base import STAGES, Base, Stage, State, utc
 
+EVENTS_SCANNED = 1000  # events of one node and code read to find a fault's newest ones (`events_of`)
+
 
 class Faults(Base):
     # -- writes from the detection side ---------------------------------------------------------------
@@ -139,6 +141,18 @@ class Faults(Base):
             .limit(1)
         )
         return utc(found[0]["first_seen"]) if found and found[0].get("first_seen") else None
+
+    def events_of(self, node: str, code: str, entity_id: str, limit: int = 5) -> list[dict[str, Any]]:
+        """The newest `limit` health events of one fault (node, code, entity), newest first, as stored: the
+        lines or samples behind it (`faultline explain`). Not on a hot path."""
+        docs = self.events.find({"node": node, "code": code}).sort("observed_at", -1).limit(EVENTS_SCANNED)
+        out = []
+        for doc in docs:
+            if any(str(e.get("id", "")) == entity_id for e in doc.get("entities") or []) or not entity_id:
+                out.append(doc)
+                if len(out) >= limit:
+                    break
+        return out
 
     def codes_of(self, keys: Iterable[str]) -> dict[str, str]:
         """The code of each stored fault of `keys` (a node hold's faults), by key."""

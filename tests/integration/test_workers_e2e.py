@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,26 @@ def test_xid_to_repair_to_uncordon(
         times["requested"] = poll("a RemediationRequest", requests, 30)
         request = requests()[0]
         assert request["spec"]["action"] == "REBOOT" and request["spec"]["node"] == node
+        # `faultline explain` tells the story so far: held for XID 79 by the default rule, the line behind
+        # it, the drain of both pods, the reboot asked for, and what a person can do
+        story = explain(cluster, mongo, mongo_db, node)
+        assert story["exists"] and story["held"] and story["kubernetes"]["cordoned"]
+        assert "faultline.io/fault=XID-79:NoSchedule" in story["kubernetes"]["taints"]
+        xid = next(f for f in story["faults"] if f["code"] == "XID-79")
+        assert (xid["state"], xid["fatal"], xid["action"]) == ("open", True, "RESTART_BM")
+        assert xid["rules"] == ["fatal-faults-cordon"] and xid["quarantine"]["state"] == "done"
+        assert xid["evidence"] and all(e["observed_at"] for e in xid["evidence"])
+        assert story["drain"]["result"] == "drained" and story["drain"]["scope"] in (None, "node")
+        assert sorted(p["name"] for p in story["drain"]["pods"] if not p["skipped"]) == ["train-0", "train-1"]
+        (rounds,) = [r["rounds"] for r in story["repairs"] if r["rounds"]]
+        assert rounds[-1]["step"] == "REBOOT" and rounds[-1]["request"] == request["metadata"]["name"]
+        assert "REBOOT" in story["next"]
+        assert f"kubectl uncordon {node}" in [a["command"] for a in story["actions"]]
+        screen = explain(cluster, mongo, mongo_db, node, output="table")
+        assert f"node {node}: held by faultline" in screen and "XID-79 on GPU" in screen
+        assert "rules: fatal-faults-cordon; quarantine: done" in screen and "next: " in screen
+        held = explain(cluster, mongo, mongo_db, node, command="status")
+        assert [h["node"] for h in held["held"]] == [node] and held["faults"][0]["code"] == "XID-79"
         times["rebooted"] = poll(
             "a new boot id", lambda: janitor.Janitor._boot_id(workers[3], node) != boot_before, 30
         )  # type: ignore[arg-type]
@@ -111,6 +133,11 @@ def test_xid_to_repair_to_uncordon(
         times["uncordoned"] = poll("uncordoned", lambda: not core.read_node(node).spec.unschedulable, 30)
         repair = mongo_db["repairs"].find_one({"node": node})
         assert [r["outcome"] for r in repair["rounds"]] == ["Succeeded"]
+        story = explain(cluster, mongo, mongo_db, node)
+        assert not story["held"] and not story["kubernetes"]["cordoned"]
+        assert all(f["state"] == "resolved" for f in story["faults"])
+        assert story["next"] == "nothing: no open fault and not held"
+        assert story["repairs"][-1]["rounds"][-1]["outcome"] == "Succeeded"
         status = kube.resources.get_request(api, request["metadata"]["name"])["status"]
         # the janitor replicas that looked at the round (a waiting repair is any replica's next look)
         lookers = repair["rounds"][0]["lookers"]
@@ -187,6 +214,30 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         core.patch_node(node, {"spec": {"unschedulable": None}})
         kube.nodes.write_conditions(api, node, [], ["FaultlineRemediation"])
         forget_repairs(api, node)  # the node is shared with other tests of the session
+
+
+def explain(
+    cluster: LocalCluster, mongo: LocalMongo, mongo_db: Any, node: str, *, output: str = "json",
+    command: str = "explain",
+) -> Any:  # fmt: skip
+    """`faultline explain NODE` (or `status NODE`, or `status-all`: `status` of every node) as a person runs
+    it: its JSON, or its screen."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from cli import app  # noqa: PLC0415
+
+    argv = [command, node] if command != "status-all" else ["status"]
+    argv += ["-o", output, "--mongodb-uri", mongo.uri, "--database", mongo_db.name]
+    if command == "explain":
+        argv += ["--kubeconfig", str(cluster.kubeconfig)]
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        got = CliRunner().invoke(app.app, argv)
+    finally:  # the command set up logging to the runner's stream, which closes: the workers' logs stay
+        root.handlers[:] = handlers
+    assert got.exit_code == 0, got.output
+    return json.loads(got.stdout) if output == "json" else got.stdout
 
 
 def forget_repairs(api: Any, node: str) -> None:
