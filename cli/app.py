@@ -456,6 +456,36 @@ def _node_links(
         relay = _scheduled_events(config, st)
         relay.start()
         parts.callback(relay.close)
+    stop = threading.Event()
+    thread = threading.Thread(target=_record_gpus, args=(config.node, backend, st, stop), name="gpu-identity",
+                              daemon=True)  # fmt: skip
+    thread.start()
+    parts.callback(stop.set)
+
+
+GPU_IDENTITY_EVERY_S = 6 * 3600.0  # between the agent's records of its GPUs' identity (a driver upgrade)
+GPU_IDENTITY_RETRY_S = 60.0  # after a record that failed (the store away, the driver busy)
+
+
+def _record_gpus(node: str, backend: GpuBackend, st: Store, stop: threading.Event) -> None:
+    """Record what each GPU is (UUID, serial, model, VBIOS, driver) in the store at start and every few
+    hours, on a thread of its own (a driver call may hang): reports and RMA bundles name GPUs by it."""
+    import logging  # noqa: PLC0415
+
+    log = logging.getLogger("faultline.agent")
+    while True:
+        wait = GPU_IDENTITY_EVERY_S
+        try:
+            info = backend.inventory()
+            gpus = [{"pci": d.pci, "index": d.index, "uuid": d.uuid, "serial": g.serial, "model": g.model,
+                     "vbios": g.vbios, "driver": g.driver}
+                    for d in backend.devices() if (g := info.get(d.index)) is not None]  # fmt: skip
+            st.record_gpus(node, gpus, st.now())
+        except Exception as exc:  # noqa: BLE001 - a record for reports, never a reason to stop the agent
+            log.warning("recording the GPUs' identity failed: %s", exc, extra={"node": node})
+            wait = GPU_IDENTITY_RETRY_S
+        if stop.wait(wait):
+            return
 
 
 def _scheduled_events(config: config.AgentConfig, st: Store) -> scheduled_events.Relay:
@@ -703,7 +733,8 @@ def _node_param(*, required: bool) -> inspect.Parameter:
         inspect.Parameter.KEYWORD_ONLY,
         default=... if required else None,
         annotation=Annotated[
-            str if required else str | None, typer.Argument(help=help_text, show_default=False, metavar="NODE")
+            str if required else str | None,
+            typer.Argument(help=help_text, show_default=False, metavar="NODE"),
         ],
     )
 

@@ -105,11 +105,15 @@ class DcgmBackend:
         self.group.health.Set(mask)
         self._devices = []
         self._models: dict[int, str] = {}
+        self._identity: dict[int, tuple[str, ...]] = {}  # serial, VBIOS, driver (the device attributes)
         for gpu_id in self.group.GetGpuIds():
             attrs = self.agent.dcgmGetDeviceAttributes(self.handle.handle, gpu_id)
             ident = attrs.identifiers
             self._devices.append(GpuDevice(int(gpu_id), _text(ident.uuid), pci_bus(_text(ident.pciBusId))))
             self._models[int(gpu_id)] = _text(getattr(ident, "deviceName", ""))
+            self._identity[int(gpu_id)] = tuple(
+                _text(getattr(ident, f, "")) for f in ("serial", "vbios", "driverVersion")
+            )
         self._index = {d.index: d.index for d in self._devices}
         self._seen: dict[int, set[str]] = {}
         self._closed = threading.Event()
@@ -183,8 +187,15 @@ class DcgmBackend:
         return out
 
     def inventory(self) -> dict[int, GpuInfo]:
-        """The model from the device attributes; links are not read through DCGM (0: unknown)."""
-        return {d.index: GpuInfo(model=self._models.get(d.index, "")) for d in self._devices}
+        """The model, serial, VBIOS and driver from the device attributes; links are not read through DCGM
+        (0: unknown)."""
+        out = {}
+        for d in self._devices:
+            serial, vbios, driver = self._identity.get(d.index, ("", "", ""))
+            out[d.index] = GpuInfo(
+                model=self._models.get(d.index, ""), serial=serial, vbios=vbios, driver=driver
+            )
+        return out
 
     def resume(self, position: int) -> None:
         """Live hardware: nothing to replay."""

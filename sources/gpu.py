@@ -51,9 +51,10 @@ class GpuEvent:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """What a GPU is and how it is attached, read once (preflight): the model's name, the PCIe link's
-    current and maximum width (lanes) and generation, and the NVLinks that exist, active and not. 0 (-1
-    for the links) where the backend cannot tell: no evidence either way."""
+    """What a GPU is and how it is attached, read once (preflight, and the agent's record of its GPUs): the
+    model's name, the PCIe link's current and maximum width (lanes) and generation, the NVLinks that exist,
+    active and not, and its serial number, VBIOS and driver versions. 0 (-1 for the links, "" for the
+    identity) where the backend cannot tell: no evidence either way."""
 
     model: str = ""
     pcie_width: int = 0
@@ -62,6 +63,10 @@ class GpuInfo:
     pcie_gen_max: int = 0
     nvlink_active: int = -1
     nvlink_inactive: int = -1
+    # the GPU's identity, for reports and RMA bundles ("" where the backend cannot tell)
+    serial: str = ""
+    vbios: str = ""
+    driver: str = ""
 
 
 class GpuBackend(Protocol):

@@ -176,11 +176,12 @@ class NvmlBackend:
             fields[name] = total
 
     def inventory(self) -> dict[int, GpuInfo]:
-        """Name, PCIe link (current and maximum width and generation) and the NVLinks that exist but are
-        inactive (a link that does not exist answers NotSupported). A GPU that answers "lost" is left
-        out: `read_fields` reports it."""
+        """Name, PCIe link (current and maximum width and generation), the NVLinks that exist but are
+        inactive (a link that does not exist answers NotSupported), serial, VBIOS and driver versions. A
+        GPU that answers "lost" is left out: `read_fields` reports it."""
         n, q = self.nvml, self._query
         out = {}
+        driver = self._text_of(n.nvmlSystemGetDriverVersion)
         for index, h in enumerate(self.handles):
             try:
                 try:
@@ -192,6 +193,9 @@ class NvmlBackend:
                 present = [state for state in links if state is not None]
                 out[index] = GpuInfo(
                     model=model,
+                    serial=self._text_of(n.nvmlDeviceGetSerial, h),
+                    vbios=self._text_of(n.nvmlDeviceGetVbiosVersion, h),
+                    driver=driver,
                     pcie_width=q({}, "", n.nvmlDeviceGetCurrPcieLinkWidth, h) or 0,
                     pcie_width_max=q({}, "", n.nvmlDeviceGetMaxPcieLinkWidth, h) or 0,
                     pcie_gen=q({}, "", n.nvmlDeviceGetCurrPcieLinkGeneration, h) or 0,
@@ -202,6 +206,14 @@ class NvmlBackend:
             except n.NVMLError_GpuIsLost:
                 continue
         return out
+
+    def _text_of(self, call: Any, *args: Any) -> str:
+        """A text the driver reports ("" where it does not: not supported, an older library)."""
+        n = self.nvml
+        try:
+            return _text(call(*args))
+        except (n.NVMLError_NotSupported, n.NVMLError_FunctionNotFound, n.NVMLError_NoPermission):
+            return ""
 
     def _probe_lost(self) -> list[GpuEvent]:
         """Which GPUs answer 'lost'; each is reported once until it answers again."""

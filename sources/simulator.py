@@ -55,6 +55,8 @@ RESET_CLEARS = frozenset(
 )
 
 SIM_MODEL = "NVIDIA H100 80GB HBM3"
+SIM_VBIOS = "96.00.99.00.01"  # the form nvidia-smi prints
+SIM_DRIVER = "580.95.05"
 SIM_TEMPERATURE = 45  # degrees C: an idle simulated GPU
 SIM_NVLINKS = 18
 LINK_FIELDS = {"pcie_width": 16, "pcie_gen": 5}  # name -> the link's maximum (and its healthy value)
@@ -64,6 +66,11 @@ def default_dir() -> Path:
     return Path(
         os.environ.get("FAULTLINE_SIM_DIR", Path(tempfile.gettempdir()) / f"faultline-sim-{os.getuid()}")
     )
+
+
+def sim_serial(uuid: str) -> str:
+    """A simulated GPU's 13-digit board serial number (as `nvidia-smi -q` prints them), from its UUID."""
+    return str(int(stable_id("serial", uuid)[:12], 16) % 10**13).zfill(13)
 
 
 def devices_for(node: str, count: int = 8) -> list[GpuDevice]:
@@ -154,6 +161,7 @@ class SimulatorBackend:
                     model=SIM_MODEL, pcie_width=links["pcie_width"], pcie_width_max=LINK_FIELDS["pcie_width"],
                     pcie_gen=links["pcie_gen"], pcie_gen_max=LINK_FIELDS["pcie_gen"],
                     nvlink_active=SIM_NVLINKS - down, nvlink_inactive=down,
+                    serial=sim_serial(self._devices[index].uuid), vbios=SIM_VBIOS, driver=SIM_DRIVER,
                 )  # fmt: skip
         return out
 

@@ -406,6 +406,14 @@ class QuarantineWorker:
         self.store.record_hold(
             node, faults=want.faults, owned=p.owned.as_json(), at=now, newly=newly, released=released
         )
+        if newly and held:  # the episode's history, for reports (`faultline report`)
+            behind = [f for f in faults if f.key in want.faults]
+            firsts = [f.first_seen for f in behind if isinstance(f.first_seen, dt.datetime)]
+            self.store.open_episode(
+                node, now, want.faults, [f.code for f in behind], min(firsts, default=None)
+            )
+        elif released:
+            self.store.close_episode(node, now)
         if held:
             for fault in faults:
                 if fault.stage in (BLOCKED, PAUSED, REFUSED) and fault.key in want.faults:

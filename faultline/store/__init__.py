@@ -16,6 +16,8 @@ Collections and their modules:
   `feed_after` reads them, merged).
 - `analyzer` (`analyzer`): the cluster analyzer's checkpoints, one per partition of its windows; its
   lease is the work item `analyzer/cluster` in `queue`.
+- `gpus`, `episodes` (`fleet`): each GPU's identity as its agent read it (`GpuIdentity`), and each
+  quarantine episode from cordon to release (`Episode`): what reports and RMA bundles read.
 - `maintenance` (`maintenance`): Azure nodes' Scheduled Events, relayed by their agents for the cloud
   maintenance monitor, and the early starts it asks for (`ScheduledEvents`).
 
@@ -63,8 +65,10 @@ from faultline.store.documents import (
     Breaker,
     Drain,
     DryRun,
+    Episode,
     FaultRecord,
     GpuAssignment,
+    GpuIdentity,
     GpuPods,
     Lease,
     NodeHold,
@@ -100,10 +104,12 @@ __all__ = [
     "Completion",
     "Drain",
     "DryRun",
+    "Episode",
     "FaultRecord",
     "FeedBatch",
     "FeedRead",
     "GpuAssignment",
+    "GpuIdentity",
     "GpuPods",
     "HandOver",
     "Lease",

@@ -97,6 +97,8 @@ class Base:
     leases: Collection[Any]
     drains: Collection[Any]
     gpu_pods: Collection[Any]
+    gpu_ids: Collection[Any]
+    episodes: Collection[Any]
     queue: Collection[Any]
     repairs: Collection[Any]
     maintenance: Collection[Any]

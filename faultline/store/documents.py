@@ -330,6 +330,36 @@ class ScheduledEvents(Document):
     started_at: UTCDateTime | None = None
 
 
+class GpuIdentity(Document):
+    """`gpus/<node>/<pci>`: what a node's agent read of one of its GPUs (reports and RMA bundles name GPUs
+    by it). A GPU moved to another node gets a document there too: its serial ties them together."""
+
+    id: str = Field(alias="_id")
+    node: str
+    pci: str
+    index: int = -1
+    uuid: str = ""
+    serial: str = ""
+    model: str = ""
+    vbios: str = ""
+    driver: str = ""
+    first_seen: UTCDateTime | None = None
+    seen_at: UTCDateTime | None = None
+
+
+class Episode(Document):
+    """`episodes/<node>/<quarantined at>`: one quarantine of a node, from cordon to release (written by the
+    quarantine worker; what `faultline report` measures time to quarantine and out of service on)."""
+
+    id: str = Field(alias="_id")
+    node: str
+    quarantined_at: UTCDateTime
+    released_at: UTCDateTime | None = None
+    faults: list[str] = Field(default_factory=list)
+    codes: list[str] = Field(default_factory=list)
+    first_seen: UTCDateTime | None = None  # the earliest first sighting of the faults behind it
+
+
 class Parked(BaseModel):
     """A parked work item, as `faultline status` lists it."""
 

@@ -235,6 +235,15 @@ def test_xid_to_fault_document_and_condition_then_clear(
         assert 'faultline_faults_open{component="GPU"} 1.0' in exposition
         assert "faultline_spool_depth 0.0" in exposition
         assert 'faultline_source_lag_seconds{source="gpu"}' in exposition
+        assert "faultline_build_info{" in exposition
+
+        # what each GPU is, recorded at start for reports and RMA bundles
+        gpus = faults.database["gpus"]
+        poll("the GPUs' identity", lambda: gpus.count_documents({"node": node}) == 8, 10)
+        gpu3 = gpus.find_one({"_id": f"{node}/0000:5d:00"})
+        assert (gpu3["uuid"], gpu3["serial"], gpu3["model"], gpu3["vbios"], gpu3["driver"], gpu3["index"]) == (
+            uuid, simulator.sim_serial(uuid), simulator.SIM_MODEL, simulator.SIM_VBIOS, simulator.SIM_DRIVER, 3
+        )  # fmt: skip
 
         sim(tmp_path, node, "--gpu", "3", "--clear")
         poll("the fault resolved", lambda: faults.find_one({"_id": fid})["state"] == "resolved", 10)

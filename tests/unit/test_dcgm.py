@@ -57,6 +57,15 @@ def test_devices_watches_and_incidents_as_fields(bindings: dict[str, Any]) -> No
     assert state["connected"] is None
 
 
+def test_identity_from_the_device_attributes(bindings: dict[str, Any]) -> None:
+    """Model, serial, VBIOS and driver from DCGM's device attributes ("" where a GPU's are not given)."""
+    backend = dcgm.DcgmBackend("localhost:5555", bindings)
+    got = {i: (g.model, g.serial, g.vbios, g.driver) for i, g in backend.inventory().items()}
+    backend.close()
+    assert got == {0: ("NVIDIA H100 80GB HBM3", "1652022012345", "96.00.99.00.01", "580.95.05"),
+                   1: ("", "", "", "")}  # fmt: skip
+
+
 def test_dcgm_fields_through_the_pack(bindings: dict[str, Any]) -> None:
     backend = dcgm.DcgmBackend("localhost:5555", bindings)
     devices = {d.index: d for d in backend.devices()}

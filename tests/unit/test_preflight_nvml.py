@@ -60,3 +60,40 @@ def test_inventory_through_nvml(fake: InventoryLib) -> None:
         1: GpuInfo("NVIDIA L40S", 8, 16, 5, 5, nvlink_active=-1, nvlink_inactive=-1),
     }
     backend.close()
+
+
+class IdentityLib(InventoryLib):
+    def _nvmlDeviceGetSerial(self, handle: Any, buf: Any, size: Any) -> int:
+        buf.value = [b"1652022012345", b"1321120099887"][self._index(handle)]
+        return 0
+
+    def _nvmlDeviceGetVbiosVersion(self, handle: Any, buf: Any, size: Any) -> int:
+        buf.value = b"96.00.99.00.01"
+        return 0
+
+    def _nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
+        buf.value = b"580.95.05"
+        return 0
+
+
+def test_identity_through_nvml() -> None:
+    """Serial, VBIOS and driver (what the agent records of each GPU); a library without them gives ""."""
+    lib = IdentityLib()
+    saved = pynvml.nvmlLib
+    pynvml.nvmlLib = lib
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    try:
+        backend = NvmlBackend(pynvml)
+        got = {i: (g.serial, g.vbios, g.driver) for i, g in backend.inventory().items()}
+        backend.close()
+    finally:
+        pynvml.nvmlLib = saved
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+    assert got == {0: ("1652022012345", "96.00.99.00.01", "580.95.05"),
+                   1: ("1321120099887", "96.00.99.00.01", "580.95.05")}  # fmt: skip
+
+
+def test_identity_missing_from_an_older_library(fake: InventoryLib) -> None:
+    backend = NvmlBackend(pynvml)
+    assert {(g.serial, g.vbios, g.driver) for g in backend.inventory().values()} == {("", "", "")}
+    backend.close()

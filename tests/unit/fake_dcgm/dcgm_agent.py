@@ -20,6 +20,15 @@ STATE: dict[str, Any] = {
     "values": {},  # gpu id -> {field id: its latest value, None: blank}
     "watched": None,  # (field ids, update interval in microseconds) of the watched field group
     "refuse_watch": False,  # the host engine refuses to watch field values
+    # the device attributes' other identifiers, by gpu id (bytes, as the binding's c_char arrays read)
+    "identity": {
+        0: {
+            "deviceName": b"NVIDIA H100 80GB HBM3",
+            "serial": b"1652022012345",
+            "vbios": b"96.00.99.00.01",
+            "driverVersion": b"580.95.05",
+        }
+    },
 }
 
 
@@ -29,4 +38,6 @@ def dcgmGetEntityGroupEntities(handle: Any, group: int, flags: int) -> list[int]
 
 def dcgmGetDeviceAttributes(handle: Any, gpu: int) -> Any:
     uuid, bus = STATE["gpus"][gpu]
-    return SimpleNamespace(identifiers=SimpleNamespace(uuid=uuid, pciBusId=bus))
+    return SimpleNamespace(
+        identifiers=SimpleNamespace(uuid=uuid, pciBusId=bus, **STATE["identity"].get(gpu, {}))
+    )
