@@ -898,6 +898,45 @@ options.register(
 )
 
 
+class ReportOutput(StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+def report(resolved: Any, output: ReportOutput = ReportOutput.table) -> None:
+    """The fleet's reliability over a window: faults by code, GPU model and node; time to detect, to
+    quarantine and to release (p50, p90); time out of service; repair success per action; GPUs that keep
+    failing (followed by serial number across nodes); candidates for RMA. Reads the store."""
+    import csv  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    from cli import report as fleet_report  # noqa: PLC0415
+    from faultline import store  # noqa: PLC0415
+
+    cfg: config.ReportConfig = resolved.config
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+    try:
+        with store.unreachable_is_transient("reading the fleet's history"):
+            data = fleet_report.build(st, st.now(), cfg.window, repeat=cfg.repeat_offender)
+    finally:
+        st.close()
+    if output == ReportOutput.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif output == ReportOutput.csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(("measure", "dimension", "value"))
+        writer.writerows(fleet_report.rows(data))
+    else:
+        sys.stdout.write(fleet_report.table(data))
+
+
+options.register(app, "report", config.ReportConfig, report, report.__doc__, extra=(inspect.Parameter(
+    "output", inspect.Parameter.KEYWORD_ONLY, default=ReportOutput.table,
+    annotation=Annotated[ReportOutput, typer.Option("--output", "-o", help="table (people), json or csv.")],
+),))  # fmt: skip
+
+
 def _print_breaker(brk: store_documents.Breaker) -> None:
     """The breaker's state, why, and its last reset (who, why, when)."""
     since = f" since {brk.since:%Y-%m-%d %H:%M:%S}Z ({brk.reason})" if brk.since else ""

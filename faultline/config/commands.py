@@ -29,6 +29,19 @@ class ExplainConfig(Component, StoreFields, KubeFields):
     )  # fmt: skip
 
 
+class ReportConfig(Component, StoreFields):
+    """`faultline report`: the fleet's reliability over a window (faults, times, repairs, offenders)."""
+
+    window: Duration = Field(
+        default=dt.timedelta(days=30),
+        gt=dt.timedelta(0),
+        description="how far back the report looks (duration)",
+    )
+    repeat_offender: int = Field(
+        default=2, ge=2, le=1000, description="faults of one GPU in the window that make it a repeat offender"
+    )
+
+
 def _os_user() -> str:
     return os.environ.get("USER") or getpass.getuser()
 
