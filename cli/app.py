@@ -661,6 +661,16 @@ def object_monitor(cfg: config.ObjectMonitorConfig) -> None:
     run.object_monitor_main(cfg)
 
 
+@options.command(app, "export", config.ExportConfig)
+def export(cfg: config.ExportConfig) -> None:
+    """Send fault changes and repair steps to each configured sink (CloudEvents over HTTP, or a webhook
+    for chat tools), at least once, from a stored position per sink, retrying with back-off."""
+    from workers import run  # noqa: PLC0415
+
+    err.print(f"export: started ({len(cfg.sinks)} sinks)", markup=False)
+    run.export_main(cfg)
+
+
 @options.command(app, "uninstall", config.UninstallConfig)
 def uninstall(cfg: config.UninstallConfig) -> None:
     """Take back faultline's marks from the cluster after its release is removed (the chart's post-delete

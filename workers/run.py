@@ -23,6 +23,7 @@ from faultline.config import (
     RemediationConfig,
 )
 from faultline.config.base import EvidenceFields, MetricsFields, VerifyFields, part
+from faultline.config.export import ExportConfig
 from faultline.errors import ConfigError, ForbiddenError, TransientError
 from faultline.metrics import serve
 from workers import (
@@ -203,6 +204,21 @@ def object_monitor_main(config: ObjectMonitorConfig) -> None:
     monitor = object_monitor.ObjectMonitor(st, api, settings, stall=config.stall_timeout.total_seconds(),
                                            preflight_digests=preflight_digests(config, api))  # fmt: skip
     _until_signalled(monitor, monitor.metrics.registry, config)
+
+
+def export_main(config: ExportConfig) -> None:
+    from workers import export  # noqa: PLC0415
+
+    for sink in config.sinks:  # a secret file missing is said before the first event, naming it
+        for path in (sink.bearer_token_file, sink.hmac_secret_file):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"sinks: {sink.name}: {path} is not a readable file")
+    st = _connect(config.mongodb_uri.get_secret_value(), config.database)
+    exporter = export.Exporter(
+        st, list(config.sinks), cluster=config.cluster, poll=config.poll.total_seconds(),
+        stall=config.stall_timeout.total_seconds(),
+    )  # fmt: skip
+    _until_signalled(exporter, exporter.metrics.registry, config)
 
 
 def preflight_digests(config: ObjectMonitorConfig, api: kube.ApiClient) -> frozenset[str]:

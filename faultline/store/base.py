@@ -99,6 +99,7 @@ class Base:
     gpu_pods: Collection[Any]
     gpu_ids: Collection[Any]
     episodes: Collection[Any]
+    exports: Collection[Any]
     queue: Collection[Any]
     repairs: Collection[Any]
     maintenance: Collection[Any]

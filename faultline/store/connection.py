@@ -26,6 +26,7 @@ from faultline.store.analyzer import Analyzer
 from faultline.store.base import CODEC, MAINTENANCE, STAGES, Clock, Signer, Stage, Work, utcnow
 from faultline.store.claims import Claims
 from faultline.store.drains import Drains
+from faultline.store.exports import Exports
 from faultline.store.feed import Feed
 from faultline.store.fleet import Fleet
 from faultline.store.gpu_pods import GpuPodMaps
@@ -166,7 +167,7 @@ def unreachable_is_transient(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: the store cannot serve now: {said}", delay=1.0) from exc
 
 
-class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analyzer, Fleet):
+class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analyzer, Fleet, Exports):
     """Every collection faultline writes, behind named operations (see the package docstring).
 
     The collection handles (`events`, `faults`, `nodes`, ...) are the store's own, for its operation
@@ -184,7 +185,10 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analy
         self.drains = self.db[Work.DRAINS]  # one document per node being drained (drainer)
         self.gpu_pods = self.db["gpu_pods"]  # per node: which pods use which GPU (agent -> drainer)
         self.gpu_ids = self.db["gpus"]  # each GPU's identity, as its agent read it (agent -> reports)
-        self.episodes = self.db["episodes"]  # each quarantine, cordon to release (quarantine -> reports)
+        self.episodes = self.db["episodes"]
+        self.exports = self.db[
+            "exports"
+        ]  # the exporter's position per sink  # each quarantine, cordon to release (quarantine -> reports)
         self.queue = self.db[Work.QUEUE]  # work items of the fault-level stages
         self.repairs = self.db[Work.REPAIRS]
         self.maintenance = self.db[MAINTENANCE]  # Azure nodes' Scheduled Events (agent <-> monitor)

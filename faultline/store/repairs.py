@@ -91,6 +91,7 @@ class Repairs(Base):
         doc = {
             "_id": user_repair_key(node, request.turn), "node": node, "episode": None, "first_seen": at,
             "fatal": True, "rounds": [_round_doc(round_)], "user": request.model_dump(mode="python"),
+            "changed_at": self.now(),
             Stage.REMEDIATION: {"state": State.IDLE, "attempts": 0},
             Stage.JANITOR: {"state": State.PENDING, "attempts": 0},
         }  # fmt: skip
@@ -152,9 +153,9 @@ class Repairs(Base):
 
     def add_round(self, repair_id: str, round_: documents.RepairRound, *, result: str | None = None) -> None:
         """Append a round (and, for a last round such as contact support, the repair's result)."""
-        update: dict[str, Any] = {"$push": {"rounds": _round_doc(round_)}}
+        update: dict[str, Any] = {"$push": {"rounds": _round_doc(round_)}, "$set": {"changed_at": self.now()}}
         if result is not None:
-            update["$set"] = {"result": result}
+            update["$set"]["result"] = result
         self.repairs.update_one({"_id": repair_id}, update)
 
     def start_round(self, repair_id: str, index: int, started_at: dt.datetime, boot_before: str) -> None:
@@ -162,7 +163,13 @@ class Repairs(Base):
         here = f"rounds.{index}"
         self.repairs.update_one(
             {"_id": repair_id},
-            {"$set": {f"{here}.started_at": utc(started_at), f"{here}.boot_before": boot_before}},
+            {
+                "$set": {
+                    f"{here}.started_at": utc(started_at),
+                    f"{here}.boot_before": boot_before,
+                    "changed_at": self.now(),
+                }
+            },
         )
 
     def record_cloud_call(self, repair_id: str, index: int, said: str) -> None:
@@ -239,7 +246,7 @@ class Repairs(Base):
         here = f"rounds.{index}"
         self.repairs.update_one({"_id": repair_id}, {"$set": {
             f"{here}.outcome": outcome, f"{here}.at": utc(at), f"{here}.message": message,
-            f"{here}.started_at": utc(started_at),
+            f"{here}.started_at": utc(started_at), "changed_at": self.now(),
         }})  # fmt: skip
 
 
