@@ -15,7 +15,16 @@ from prometheus_client import CollectorRegistry
 
 from dataflows import analyzer_metrics as analyzer
 from faultline import metrics
-from workers import attribution, common, fleet_state, maintenance, object_monitor, preflight_findings, webhook
+from workers import (
+    attribution,
+    common,
+    export,
+    fleet_state,
+    maintenance,
+    object_monitor,
+    preflight_findings,
+    webhook,
+)
 
 WORKERS = ("quarantine", "drain", "remediation", "janitor")
 # the series Prometheus makes of each family type (prometheus_client drops `_total` from a counter's name)
@@ -46,6 +55,7 @@ def registries() -> dict[str, CollectorRegistry]:
     out["maintenance"] = maintenance.Metrics().registry
     out["analyzer"] = analyzer.Metrics().registry
     out["webhook"] = webhook.REGISTRY
+    out["export"] = export.Metrics().registry
     for registry in out.values():
         metrics.build_info(registry)
     return out

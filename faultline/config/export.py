@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from faultline.config.base import Component, Duration, MetricsFields, StoreFields
 
-_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"  # a volume name with -token: at most 63
 
 
 class SinkFilter(BaseModel):

@@ -582,7 +582,7 @@ def test_network_policy_and_pod_monitor_when_enabled() -> None:
     ferret_from = policies["fl-ferretdb"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
     assert {"key": "app.kubernetes.io/component", "operator": "In",
             "values": ["agent", "quarantine", "drain", "remediation", "janitor", "maintenance", "object-monitor",
-                       "analyzer"]} in ferret_from  # fmt: skip
+                       "analyzer", "export"]} in ferret_from  # fmt: skip
     assert policies["fl-postgres"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/instance": "fl", "app.kubernetes.io/component": "ferretdb"}  # fmt: skip
     agent_egress = [r for r in policies["fl-agent"]["egress"] if "to" in r]
@@ -1454,3 +1454,53 @@ def test_the_install_and_upgrade_hooks_run_on_nodes_faultline_has_cordoned_or_ta
         assert tolerated == {"faultline.io/fault", "node.kubernetes.io/unschedulable", "site"}, job[
             "metadata"
         ]
+
+
+def test_the_exporter_its_sinks_secrets_and_egress(tmp_path: Path) -> None:
+    """The exporter's Deployment reads a settings file its model accepts, each sink's secret mounted where
+    its setting points; it has a ServiceAccount with no token and no RBAC (it reads the store only), egress
+    to its sinks under a NetworkPolicy, and is scraped with the rest."""
+    from cli import settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "export": {"enabled": True, "cluster": "gpu-east", "sinks": [
+            {"name": "events", "url": "https://events.example.com/in", "hmacSecret": {"name": "ev", "key": "hmac"},
+             "filter": {"fatal": True}, "backoffMax": "1m"},
+            {"name": "chat", "url": "https://hooks.example.com/x", "format": "webhook",
+             "bearerTokenSecret": {"name": "chat-token", "key": "token"}, "filter": {"actions": ["CONTACT_SUPPORT"]}},
+        ]},
+        "networkPolicy": {"enabled": True}, "podMonitor": {"enabled": True},
+    }))  # fmt: skip
+    docs = render(values=values)
+    file = tmp_path / "export.yaml"
+    file.write_text(yaml.safe_dump(settings_files(docs)["export"]))
+    cfg = settings.resolve(
+        config.ExportConfig, config_file=file, environ={"MONGODB_URI": "mongodb://m:27017"}
+    ).config
+    assert isinstance(cfg, config.ExportConfig) and cfg.cluster == "gpu-east"
+    events, chat = cfg.sinks
+    assert (events.filter.fatal, events.backoff_max, str(events.hmac_secret_file)) == (
+        True, dt.timedelta(minutes=1), "/etc/faultline/export/events-hmac/hmac"
+    )  # fmt: skip
+    assert (chat.format, str(chat.bearer_token_file), chat.filter.actions) == (
+        "webhook", "/etc/faultline/export/chat-token/token", ["CONTACT_SUPPORT"]
+    )  # fmt: skip
+    pod = workloads(docs)["fl-export"]
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/etc/faultline/export/events-hmac"]]["secret"]["secretName"] == "ev"
+    assert volumes[mounts["/etc/faultline/export/chat-token"]]["secret"]["items"] == [
+        {"key": "token", "path": "token"}
+    ]
+    assert pod["containers"][0]["args"][0] == "export"
+    account = next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == "fl-export")
+    assert account["automountServiceAccountToken"] is False
+    assert not any(d["metadata"]["name"] == "fl-export" for d in docs if d["kind"].endswith("RoleBinding"))
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "fl-export")
+    assert {"ports": [{"port": 443, "protocol": "TCP"}]} in policy["spec"]["egress"]
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    assert "export" in monitor["spec"]["selector"]["matchExpressions"][1]["values"]
+    with pytest.raises(ValueError, match=r"export\.enabled needs at least one sink"):
+        render("export.enabled=true")
