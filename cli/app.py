@@ -947,6 +947,41 @@ options.register(app, "report", config.ReportConfig, report, report.__doc__, ext
 ),))  # fmt: skip
 
 
+def rma_command(resolved: Any, target: str) -> None:
+    """Write the RMA evidence bundles of a node, or of a GPU (serial number or UUID), as a tarball: the
+    faults, the kernel lines and samples behind them, the GPUs' identity, the repair history and the
+    nvidia-bug-report outputs the repair Jobs collected. Kept when a repair ends in CONTACT_SUPPORT or
+    REPLACE. Reads the store."""
+    from cli import rma_tarball  # noqa: PLC0415
+    from faultline import store  # noqa: PLC0415
+
+    cfg: config.RmaConfig = resolved.config
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+    try:
+        with store.unreachable_is_transient("reading the RMA evidence"):
+            bundles = st.rma_bundles(node=target) or st.rma_bundles(gpu=target)
+            reports = {n: st.bug_reports(n, data=True) for n in sorted({b["node"] for b in bundles})}
+    finally:
+        st.close()
+    if not bundles:
+        _error(
+            f"no RMA evidence of {target!r}: a bundle is kept when a repair of a node ends in "
+            "CONTACT_SUPPORT or REPLACE (give the node's name, or a GPU's serial number or UUID)"
+        )
+        raise typer.Exit(1)
+    stamp = dt.datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = cfg.file or Path(f"rma-{rma_tarball.safe(target)}-{stamp}.tar.gz")
+    files = rma_tarball.write(path, target, bundles, reports)
+    out.print(f"wrote {path}: {len(bundles)} bundle(s), {files} files", markup=False)
+
+
+options.register(app, "rma", config.RmaConfig, rma_command, rma_command.__doc__, extra=(inspect.Parameter(
+    "target", inspect.Parameter.KEYWORD_ONLY, default=...,
+    annotation=Annotated[str, typer.Argument(help="a node, or a GPU's serial number or UUID",
+                                             show_default=False, metavar="NODE|GPU")],
+),))  # fmt: skip
+
+
 def _print_breaker(brk: store_documents.Breaker) -> None:
     """The breaker's state, why, and its last reset (who, why, when)."""
     since = f" since {brk.since:%Y-%m-%d %H:%M:%S}Z ({brk.reason})" if brk.since else ""

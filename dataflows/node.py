@@ -33,7 +33,16 @@ from bytewax.inputs import FixedPartitionedSource
 from bytewax.outputs import DynamicSink
 
 from faultline import metrics
-from faultline.models import Action, Component, Entity, HealthEvent, NodeUpdate, event_id, utc_from_epoch
+from faultline.models import (
+    HEALTH_SAMPLE_CODE,
+    Action,
+    Component,
+    Entity,
+    HealthEvent,
+    NodeUpdate,
+    event_id,
+    utc_from_epoch,
+)
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
 from sources import entry_match, gpu, scan
@@ -72,7 +81,7 @@ STEP_MONGO = "mongo_out"
 STEP_KUBE = "kube_out"
 RESEND_S = 60.0  # the detector re-sends the node's state this often (see DetectLogic.on_notify)
 RESTART_GAP = 1 << 32  # added to the match sequence on restore (see DetectLogic)
-SAMPLE_CODE = "GPU-HEALTH-SAMPLE"  # a health sample's code and check: no pattern's, no fault's
+SAMPLE_CODE = HEALTH_SAMPLE_CODE  # a health sample's code and check: no pattern's, no fault's
 SAMPLE_CHECK = "gpu-health-sample"
 EVENT_MESSAGE = 1024  # characters of the matched line a health event keeps (a line read may be 64 KiB)
 Matched = scan.Timed | HealthEvent  # what the match step hands the detector: matches, and health samples

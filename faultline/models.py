@@ -28,6 +28,9 @@ class Action(StrEnum):
     CONTACT_SUPPORT = "CONTACT_SUPPORT"
 
 
+HEALTH_SAMPLE_CODE = "GPU-HEALTH-SAMPLE"  # the code of a GPU's health sample events (every field it read)
+
+
 class RepairStep(StrEnum):
     """A round of repair (remediation's ladder, a person's RemediationRequest): what the janitor does."""
 

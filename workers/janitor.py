@@ -79,6 +79,7 @@ from workers import (
     overrides,
     preflight_findings,
     remedies,
+    rma,
     rules,
     user_requests,
 )
@@ -478,7 +479,11 @@ class Janitor:
             if before == GONE:
                 return RepairOutcome.SUCCEEDED, "the Node was already gone"
             said = current.cloud_call
-            if said is None:
+            if said is None:  # before the machine goes: what faultline knew of it, kept for a person
+                evidence = rma.keep(
+                    self.store, self._repair_of(where), where[1], current, "replaced by the provider"
+                )
+                self._status(current.request, "Running", evidence=evidence)
                 try:
                     inst = cloud.instance(self._provider_id(node))
                 except ValueError as exc:
@@ -666,15 +671,24 @@ class Janitor:
         )
         return common.Wait(self.settings.poll.total_seconds(), look)
 
+    def _repair_of(self, where: tuple[str, int]) -> store.Repair:
+        repair = self.store.repair(where[0])
+        if repair is None:
+            raise TransientError(f"repair {where[0]} is not in the store", delay=1.0)
+        return repair
+
     def _noop_status(self, name: str, phase: str, **_: Any) -> None:
         pass
 
     def _status(self, name: str, phase: str, *, started: dt.datetime | None = None,
                 finished: dt.datetime | None = None, message: str | None = None,
-                uid: str | None = None, attempts: int | None = None) -> None:  # fmt: skip
+                uid: str | None = None, attempts: int | None = None,
+                evidence: str | None = None) -> None:  # fmt: skip
         """Write the request's status (`uid`: only while the request of that name is that object; a
-        request deleted meanwhile gets nothing, and that is no error)."""
+        request deleted meanwhile gets nothing, and that is no error); `evidence`: the RMA bundle kept."""
         status: dict[str, Any] = {"phase": phase}
+        if evidence is not None:
+            status["evidence"] = evidence
         if started is not None:
             status["startedAt"] = started.strftime("%Y-%m-%dT%H:%M:%SZ")
         if finished is not None:

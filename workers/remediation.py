@@ -38,7 +38,7 @@ from typing import Any
 from faultline import bounds, conditions, config, evidence, kube, liveness, store
 from faultline.errors import ConfigError, ConflictError, NotFoundError
 from faultline.models import PROVIDER_REPAIR, Action, RepairOutcome, RepairStep
-from workers import attribution, common, others, remedies, templates
+from workers import attribution, common, others, remedies, rma, templates
 
 log = logging.getLogger(__name__)
 WORKER = "remediation"
@@ -189,19 +189,7 @@ class Remediation:
         if self._needs_whole_node(repair, decision.step, gpus):
             return WAIT_DRAIN
         if decision.step == remedies.CONTACT_SUPPORT:
-            record.outcome, record.at = RepairOutcome.CONTACT_SUPPORT, now
-            self.store.add_round(repair.id, record, result="contact support")
-            message = f"no automatic repair left: {decision.reason}; faults {', '.join(keys)}"
-            kube.nodes.write_conditions(self.api, node, [{
-                "type": CONDITION, "status": "False", "reason": "ContactSupport",
-                "message": bounds.clip(message, conditions.MESSAGE_LIMIT),
-            }], [])  # fmt: skip
-            common.post_event(
-                self.api, node, reason="FaultlineContactSupport", note=decision.reason, action="Remediate",
-                warning=True, worker=WORKER, owner=self.owner,
-            )  # fmt: skip
-            self.metrics.actions.labels(result="contact-support").inc()
-            return store.State.DONE
+            return self._contact_support(repair, record, decision, keys)
         what = self._request(name, node, decision, keys, gpus, round_)
         self.store.add_round(repair.id, record)
         common.post_event(self.api, node, reason="FaultlineRemediationRequested",
@@ -209,6 +197,28 @@ class Remediation:
                           warning=False, worker=WORKER, owner=self.owner)  # fmt: skip
         self.metrics.actions.labels(result=decision.step.lower()).inc()
         return store.Completion(then=store.HandOver.TO_JANITOR)  # the hand-over, set when this claim closes
+
+    def _contact_support(
+        self, repair: store.Repair, record: store.RepairRound, decision: remedies.Decision, keys: list[str]
+    ) -> common.Outcome:
+        """No automatic repair left: the round is recorded as ContactSupport with its RMA evidence kept, and
+        the node's condition and an Event say so (the node stays held)."""
+        node, now = repair.node, record.requested_at or self.store.clock()
+        record.outcome, record.at = RepairOutcome.CONTACT_SUPPORT, now
+        self.store.add_round(repair.id, record, result="contact support")
+        evidence = rma.keep(self.store, repair, len(repair.rounds), record, decision.reason)
+        message = (f"no automatic repair left: {decision.reason}; RMA evidence {evidence} "
+                   f"(faultline rma {node}); faults {', '.join(keys)}")  # fmt: skip
+        kube.nodes.write_conditions(self.api, node, [{
+            "type": CONDITION, "status": "False", "reason": "ContactSupport",
+            "message": bounds.clip(message, conditions.MESSAGE_LIMIT),
+        }], [])  # fmt: skip
+        common.post_event(
+            self.api, node, reason="FaultlineContactSupport", note=decision.reason, action="Remediate",
+            warning=True, worker=WORKER, owner=self.owner,
+        )  # fmt: skip
+        self.metrics.actions.labels(result="contact-support").inc()
+        return store.State.DONE
 
     def _other_remediator(self, node: str) -> common.Outcome | None:
         """While the Node carries another system's marker (`yield_to`), no round: the node stays held and

@@ -14,6 +14,7 @@ from faultline.config.commands import (
     ExplainConfig,
     ReportConfig,
     RetentionConfig,
+    RmaConfig,
     StatusConfig,
     UninstallConfig,
 )
@@ -42,6 +43,7 @@ COMPONENTS: dict[str, type[Component]] = {
     "status": StatusConfig,
     "explain": ExplainConfig,
     "report": ReportConfig,
+    "rma": RmaConfig,
     "breaker-reset": BreakerResetConfig,
     "retention": RetentionConfig,
     "uninstall": UninstallConfig,
@@ -83,6 +85,7 @@ __all__ = [
     "RepairCaps",
     "ReportConfig",
     "RetentionConfig",
+    "RmaConfig",
     "Seconds",
     "SinkFilter",
     "SinkSpec",

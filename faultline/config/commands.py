@@ -42,6 +42,14 @@ class ReportConfig(Component, StoreFields):
     )
 
 
+class RmaConfig(Component, StoreFields):
+    """`faultline rma NODE|GPU`: write the RMA evidence bundles of a node, or of a GPU, as a tarball."""
+
+    file: Path | None = Field(
+        default=None, description="the tarball to write; unset: rma-<node or GPU>-<time>.tar.gz here"
+    )
+
+
 def _os_user() -> str:
     return os.environ.get("USER") or getpass.getuser()
 

@@ -18,6 +18,8 @@ Collections and their modules:
   lease is the work item `analyzer/cluster` in `queue`.
 - `gpus`, `episodes` (`fleet`): each GPU's identity as its agent read it (`GpuIdentity`), and each
   quarantine episode from cordon to release (`Episode`): what reports and RMA bundles read.
+- `rma`, `bug_reports` (`rma`): the evidence bundle of each repair round that handed a node to a person or
+  replaced it, and the `nvidia-bug-report` outputs the repair Jobs collected on the nodes.
 - `exports` (`exports`): the exporter's position per sink (what it handled, up to when).
 - `maintenance` (`maintenance`): Azure nodes' Scheduled Events, relayed by their agents for the cloud
   maintenance monitor, and the early starts it asks for (`ScheduledEvents`).

@@ -100,6 +100,8 @@ class Base:
     gpu_ids: Collection[Any]
     episodes: Collection[Any]
     exports: Collection[Any]
+    rma: Collection[Any]
+    bug_report_files: Collection[Any]
     queue: Collection[Any]
     repairs: Collection[Any]
     maintenance: Collection[Any]

@@ -33,6 +33,7 @@ from faultline.store.gpu_pods import GpuPodMaps
 from faultline.store.holds import Holds
 from faultline.store.maintenance import Maintenance
 from faultline.store.repairs import Repairs
+from faultline.store.rma import Rma
 
 log = logging.getLogger(__name__)
 SLOW_S = 2.0  # a store call that takes this long is logged (see SlowCalls)
@@ -167,7 +168,7 @@ def unreachable_is_transient(what: str) -> Iterator[None]:
         raise TransientError(f"{what}: the store cannot serve now: {said}", delay=1.0) from exc
 
 
-class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analyzer, Fleet, Exports):
+class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analyzer, Fleet, Exports, Rma):
     """Every collection faultline writes, behind named operations (see the package docstring).
 
     The collection handles (`events`, `faults`, `nodes`, ...) are the store's own, for its operation
@@ -185,10 +186,10 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analy
         self.drains = self.db[Work.DRAINS]  # one document per node being drained (drainer)
         self.gpu_pods = self.db["gpu_pods"]  # per node: which pods use which GPU (agent -> drainer)
         self.gpu_ids = self.db["gpus"]  # each GPU's identity, as its agent read it (agent -> reports)
-        self.episodes = self.db["episodes"]
-        self.exports = self.db[
-            "exports"
-        ]  # the exporter's position per sink  # each quarantine, cordon to release (quarantine -> reports)
+        self.episodes = self.db["episodes"]  # each quarantine, cordon to release (quarantine -> reports)
+        self.exports = self.db["exports"]  # the exporter's position per sink
+        self.rma = self.db["rma"]  # evidence bundles of nodes handed to a person or replaced
+        self.bug_report_files = self.db["bug_reports"]  # nvidia-bug-report outputs, as the agents found them
         self.queue = self.db[Work.QUEUE]  # work items of the fault-level stages
         self.repairs = self.db[Work.REPAIRS]
         self.maintenance = self.db[MAINTENANCE]  # Azure nodes' Scheduled Events (agent <-> monitor)

@@ -278,6 +278,13 @@ def test_replace_through_gcp_and_oci(
             assert _outcome(st, repair) == "Succeeded", st.db["repairs"].find_one({"_id": repair})
             doc = st.faults.find_one({"_id": faults[node].id})
             assert doc["state"] == FaultState.RESOLVED and doc["resolved_by"].startswith("janitor: ")
+            # the evidence was kept before the provider's call (the fault still open then), and the
+            # request names it
+            (bundle,) = st.rma_bundles(node=node)
+            assert bundle["_id"] == f"{repair}#1" and bundle["step"] == "REPLACE"
+            assert [(f["code"], f["state"]) for f in bundle["faults"]] == [("XID-48", "open")]
+            request = kube.resources.get_request(api, f"replace-{node}")
+            assert request["status"]["evidence"] == bundle["_id"]
         assert fake.actions("gcp") == [("recreate:gpu-grp", "gke-gpu-pool-1-recreate")]
         assert [a for a, _ in fake.actions("oci")] == ["TERMINATE"]
     with pytest.raises(NotFoundError):

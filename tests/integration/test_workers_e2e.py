@@ -9,6 +9,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,16 @@ from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
 from faultline.errors import ConflictError
-from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
+from faultline.models import (
+    HEALTH_SAMPLE_CODE,
+    Action,
+    Component,
+    Entity,
+    Fault,
+    FaultState,
+    HealthEvent,
+    fault_id,
+)
 from tests.integration.test_agent import poll, sim, start_agent, stop_agent
 from tests.integration.test_drainer import pdb, pod, pods_on
 from workers import breaker, drainer, janitor, quarantine, remediation
@@ -165,7 +175,7 @@ def test_xid_to_repair_to_uncordon(
 
 
 def test_a_repair_that_fails_escalates_to_contact_support(
-    cluster: LocalCluster, api: Any, mongo_db: Any
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, mongo_db: Any, tmp_path: Path
 ) -> None:
     node = cluster.node_names[4]
     core = kube.core(api)
@@ -190,6 +200,21 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         janitor.Janitor(st, api, janitor.Settings(poll=0.3, reboot_timeout=dt.timedelta(seconds=2),
                                                   job_annotations=no_reboot, **fast), "j"),
     ]  # fmt: skip
+    # what the node's agent and its repair Jobs would have left in the store: the GPUs' identity, the line
+    # behind the fault, a health sample, a bug report
+    ident = {"index": 2, "uuid": "GPU-e2e-2", "serial": "1652022099999", "model": "NVIDIA H100 80GB HBM3",
+             "vbios": "96.00.99.00.01", "driver": "580.95.05"}  # fmt: skip
+    st.record_gpus(node, [{**ident, "pci": "0000:3a:00"}], now)
+    line = "NVRM: Xid (PCI:0000:3a:00): 79, pid=0, name=faultline, GPU has fallen off the bus."
+    st.record_events([
+        HealthEvent(id=f"e2e-{node}-xid", node=node, component=Component.GPU, check="xid", code="XID-79",
+                    entities=(xid.entity,), healthy=False, fatal=True, action=Action.RESTART_BM, message=line,
+                    observed_at=now, generated_at=now),
+        HealthEvent(id=f"e2e-{node}-sample", node=node, component=Component.GPU, check="gpu-health-sample",
+                    code=HEALTH_SAMPLE_CODE, entities=(xid.entity,), healthy=True, fatal=False, action=Action.NONE,
+                    metadata={"ecc_dbe_volatile": "3", "temperature": "47"}, observed_at=now, generated_at=now),
+    ])  # fmt: skip
+    st.keep_bug_report(node, "nvidia-bug-report-round-1.log.gz", b"\x1f\x8b fake gzip", now)
     try:
         for w in workers:
             w.start()
@@ -207,6 +232,34 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         assert core.read_node(node).spec.unschedulable  # stays quarantined for a human
         events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
         assert {"FaultlineRepairTimedOut", "FaultlineContactSupport"} <= {e.reason for e in events}
+        # the RMA evidence, kept before the node waits for a person, and named by its condition
+        bundle = mongo_db["rma"].find_one({"_id": f"{repair['_id']}#2"})
+        assert (bundle["node"], bundle["step"]) == (node, "CONTACT_SUPPORT")
+        assert [f["code"] for f in bundle["faults"]] == ["XID-79"]
+        assert [e["message"] for e in bundle["evidence"][xid.id]] == [line]
+        assert [(g["serial"], g["vbios"], g["driver"]) for g in bundle["gpus"]] == [
+            ("1652022099999", "96.00.99.00.01", "580.95.05")]  # fmt: skip
+        assert bundle["samples"]["0000:3a:00"][0]["metadata"]["ecc_dbe_volatile"] == "3"
+        assert [r["step"] for r in bundle["repairs"][0]["rounds"]] == ["REBOOT", "CONTACT_SUPPORT"]
+        assert [b["name"] for b in bundle["bug_reports"]] == ["nvidia-bug-report-round-1.log.gz"]
+        condition = kube.nodes.conditions(api, node)["FaultlineRemediation"]
+        assert f"RMA evidence {bundle['_id']}" in condition["message"]
+        for target in (node, "1652022099999"):  # by node, and by the GPU's serial
+            tarball = tmp_path / f"{target}.tar.gz"
+            out = rma(mongo, mongo_db, target, tarball)
+            assert out.exit_code == 0, out.output
+            with tarfile.open(tarball) as tar:
+                names = tar.getnames()
+                top = next(n.split("/")[0] for n in names if n.endswith("/bundle.json"))
+                lines = tar.extractfile(f"{top}/kernel-lines.txt").read().decode()  # type: ignore[union-attr]
+                report = tar.extractfile(f"bug-reports/{node}/nvidia-bug-report-round-1.log.gz")
+                assert report is not None and report.read() == b"\x1f\x8b fake gzip"
+            assert {f"{top}/bundle.json", f"{top}/gpus.json", f"{top}/repairs.json", "README.txt"} <= set(
+                names
+            )
+            assert line in lines and "ecc_dbe_volatile=3" in lines
+        missing = rma(mongo, mongo_db, "no-such-node", tmp_path / "none.tar.gz")
+        assert missing.exit_code == 1 and "no RMA evidence of 'no-such-node'" in missing.output
     finally:
         for w in workers:
             w.halt()
@@ -238,6 +291,21 @@ def explain(
         root.handlers[:] = handlers
     assert got.exit_code == 0, got.output
     return json.loads(got.stdout) if output == "json" else got.stdout
+
+
+def rma(mongo: LocalMongo, mongo_db: Any, target: str, path: Path) -> Any:
+    """`faultline rma TARGET --file PATH` against the test's database."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from cli import app  # noqa: PLC0415
+
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        return CliRunner().invoke(app.app, ["rma", target, "--file", str(path), "--mongodb-uri", mongo.uri,
+                                            "--database", mongo_db.name])  # fmt: skip
+    finally:
+        root.handlers[:] = handlers
 
 
 def forget_repairs(api: Any, node: str) -> None:
