@@ -136,6 +136,36 @@ for gpu in "$@"; do
     { echo "GPU $gpu does not answer after its reset" >&2; exit 5; }
 done
 """
+# The node's state for a person, before a repair changes it: nvidia-bug-report.sh (the driver's own, from
+# the GPU Operator's driver root or the host, as nvidia-smi above) run in the host's mount namespace by the
+# repair Job's init container, into $BUG_REPORT_DIR/<request>.log.gz (written under a dot name, then moved:
+# the node agent uploads complete files only). It never fails the Job: a node without the driver's tools, or
+# a report that does not finish within $BUG_REPORT_TIMEOUT seconds, lets the repair go ahead without it.
+BUG_REPORT_SCRIPT = r"""
+dir=${BUG_REPORT_DIR:?}; name=$1; limit=${BUG_REPORT_TIMEOUT:-300}
+driver_root=${DRIVER_ROOT:-/run/nvidia/driver}
+mkdir -p "$dir" || { echo "cannot make $dir: no bug report"; exit 0; }
+part="$dir/.$name.log"
+if [ -x "$driver_root/usr/bin/nvidia-bug-report.sh" ]; then
+  timeout "$limit" chroot "$driver_root" nvidia-bug-report.sh --output-file "/tmp/.$name.log" >/dev/null 2>&1
+  rc=$?
+  for f in "$driver_root/tmp/.$name.log.gz" "$driver_root/tmp/.$name.log"; do
+    [ -f "$f" ] && mv "$f" "$dir/"
+  done
+elif command -v nvidia-bug-report.sh >/dev/null 2>&1; then
+  timeout "$limit" nvidia-bug-report.sh --output-file "$part" >/dev/null 2>&1
+  rc=$?
+else
+  echo "no nvidia-bug-report.sh: not in the GPU Operator's driver root ($driver_root) nor on the host"; exit 0
+fi
+if [ "$rc" = 124 ]; then  # cut short: a partial report is not kept as if it were whole
+  rm -f "$part" "$part.gz"; echo "nvidia-bug-report.sh did not finish within ${limit}s: no report"; exit 0
+fi
+[ -f "$part" ] && gzip -f "$part"
+if [ -s "$part.gz" ]; then mv "$part.gz" "$dir/$name.log.gz" && echo "bug report: $dir/$name.log.gz"
+else rm -f "$part" "$part.gz"; echo "nvidia-bug-report.sh left no report (within ${limit}s)"; fi
+exit 0
+"""
 _NSENTER = ("nsenter", "-t", "1", "-m", "--")  # the host's mount namespace: its driver tools and /dev
 
 
@@ -554,6 +584,8 @@ class Janitor:
                         "tolerations": [{"operator": "Exists"}],
                         **({"imagePullSecrets": [{"name": n} for n in s.image_pull_secrets]}
                            if s.image_pull_secrets else {}),
+                        **({"initContainers": [_bug_report(s, name)]} if privileged and s.bug_report_dir
+                           else {}),
                         "containers": [{"name": action, "image": s.image, "command": list(command),
                                         "securityContext": _job_security(privileged)}],
                     },
@@ -711,6 +743,18 @@ class Janitor:
             log.info(
                 "RemediationRequest %s is gone: status %s not written", name, phase, extra={"item": name}
             )
+
+
+def _bug_report(s: Settings, name: str) -> dict[str, Any]:
+    """The repair Job's first container: the node's nvidia-bug-report, before the repair changes the node."""
+    limit = int(s.bug_report_timeout.total_seconds())
+    return {
+        "name": "bug-report", "image": s.image,
+        "command": [*_NSENTER, "sh", "-c", BUG_REPORT_SCRIPT, "bug-report", name],
+        "env": [{"name": "BUG_REPORT_DIR", "value": s.bug_report_dir},
+                {"name": "BUG_REPORT_TIMEOUT", "value": str(limit)}],
+        "securityContext": _job_security(True),
+    }  # fmt: skip
 
 
 def _job_security(privileged: bool) -> dict[str, Any]:

@@ -274,6 +274,15 @@ class JanitorTuning(Part):
         validate_default=True,
         description="the GPU reset Job's command, given the GPUs' bus ids; empty: the built-in script",
     )
+    bug_report_dir: str = Field(
+        default="/var/lib/faultline/bug-reports", pattern=r"^(/[^\x00]*)?$",
+        description="where a repair Job leaves the node's nvidia-bug-report output before it acts (a host "
+        "path the node agent reads: its state directory's bug-reports/); empty: no bug report",
+    )  # fmt: skip
+    bug_report_timeout: Duration = Field(
+        default=dt.timedelta(minutes=5), gt=_ZERO,
+        description="the longest nvidia-bug-report.sh may run before the repair goes ahead without it",
+    )  # fmt: skip
     record_only: bool = Field(
         default=False,
         description="repair Jobs print the command they would run and exit 0, unprivileged and outside the "

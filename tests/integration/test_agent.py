@@ -195,6 +195,10 @@ def test_xid_to_fault_document_and_condition_then_clear(
     port = procs.free_port()
     fid = fault_id(node, "GPU", "0000:5d:00", "XID-79")  # GPU 3 of a simulated node
     extra = ("--metrics-port", str(port), "--state-dir", str(tmp_path / "state"))
+    reports = tmp_path / "state" / "bug-reports"  # what a repair Job's first container left on the node
+    reports.mkdir(parents=True)
+    (reports / f"{node}-r1.log.gz").write_bytes(b"\x1f\x8b a report")
+    (reports / f".{node}-r2.log").write_bytes(b"still being written")
     with running_agent(cluster, mongo, node, tmp_path, *extra) as faults:
         time.sleep(1.0)  # the flow is running once its sinks are built
 
@@ -236,6 +240,12 @@ def test_xid_to_fault_document_and_condition_then_clear(
         assert "faultline_spool_depth 0.0" in exposition
         assert 'faultline_source_lag_seconds{source="gpu"}' in exposition
         assert "faultline_build_info{" in exposition
+
+        # the bug report uploaded (and gone from the node); the one still being written left alone
+        stored = faults.database["bug_reports"]
+        poll("the bug report uploaded", lambda: stored.find_one({"_id": f"{node}/{node}-r1.log.gz"}), 10)
+        assert stored.find_one({"_id": f"{node}/{node}-r1.log.gz"})["data"] == b"\x1f\x8b a report"
+        assert sorted(p.name for p in reports.iterdir()) == [f".{node}-r2.log"]
 
         # what each GPU is, recorded at start for reports and RMA bundles
         gpus = faults.database["gpus"]
