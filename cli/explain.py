@@ -62,6 +62,10 @@ def gather(st: store.Store, api: Any, node: str, quarantine_rules: Iterable[rule
         "faults": faults,
         "drain": None if drain is None else _drain(drain),
         "repairs": [_repair(r) for r in repairs],
+        "rma": [
+            {"id": b["_id"], "step": b.get("step"), "created_at": _t(b.get("created_at"))}
+            for b in st.rma_bundles(node=node)
+        ],
         "parked": [
             {
                 "stage": str(p.stage),
@@ -401,6 +405,8 @@ def render(e: dict[str, Any]) -> str:
                 )
             )
             lines.append(f"  {x['step']} ({x['request']}): {end}")
+    for b in e["rma"]:
+        lines.append(f"RMA evidence {b['id']} ({b['step']}, {b['created_at']}): faultline rma {e['node']}")
     for p in e["parked"]:
         lines.append(
             f"parked: {p['stage']} {p['item']} after {p['attempts']} attempts: {_short(p['reason'])}"

@@ -213,9 +213,10 @@ class Remediation:
             "type": CONDITION, "status": "False", "reason": "ContactSupport",
             "message": bounds.clip(message, conditions.MESSAGE_LIMIT),
         }], [])  # fmt: skip
+        note = f"{decision.reason}; RMA evidence {evidence}"
         common.post_event(
-            self.api, node, reason="FaultlineContactSupport", note=decision.reason, action="Remediate",
-            warning=True, worker=WORKER, owner=self.owner,
+            self.api, node, reason="FaultlineContactSupport", note=note,
+            action="Remediate", warning=True, worker=WORKER, owner=self.owner,
         )  # fmt: skip
         self.metrics.actions.labels(result="contact-support").inc()
         return store.State.DONE

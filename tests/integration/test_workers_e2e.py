@@ -258,6 +258,9 @@ def test_a_repair_that_fails_escalates_to_contact_support(
                 names
             )
             assert line in lines and "ecc_dbe_volatile=3" in lines
+        story = explain(cluster, mongo, mongo_db, node)
+        assert [b["id"] for b in story["rma"]] == [bundle["_id"]]
+        assert story["next"].startswith("waiting for a person (CONTACT_SUPPORT)")
         missing = rma(mongo, mongo_db, "no-such-node", tmp_path / "none.tar.gz")
         assert missing.exit_code == 1 and "no RMA evidence of 'no-such-node'" in missing.output
     finally:
