@@ -21,6 +21,9 @@ a real kubelet node, the three Deployments placed on that node, the session's Fe
     the analyzer's lease in the store, and derives the pack's CHART-GPU-REPEAT from feed records the
     test writes through the store as an agent with analyzer_feed does (`Store.record_batch`): one GPU
     (by UUID) failing on two nodes;
+(f) the exporter, with no Kubernetes identity at all, POSTs the maintenance fault's opening and resolution
+    as CloudEvents, signed with the HMAC secret of the Secret its sink names, to a receiver on the host
+    (reached at the bridge address), and nothing else (its sink's filter);
 (e) `helm uninstall` leaves no object of the release (workloads, ConfigMaps, ServiceAccounts, roles and
     bindings, Helm's own record) and, with the test's label and GPUs taken back, the real node is as it
     was before the test.
@@ -29,6 +32,8 @@ a real kubelet node, the three Deployments placed on that node, the session's Fe
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import os
 import time
 import urllib.request
@@ -38,6 +43,7 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools import procs
@@ -52,6 +58,7 @@ from tests.fakes import cloud as fakes
 from tests.integration import chartutil
 from tests.integration.chartutil import NODE
 from tests.integration.test_chart import ANALYZER_PACK
+from tests.integration.test_export import Receiver
 
 pytestmark = [
     pytest.mark.integration,
@@ -60,7 +67,7 @@ pytestmark = [
 ]
 RELEASE = "flm"
 MONITORS = ("object-monitor", "maintenance")
-COMPONENTS = (*MONITORS, "analyzer")
+COMPONENTS = (*MONITORS, "analyzer", "export")
 COUNT_LABEL = "nvidia.com/gpu.count"  # what the built-in gpus-not-advertised rule compares with
 GPUS, REBOOT = "KUBE-GPUS-NOT-ADVERTISED", "CSP-MAINTENANCE-REBOOT"
 REPEAT = "CHART-GPU-REPEAT"  # ANALYZER_PACK's code
@@ -81,7 +88,16 @@ RELEASE_KINDS = (
 
 
 def _values(
-    cluster: LocalCluster, uri: str, database: str, state: Path, *, oci: str, oci_secret: str, watch: str
+    cluster: LocalCluster,
+    uri: str,
+    database: str,
+    state: Path,
+    *,
+    oci: str,
+    oci_secret: str,
+    watch: str,
+    sink: str,
+    sink_secret: str,
 ) -> dict[str, Any]:
     """The store and image as the real-node chart test gives them, the agent off, and both monitors and the
     analyzer on the real node: the object monitor with the built-in rules (gpus-not-advertised after 1 s),
@@ -95,6 +111,10 @@ def _values(
                              "endpoints": {"oci": oci}, "ociConfigSecret": oci_secret, **place}  # fmt: skip
     values["analyzer"] = {"enabled": True, "packs": {"chart-cluster.yaml": ANALYZER_PACK},
                           "config": {"poll": "100ms", "checkpoint_interval": "500ms"}, **place}  # fmt: skip
+    values["export"] = {"enabled": True, "cluster": "real-lab", "poll": "1s", **place, "sinks": [
+        {"name": "events", "url": sink, "filter": {"codes": [REBOOT]},
+         "hmacSecret": {"name": sink_secret, "key": "hmac"}},
+    ]}  # fmt: skip
     return values
 
 
@@ -198,6 +218,8 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
         kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
         client.close()
 
+    receiver = Receiver()
+    receiver.down = False
     with (
         fakes.FakeCloud(oci_public_key=key.public_key()) as fake,
         chartutil.Release(
@@ -216,7 +238,10 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
         oci_endpoint = f"http://{real_cluster.expose(port)}"  # the fake, as pods reach it
         (tmp_path / "oci").mkdir()
         fakes.oci_config(tmp_path / "oci", key)
+        sink = f"http://{real_cluster.expose(receiver.server.server_address[1])}/events"
         core.create_namespace({"metadata": {"name": ns}})  # type: ignore[arg-type]
+        core.create_namespaced_secret(ns, {"metadata": {"name": "export-hmac"},  # type: ignore[arg-type]
+                                           "stringData": {"hmac": f"key-{suffix}"}})  # fmt: skip
         core.create_namespaced_secret(ns, {  # type: ignore[arg-type]
             "metadata": {"name": oci_secret},
             "stringData": {name: (tmp_path / "oci" / name).read_text() for name in ("config", "key.pem")},
@@ -225,7 +250,7 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
         # -- (a) install: the monitors and the analyzer Ready on the real node, as their chart identities --
         installed = release.install(_values(
             real_cluster, uri, database, tmp_path / "node" / "state", oci=oci_endpoint,
-            oci_secret=oci_secret, watch=f"{WATCH_LABEL}={suffix}",
+            oci_secret=oci_secret, watch=f"{WATCH_LABEL}={suffix}", sink=sink, sink_secret="export-hmac",
         ), ready=COMPONENTS)  # fmt: skip
         seconds["install to Ready"] = time.monotonic() - installed
         assert sorted(p["metadata"]["labels"]["app.kubernetes.io/component"]
@@ -239,10 +264,16 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
             assert status["containerID"].startswith("containerd://")
             account = f"{RELEASE}-{component}"
             assert pod["spec"]["serviceAccountName"] == account
-            binding = kube.rbac(api).read_cluster_role_binding(account)
-            assert [(s.kind, s.name, s.namespace) for s in binding.subjects or []] == [
-                ("ServiceAccount", account, ns)
-            ]
+            if component == "export":  # it reads the store only: no binding, no token in the pod
+                with pytest.raises(ApiException):
+                    kube.rbac(api).read_cluster_role_binding(account)
+                assert not any(m["mountPath"].startswith("/var/run/secrets/kubernetes.io")
+                               for m in pod["spec"]["containers"][0]["volumeMounts"])  # fmt: skip
+            else:
+                binding = kube.rbac(api).read_cluster_role_binding(account)
+                assert [(s.kind, s.name, s.namespace) for s in binding.subjects or []] == [
+                    ("ServiceAccount", account, ns)
+                ]
             assert _http(pod, "/healthz") == (200, "ok\n"), component
             pods[component] = pod
 
@@ -325,6 +356,27 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
                        lambda: _reasons(api, oci_node, "FaultlineMaintenance") == over, 30, interval=0.5)  # fmt: skip
         assert {a for a, _ in fake.actions("oci")} == {"GET"}  # nothing but reads
 
+        # -- (f) the exporter: the maintenance fault's opening and resolution, signed, and nothing else ----
+        (reboot,) = _faults(db, oci_node, REBOOT)
+        last = f"{reboot.id}@{reboot.revision}"  # the resolution
+        procs.wait_for("the resolution exported", lambda: last in receiver.ids("/events"), 30, interval=0.5)
+        events = [doc for doc, _ in receiver.got["/events"]]
+        ids = [e["id"] for e in events]
+        assert len(ids) == len(set(ids)) and ids[-1] == last, ids
+        assert (
+            events[0]["type"] == "io.faultline.fault.opened"
+            and events[-1]["type"] == "io.faultline.fault.resolved"
+        )
+        for doc, head in receiver.got["/events"]:
+            raw = bytes.fromhex(head["raw"])
+            signature = "sha256=" + hmac.new(f"key-{suffix}".encode(), raw, hashlib.sha256).hexdigest()
+            assert head["X-Faultline-Signature"] == signature
+            assert (doc["source"], doc["subject"], doc["data"]["code"]) == (
+                "faultline/real-lab",
+                oci_node,
+                REBOOT,
+            )
+
         for component in COMPONENTS:  # never restarted, nothing refused
             pod = release.pod(component)
             assert pod is not None and chartutil.ready(pod), component
@@ -394,3 +446,5 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
         assert _node_as_seen(api, NODE) == before
         seconds["test"] = time.monotonic() - started
         print("\nmonitors on a real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
+    receiver.server.shutdown()
+    receiver.server.server_close()
