@@ -5,8 +5,9 @@ At least once, in order of time, from a stored position per sink (a new sink sta
 - each pass reads what changed since the sink's position, less `SKEW` (faults carry their writer's clock:
   an agent's clock behind this one must not hide a change), and skips the events the position says were
   handled already (sent, refused by the filter, or rejected by the receiver);
-- an event is recorded as handled right after the receiver accepted it (2xx), before the next is sent; a
-  crash between the two sends it again (at least once), never an event skipped;
+- an event is recorded as handled once the receiver accepted it (2xx); the record is written at most once
+  a second within a pass and at its end (a stop too), so a crash sends the last second's events again (at
+  least once), never an event skipped;
 - a receiver that is down or answers 5xx, 408 or 429 is retried with back-off (1 s doubling to
   `backoff_max`), the same event first, so nothing is lost and order is kept; one that answers another
   4xx rejects that event for good: it is counted, logged and passed over (retrying cannot help);
@@ -25,6 +26,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -38,6 +40,7 @@ from faultline.config.export import SinkSpec
 
 log = logging.getLogger(__name__)
 SKEW = dt.timedelta(minutes=5)  # how far behind this one a writer's clock may be
+SAVE_EVERY_S = 1.0  # the position is written at most this often within a pass (and at its end)
 BACKOFF_MIN_S = 1.0
 RETRYABLE = {408, 429}  # 4xx statuses that mean "later", not "never"
 EVENT_TYPE = "io.faultline"
@@ -216,23 +219,30 @@ class Exporter:
             since = now
             self.store.save_export_position(sink.name, since, handled)
         look_from = since - SKEW
-        sent = 0
-        for change in changes(self.store, look_from):
-            if self.stop.is_set():
-                break
-            if change.id in handled:
-                continue
-            if accepts(sink, change) and self._deliver(sink, change, beat):
-                sent += 1
-            elif self.stop.is_set():
-                break
-            handled[change.id] = change.time
-            self.store.save_export_position(sink.name, since, handled)
-        else:  # everything up to now handled: the position moves, and what it covers is forgotten
-            since = now
-            keep = since - SKEW
-            handled = {k: t for k, t in handled.items() if t >= keep}
-            self.store.save_export_position(sink.name, since, handled)
+        sent, unsaved, saved_at = 0, 0, time.monotonic()
+        try:
+            for change in changes(self.store, look_from):
+                if self.stop.is_set():
+                    break
+                if change.id in handled:
+                    continue
+                if accepts(sink, change) and self._deliver(sink, change, beat):
+                    sent += 1
+                elif self.stop.is_set():
+                    break
+                handled[change.id] = change.time
+                unsaved += 1
+                if time.monotonic() - saved_at >= SAVE_EVERY_S:  # a storm's events: one write a second
+                    self.store.save_export_position(sink.name, since, handled)
+                    unsaved, saved_at = 0, time.monotonic()
+            else:  # everything up to now handled: the position moves, and what it covers is forgotten
+                since = now
+                keep = since - SKEW
+                handled = {k: t for k, t in handled.items() if t >= keep}
+                unsaved += 1
+        finally:
+            if unsaved:
+                self.store.save_export_position(sink.name, since, handled)
         self.metrics.lag.labels(sink=sink.name).set(max(0.0, (self.store.now() - since).total_seconds()))
         return sent
 
