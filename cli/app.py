@@ -600,12 +600,16 @@ def store_retention(cfg: config.RetentionConfig) -> None:
         with store.unreachable_is_transient("pruning health events"):
             deleted = st.prune_events(cfg.older_than)
             fed = st.prune_feed(cfg.older_than)  # the analyzer's feed: by age, read or not
+            reports = st.prune_bug_reports(cfg.bug_reports_older_than)
     finally:
         st.close()
     older_than = options.format_value(cfg.older_than)
     out.print(f"deleted {deleted} health events older than {older_than}", markup=False)
     if fed:
         out.print(f"deleted {fed} feed documents older than {older_than}", markup=False)
+    if reports:
+        kept = options.format_value(cfg.bug_reports_older_than)
+        out.print(f"deleted {reports} bug reports collected more than {kept} ago", markup=False)
 
 
 @options.command(worker_app, "quarantine", config.QuarantineConfig)

@@ -72,6 +72,11 @@ class RetentionConfig(Component, StoreFields):
         description="delete health events older than this (duration); at least 1h, so the analyzer and "
         "`explain` keep recent history",
     )  # fmt: skip
+    bug_reports_older_than: Duration = Field(
+        default=dt.timedelta(days=90), ge=dt.timedelta(days=1),
+        description="delete nvidia-bug-report outputs collected longer ago than this (duration; up to 12 MiB "
+        "each): the RMA bundles keep their listing, a tarball written later lacks the report",
+    )  # fmt: skip
 
 
 class UninstallConfig(Component, KubeFields):

@@ -44,3 +44,8 @@ class Rma(Base):
         fields = None if data else {"data": 0}
         docs = self.bug_report_files.find({"node": node}, fields)
         return sorted(docs, key=lambda d: (d.get("collected_at") is None, d.get("collected_at"), d["_id"]))
+
+    def prune_bug_reports(self, older_than: dt.timedelta) -> int:
+        """Delete the bug reports collected before the cutoff (retention); how many."""
+        cutoff = self.now() - older_than
+        return int(self.bug_report_files.delete_many({"collected_at": {"$lt": cutoff}}).deleted_count)

@@ -290,6 +290,8 @@ def test_retention_command_prunes_by_age_and_refuses_nonsense(mongo_db: Any, mon
     st.feed_writers.insert_one({"_id": "n1", "n": 2})  # the analyzer's feed: one old document, one new
     st.feed.insert_many([{"_id": "n1/000000000000000001", "writer": "n1", "n": 1, "at": now - dt.timedelta(days=20)},
                          {"_id": "n1/000000000000000002", "writer": "n1", "n": 2, "at": now}])  # fmt: skip
+    st.keep_bug_report("n1", "old.log.gz", b"old", now - dt.timedelta(days=100))
+    st.keep_bug_report("n1", "new.log.gz", b"new", now - dt.timedelta(days=10))
     base = [sys.executable, "-m", "faultline", "store", "retention", "--mongodb-uri", mongo.uri,
             "--database", mongo_db.name]  # fmt: skip
     done = subprocess.run(
@@ -297,9 +299,11 @@ def test_retention_command_prunes_by_age_and_refuses_nonsense(mongo_db: Any, mon
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "deleted 3 health events older than 14d", "deleted 1 feed documents older than 14d"
+        "deleted 3 health events older than 14d", "deleted 1 feed documents older than 14d",
+        "deleted 1 bug reports collected more than 90d ago",
     ]  # fmt: skip
     assert st.events.count_documents({}) == 2
+    assert [r["name"] for r in st.bug_reports("n1")] == ["new.log.gz"]
     assert [d["n"] for d in st.feed.find({})] == [2]
     bad = subprocess.run(
         [*base, "--older-than", "soon"], check=False, capture_output=True, text=True, timeout=60
