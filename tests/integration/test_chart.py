@@ -130,6 +130,7 @@ def test_defaults_monitor_only_with_the_embedded_store() -> None:
         "Deployment",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",  # the agents' own-node policy
+        "CronJob",  # store retention
     }  # fmt: skip  (no Secret: the hook makes them, test_the_secrets_hook_...)
     assert kinds(docs) >= STORE_KINDS
     assert {n for k, n in kinds(docs) if k == "Deployment"} == {"fl-ferretdb"}  # no worker
@@ -491,6 +492,8 @@ def test_every_probe_reaches_a_port_the_container_exposes() -> None:
             assert ports == {"metrics": 9400}
             assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     for component, values in settings_files(docs).items():  # where the server listens: the pod IP too
+        if component == "retention":  # a Job that runs once: no server, no probes
+            continue
         assert values["metrics_port"] == 9400 and values["metrics_address"] == "0.0.0.0", component
     off = workloads(render("quarantine.enabled=true", "metrics.port=0"))
     for name in ("fl-agent", "fl-quarantine"):
@@ -578,11 +581,11 @@ def test_network_policy_and_pod_monitor_when_enabled() -> None:
         *ALL_ON, "networkPolicy.enabled=true", "podMonitor.enabled=true", "podMonitor.labels.release=prom"
     )
     policies = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
-    assert set(policies) == {f"fl-{c}" for c in ("agent", *WORKERS, "ferretdb", "postgres")}
+    assert set(policies) == {f"fl-{c}" for c in ("agent", *WORKERS, "ferretdb", "postgres", "retention")}
     ferret_from = policies["fl-ferretdb"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"]
     assert {"key": "app.kubernetes.io/component", "operator": "In",
             "values": ["agent", "quarantine", "drain", "remediation", "janitor", "maintenance", "object-monitor",
-                       "analyzer", "export"]} in ferret_from  # fmt: skip
+                       "analyzer", "export", "retention"]} in ferret_from  # fmt: skip
     assert policies["fl-postgres"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/instance": "fl", "app.kubernetes.io/component": "ferretdb"}  # fmt: skip
     agent_egress = [r for r in policies["fl-agent"]["egress"] if "to" in r]
@@ -595,7 +598,7 @@ def test_network_policy_and_pod_monitor_when_enabled() -> None:
     ]
     external = {d["metadata"]["name"] for d in render(EXTERNAL, "networkPolicy.enabled=true")
                 if d["kind"] == "NetworkPolicy"}  # fmt: skip
-    assert external == {"fl-agent"}
+    assert external == {"fl-agent", "fl-retention"}
 
 
 def test_each_worker_is_switched_on_by_its_value() -> None:
@@ -1504,3 +1507,33 @@ def test_the_exporter_its_sinks_secrets_and_egress(tmp_path: Path) -> None:
     assert "export" in monitor["spec"]["selector"]["matchExpressions"][1]["values"]
     with pytest.raises(ValueError, match=r"export\.enabled needs at least one sink"):
         render("export.enabled=true")
+
+
+def test_store_retention_runs_on_a_schedule_with_the_stores_uri_only(tmp_path: Path) -> None:
+    """The retention CronJob (on by default: it deletes only history): `store retention` with its horizons
+    in a settings file its model accepts, the store's URI, no API token, as the image's non-root user; a
+    NetworkPolicy lets it reach the store; off, nothing of it is rendered."""
+    from cli import settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+
+    docs = render("retention.healthEvents=3d", "retention.bugReports=30d", "retention.schedule=5 3 * * *",
+                  "networkPolicy.enabled=true")  # fmt: skip
+    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    assert (cron["metadata"]["name"], cron["spec"]["schedule"], cron["spec"]["concurrencyPolicy"]) == (
+        "fl-retention", "5 3 * * *", "Forbid"
+    )  # fmt: skip
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["store", "retention", "--config=/etc/faultline/config/config.yaml"]
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MONGODB_URI"]["valueFrom"]["secretKeyRef"] == {"name": "fl-store", "key": "uri"}
+    file = tmp_path / "retention.yaml"
+    file.write_text(yaml.safe_dump(settings_files(docs)["retention"]))
+    cfg = settings.resolve(
+        config.RetentionConfig, config_file=file, environ={"MONGODB_URI": "mongodb://m"}
+    ).config
+    assert isinstance(cfg, config.RetentionConfig)
+    assert (cfg.older_than, cfg.bug_reports_older_than) == (dt.timedelta(days=3), dt.timedelta(days=30))
+    assert any(d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "fl-retention" for d in docs)
+    assert not [d for d in render("retention.enabled=false") if "retention" in d["metadata"]["name"]]

@@ -24,6 +24,8 @@ a real kubelet node, the three Deployments placed on that node, the session's Fe
 (f) the exporter, with no Kubernetes identity at all, POSTs the maintenance fault's opening and resolution
     as CloudEvents, signed with the HMAC secret of the Secret its sink names, to a receiver on the host
     (reached at the bridge address), and nothing else (its sink's filter);
+(g) store retention: a Job made from its CronJob runs `faultline store retention` on the real node with
+    the store's URI and no API token, and completes;
 (e) `helm uninstall` leaves no object of the release (workloads, ConfigMaps, ServiceAccounts, roles and
     bindings, Helm's own record) and, with the test's label and GPUs taken back, the real node is as it
     was before the test.
@@ -434,6 +436,22 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
         analyzer_log = core.read_namespaced_pod_log(pods["analyzer"]["metadata"]["name"], ns)
         for refused in ("node labels not read", "pods not read"):  # its lists of nodes and pods allowed
             assert refused not in analyzer_log, analyzer_log
+
+        # -- (g) store retention: a run of its CronJob (as `kubectl create job --from=cronjob/...`) -----------
+        cron = kube.batch(api).read_namespaced_cron_job(f"{RELEASE}-retention", ns)
+        job_spec = api.sanitize_for_serialization(cron.spec.job_template.spec)
+        assert cron.spec.schedule == "0 0 1 1 *"
+        kube.batch(api).create_namespaced_job(ns, {  # type: ignore[arg-type]
+            "metadata": {"name": f"{RELEASE}-retention-now", "labels": {"app.kubernetes.io/instance": RELEASE}},
+            "spec": job_spec,
+        })  # fmt: skip
+        procs.wait_for("the retention run done", lambda: (kube.batch(api).read_namespaced_job_status(
+            f"{RELEASE}-retention-now", ns).status.succeeded or 0) == 1, 120, interval=0.5)  # fmt: skip
+        (run,) = core.list_namespaced_pod(ns, label_selector=f"job-name={RELEASE}-retention-now").items
+        assert run.spec.node_name == NODE and run.spec.automount_service_account_token is False
+        retention_log = core.read_namespaced_pod_log(run.metadata.name, ns)
+        assert "deleted" in retention_log and "forbidden" not in retention_log.lower(), retention_log
+        kube.batch(api).delete_namespaced_job(f"{RELEASE}-retention-now", ns, propagation_policy="Foreground")
 
         # -- (e) uninstall: nothing of the release left; the node as it was ------------------------------
         kube.nodes.patch(api, NODE, {"metadata": {"labels": {COUNT_LABEL: None}}})
