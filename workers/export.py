@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import threading
@@ -37,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from faultline import liveness, store
 from faultline.config.export import SinkSpec
+from faultline.models import RepairOutcome
 
 log = logging.getLogger(__name__)
 SKEW = dt.timedelta(minutes=5)  # how far behind this one a writer's clock may be
@@ -96,9 +98,11 @@ def _repair_changes(r: store.Repair) -> list[Change]:
     for i, rnd in enumerate(r.rounds):
         base = {"repair": r.id, "node": r.node, "round": i + 1, "step": str(rnd.step), "request": rnd.request,
                 "gpus": list(rnd.gpus), "reason": rnd.reason}  # fmt: skip
+        # a round cancelled or refused before it started records a start only as the end's time
+        started = rnd.started_at if rnd.outcome != RepairOutcome.CANCELLED else None
         phases: list[tuple[str, dt.datetime | None, dict[str, Any]]] = [
             ("requested", rnd.requested_at, {}),
-            ("started", rnd.started_at, {}),
+            ("started", started, {}),
         ]
         if rnd.outcome is not None:
             phases.append(("finished", rnd.at, {"outcome": str(rnd.outcome), "message": rnd.message}))
@@ -235,8 +239,10 @@ class Exporter:
                 if time.monotonic() - saved_at >= SAVE_EVERY_S:  # a storm's events: one write a second
                     self.store.save_export_position(sink.name, since, handled)
                     unsaved, saved_at = 0, time.monotonic()
-            else:  # everything up to now handled: the position moves, and what it covers is forgotten
-                since = now
+            else:  # everything up to now handled: the position moves (never back: a restarted exporter's
+                since = max(
+                    since, now
+                )  # clock may be behind the last one's), and what it covers is forgotten
                 keep = since - SKEW
                 handled = {k: t for k, t in handled.items() if t >= keep}
                 unsaved += 1
@@ -256,8 +262,12 @@ class Exporter:
                 status = self.send(sink.url, payload, headers(sink, payload, content_type),
                                    sink.timeout.total_seconds())  # fmt: skip
                 why = f"HTTP {status}"
-            except OSError as exc:
-                status, why = 0, str(exc)
+            except (
+                OSError,
+                http.client.HTTPException,
+                ValueError,
+            ) as exc:  # down, a broken answer, a bad URL
+                status, why = 0, f"{type(exc).__name__}: {exc}"
             if 200 <= status < 300:
                 self.metrics.sent.labels(sink=sink.name).inc()
                 return True

@@ -140,20 +140,23 @@ done
 # the GPU Operator's driver root or the host, as nvidia-smi above) run in the host's mount namespace by the
 # repair Job's init container, into $BUG_REPORT_DIR/<request>.log.gz (written under a dot name, then moved:
 # the node agent uploads complete files only). It never fails the Job: a node without the driver's tools, or
-# a report that does not finish within $BUG_REPORT_TIMEOUT seconds, lets the repair go ahead without it.
+# a report that does not finish within $BUG_REPORT_TIMEOUT seconds (SIGTERM, then SIGKILL 10 s later: a
+# wedged GPU's tools may ignore the first), lets the repair go ahead without it. Its time counts in the
+# repair's own (job_timeout, reboot_timeout).
 BUG_REPORT_SCRIPT = r"""
 dir=${BUG_REPORT_DIR:?}; name=$1; limit=${BUG_REPORT_TIMEOUT:-300}
 driver_root=${DRIVER_ROOT:-/run/nvidia/driver}
 mkdir -p "$dir" || { echo "cannot make $dir: no bug report"; exit 0; }
 part="$dir/.$name.log"
 if [ -x "$driver_root/usr/bin/nvidia-bug-report.sh" ]; then
-  timeout "$limit" chroot "$driver_root" nvidia-bug-report.sh --output-file "/tmp/.$name.log" >/dev/null 2>&1
+  timeout -k 10 "$limit" chroot "$driver_root" nvidia-bug-report.sh --output-file "/tmp/.$name.log" \
+    >/dev/null 2>&1
   rc=$?
   for f in "$driver_root/tmp/.$name.log.gz" "$driver_root/tmp/.$name.log"; do
     [ -f "$f" ] && mv "$f" "$dir/"
   done
 elif command -v nvidia-bug-report.sh >/dev/null 2>&1; then
-  timeout "$limit" nvidia-bug-report.sh --output-file "$part" >/dev/null 2>&1
+  timeout -k 10 "$limit" nvidia-bug-report.sh --output-file "$part" >/dev/null 2>&1
   rc=$?
 else
   echo "no nvidia-bug-report.sh: not in the GPU Operator's driver root ($driver_root) nor on the host"; exit 0
@@ -462,6 +465,7 @@ class Janitor:
         self.store.set_repair_result(repair.id, "refused")
         self._event(repair.node, "FaultlineRepairRefused", f"{current.step} ({current.request}): {why}", True)
         self.metrics.actions.labels(result="refused").inc()
+        self.state.ended(current.step, remedies.CANCELLED)
         return store.State.DONE
 
     def _event(self, node: str, reason: str, note: str, warning: bool) -> None:
@@ -513,7 +517,8 @@ class Janitor:
                 evidence = rma.keep(
                     self.store, self._repair_of(where), where[1], current, "replaced by the provider"
                 )
-                self._status(current.request, "Running", evidence=evidence)
+                if evidence is not None:
+                    self._status(current.request, "Running", evidence=evidence)
                 try:
                     inst = cloud.instance(self._provider_id(node))
                 except ValueError as exc:

@@ -283,6 +283,7 @@ class QuarantineWorker:
             obj = kube.nodes.read(self.api, node)
         except NotFoundError:
             self.store.node_gone(node)
+            self.store.close_episode(node, now)
             return GONE
         meta, spec = obj.get("metadata", {}), obj.get("spec", {})
         labels = dict(meta.get("labels") or {})
@@ -403,17 +404,20 @@ class QuarantineWorker:
             newly = hold is None or not hold.quarantined or hold.quarantined_at is None
         # `newly`: the breaker's window counts the first quarantine of the episode only; the drainer and
         # remediation act on an episode, so a hold recorded without one would never be drained
-        self.store.record_hold(
-            node, faults=want.faults, owned=p.owned.as_json(), at=now, newly=newly, released=released
-        )
-        if newly and held:  # the episode's history, for reports (`faultline report`)
+        # the episode's history, for reports (`faultline report`): opened before the hold's record (a retry
+        # after a failure between the two finds the hold and would not open it), closed whenever the node is
+        # not held (idempotent: a release whose record was lost still ends it)
+        if newly and held:
             behind = [f for f in faults if f.key in want.faults]
             firsts = [f.first_seen for f in behind if isinstance(f.first_seen, dt.datetime)]
             self.store.open_episode(
                 node, now, want.faults, [f.code for f in behind], min(firsts, default=None)
             )
-        elif released:
+        elif not held:
             self.store.close_episode(node, now)
+        self.store.record_hold(
+            node, faults=want.faults, owned=p.owned.as_json(), at=now, newly=newly, released=released
+        )
         if held:
             for fault in faults:
                 if fault.stage in (BLOCKED, PAUSED, REFUSED) and fault.key in want.faults:

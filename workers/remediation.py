@@ -205,8 +205,10 @@ class Remediation:
         the node's condition and an Event say so (the node stays held)."""
         node, now = repair.node, record.requested_at or self.store.clock()
         record.outcome, record.at = RepairOutcome.CONTACT_SUPPORT, now
+        # the evidence first: a failure after the round is added would add it again on the retry
+        kept = rma.keep(self.store, repair, len(repair.rounds), record, decision.reason)
+        evidence = kept or "not kept (see the remediation log)"
         self.store.add_round(repair.id, record, result="contact support")
-        evidence = rma.keep(self.store, repair, len(repair.rounds), record, decision.reason)
         message = (f"no automatic repair left: {decision.reason}; RMA evidence {evidence} "
                    f"(faultline rma {node}); faults {', '.join(keys)}")  # fmt: skip
         kube.nodes.write_conditions(self.api, node, [{

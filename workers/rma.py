@@ -12,11 +12,16 @@ message.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
 from typing import Any
 
 from faultline import bounds, store
+from faultline.errors import TransientError
 from faultline.models import HEALTH_SAMPLE_CODE
 
+log = logging.getLogger(__name__)
+MAX_BYTES = 8 * 1024 * 1024  # of one bundle (a document holds at most 16 MiB): the oldest lines go first
 EVIDENCE = 20  # newest events kept per fault
 TEXT = 2048  # characters kept of one line or message
 
@@ -25,11 +30,37 @@ def bundle_id(repair_id: str, index: int) -> str:
     return f"{repair_id}#{index + 1}"
 
 
-def keep(st: store.Store, repair: store.Repair, index: int, round_: store.RepairRound, why: str) -> str:
-    """Collect and keep the bundle of round `index` (once: a second call keeps the first); its id."""
+def keep(
+    st: store.Store, repair: store.Repair, index: int, round_: store.RepairRound, why: str
+) -> str | None:
+    """Collect and keep the bundle of round `index` (once: a second call keeps the first); its id, or None
+    when it could not be kept (logged). Best effort: the evidence is for a person, never a reason to hold
+    back the repair or the hand-over (the store away is retried by the caller's claim like any other
+    call)."""
     key = bundle_id(repair.id, index)
-    st.keep_rma(collect(st, repair, index, round_, why))
+    try:
+        bundle = collect(st, repair, index, round_, why)
+        while len(json.dumps(bundle, default=str)) > MAX_BYTES and _shrink(bundle):  # about its stored size
+            pass
+        st.keep_rma(bundle)
+    except TransientError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - see above
+        log.warning(
+            "RMA evidence of %s not kept: %s", repair.node, exc, extra={"node": repair.node, "item": key}
+        )
+        return None
     return key
+
+
+def _shrink(bundle: dict[str, Any]) -> bool:
+    """Halve the longest list of evidence lines (the newest stay); False when nothing is left to cut."""
+    lists = [v for v in bundle["evidence"].values() if len(v) > 1]
+    if not lists:
+        return False
+    longest = max(lists, key=len)
+    del longest[len(longest) // 2 :]
+    return True
 
 
 def collect(

@@ -56,6 +56,7 @@ def _connect(
             try:
                 with store.unreachable_is_transient("creating indexes"):
                     st.ensure_indexes()
+                    st.ensure_fleet_indexes()
                 return st
             except TransientError as exc:
                 error = bounds.clip(str(exc), bounds.ERROR_TEXT)

@@ -208,6 +208,17 @@ class Store(Claims, Feed, Holds, Drains, Repairs, GpuPodMaps, Maintenance, Analy
         self.ensure_feed_indexes()
         self.faults.create_index([("pattern", pymongo.ASCENDING)])  # the maintenance monitor's faults
 
+    def ensure_fleet_indexes(self) -> None:
+        """The indexes of the cluster-side reads that poll (the exporter's changes since a time, the state
+        metrics' oldest open fault) and of the fleet's history (made by the workers, not the agents)."""
+        self.faults.create_index([("updated_at", pymongo.ASCENDING)])
+        self.faults.create_index([("state", pymongo.ASCENDING), ("first_seen", pymongo.ASCENDING)])
+        self.repairs.create_index([("changed_at", pymongo.ASCENDING)])
+        self.episodes.create_index([("node", pymongo.ASCENDING), ("released_at", pymongo.ASCENDING)])
+        self.episodes.create_index([("quarantined_at", pymongo.ASCENDING)])
+        for collection in (self.gpu_ids, self.rma, self.bug_report_files):
+            collection.create_index([("node", pymongo.ASCENDING)])
+
     def close(self) -> None:
         """Close the client (the store is unusable afterwards)."""
         self.db.client.close()

@@ -187,8 +187,9 @@ class Faults(Base):
         return self.faults.count_documents({"_id": {"$in": list(keys)}, "fatal": True}) > 0
 
     def resolve_faults(self, keys: Iterable[str], by: str, *, node: str | None = None) -> None:
-        """Resolve open faults on someone else's word (the janitor, for replaced hardware): `resolved_by`.
-        With a signer, each is signed again as its resolver (the next revision), one update per fault."""
+        """Resolve open faults on someone else's word (the janitor, for replaced hardware): `resolved_by`,
+        the next revision and `updated_at` (what the exporter reads). With a signer, each is signed again
+        as its resolver, one update per fault."""
         change = {
             "state": FaultState.RESOLVED.value,
             "resolved_at": self.now(),
@@ -197,13 +198,16 @@ class Faults(Base):
         flt: dict[str, Any] = {"_id": {"$in": list(keys)}, "state": FaultState.OPEN.value}
         if node is not None:  # only that node's, whatever keys a repair round names
             flt["node"] = node
-        if self.signer is None:
-            self.faults.update_many(flt, {"$set": change})
+        if self.signer is None:  # the next revision, and when: the exporter sees the resolution
+            self.faults.update_many(
+                flt, {"$set": {**change, "updated_at": self.now()}, "$inc": {"revision": 1}}
+            )
             return
         for doc in self.faults.find(flt):
             revision = int(doc.get("revision") or 0)
             fields = {**doc, **change, "revision": revision + 1}
-            signed = {**change, "revision": revision + 1, "evidence": self.signer.sign(doc["_id"], fields)}
+            signed = {**change, "revision": revision + 1, "evidence": self.signer.sign(doc["_id"], fields),
+                      "updated_at": self.now()}  # fmt: skip
             self.faults.update_one({"_id": doc["_id"], "revision": revision}, {"$set": signed})
 
     def unresolved(self, keys: Iterable[str], since: dt.datetime) -> list[str]:

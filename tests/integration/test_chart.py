@@ -1537,3 +1537,22 @@ def test_store_retention_runs_on_a_schedule_with_the_stores_uri_only(tmp_path: P
     assert (cfg.older_than, cfg.bug_reports_older_than) == (dt.timedelta(days=3), dt.timedelta(days=30))
     assert any(d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "fl-retention" for d in docs)
     assert not [d for d in render("retention.enabled=false") if "retention" in d["metadata"]["name"]]
+
+
+def test_values_a_reuse_values_upgrade_lacks_render_with_those_features_off() -> None:
+    """`helm upgrade --reuse-values` from a chart without the newer features' values: the templates read
+    them guarded (the docs say --reset-then-reuse-values, which takes the new defaults)."""
+    docs = render("alerts=null", "dashboard=null", "export=null", "retention=null", "janitor.bugReports=null",
+                  "janitor.enabled=true", "networkPolicy.enabled=true")  # fmt: skip
+    names = {d["metadata"]["name"] for d in docs}
+    assert "fl-janitor" in names and not names & {"fl-export", "fl-retention", "fl-dashboard"}
+    assert settings_files(docs)["janitor"]["bug_report_dir"] == "/var/lib/faultline/bug-reports"
+    assert (
+        settings_files(render("janitor.enabled=true", "janitor.bugReports=false"))["janitor"][
+            "bug_report_dir"
+        ]
+        == ""
+    )
+    exporter = next(d for d in render("export.enabled=true", "export.sinks[0].name=s", "export.sinks[0].url=http://x")
+                    if d["kind"] == "Deployment" and d["metadata"]["name"] == "fl-export")  # fmt: skip
+    assert exporter["spec"]["strategy"] == {"type": "Recreate"}  # never two exporters at once

@@ -117,11 +117,14 @@ def test_events_arrive_once_in_order_through_an_outage(
         procs.wait_for("every event", lambda: sorted(receiver.ids("/events")) == sorted(expected), 15)
         st.write_fault(xid.model_copy(update={"state": FaultState.RESOLVED, "resolved_at": st.now()}), 2)
         procs.wait_for("the resolution", lambda: f"{xid.id}@2" in receiver.ids("/events"), 10)
+        st.resolve_faults([support.id], "janitor: the node was replaced", node="node-2")  # not the agent's
+        procs.wait_for("the janitor's resolution", lambda: f"{support.id}@2" in receiver.ids("/events"), 10)
+        procs.wait_for("and in the chat", lambda: len(receiver.got.get("/chat", [])) == 2, 10)
     finally:
         exporter.halt()
 
     got = receiver.ids("/events")
-    assert len(got) == len(set(got)) == 6, got  # once each
+    assert len(got) == len(set(got)) == 7, got  # once each
     assert f"{refused.id}@1" not in got and exporter.metrics.rejected.labels(sink="events")._value.get() == 1
     events = [doc for doc, _ in receiver.got["/events"]]
     times = [e["time"] for e in events]
@@ -143,9 +146,10 @@ def test_events_arrive_once_in_order_through_an_outage(
         assert head["Content-Type"] == "application/cloudevents+json" and json.loads(raw) == doc
         want = "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()
         assert head["X-Faultline-Signature"] == want
-    ((chat, chat_head),) = receiver.got["/chat"]
+    (chat, chat_head), (resolved, _) = receiver.got["/chat"]
     assert chat_head["Authorization"] == "Bearer tok-123" and "X-Faultline-Signature" not in chat_head
     assert chat["text"].startswith("[faultline lab] XID-64 opened on node-2")
+    assert resolved["text"].startswith("[faultline lab] XID-64 resolved on node-2")
 
     attempts = receiver.attempts  # a new exporter on the same store: nothing is sent again
     again = export.Exporter(st, sinks, cluster="lab", poll=0.2)

@@ -140,6 +140,14 @@ def test_fatal_fault_quarantines_and_resolution_releases(
     w.store.write_fault(fault(name), 3)  # the same GPU faults again after its recovery
     procs.wait_for("quarantined again", lambda: node_view(api, name)["cordoned"], 5)
     procs.wait_for("a second Event", lambda: events(api, name, "FaultlineQuarantined") == 2, 5)
+    # two episodes for reports: the first from cordon to release, the second still open
+    first, second = sorted(mongo_db["episodes"].find({"node": name}), key=lambda e: e["quarantined_at"])
+    assert (
+        first["quarantined_at"] == held["quarantined_at"] and first["released_at"] > first["quarantined_at"]
+    )
+    assert (first["codes"], first["faults"]) == (["XID-79"], [fault(name).id])
+    assert second.get("released_at") is None and second["quarantined_at"] > first["released_at"]
+    assert w.state.held_for._sum.get() > 0  # the release's hold duration observed (a metric)
 
 
 def test_an_operators_cordon_and_taints_stay(running: Any, nodes: Any, api: Any) -> None:

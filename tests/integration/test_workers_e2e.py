@@ -240,7 +240,7 @@ def test_a_repair_that_fails_escalates_to_contact_support(
         assert [(g["serial"], g["vbios"], g["driver"]) for g in bundle["gpus"]] == [
             ("1652022099999", "96.00.99.00.01", "580.95.05")]  # fmt: skip
         assert bundle["samples"]["0000:3a:00"][0]["metadata"]["ecc_dbe_volatile"] == "3"
-        assert [r["step"] for r in bundle["repairs"][0]["rounds"]] == ["REBOOT", "CONTACT_SUPPORT"]
+        assert [r["step"] for r in bundle["repairs"][0]["rounds"]] == ["REBOOT"]  # kept as it escalated
         assert [b["name"] for b in bundle["bug_reports"]] == ["nvidia-bug-report-round-1.log.gz"]
         condition = kube.nodes.conditions(api, node)["FaultlineRemediation"]
         assert f"RMA evidence {bundle['_id']}" in condition["message"]

@@ -188,6 +188,9 @@ metadata:
     app.kubernetes.io/component: {{ .worker }}
 spec:
   replicas: {{ .values.replicas }}
+  {{- with .strategy }}
+  strategy: {{- toYaml . | nindent 4 }}
+  {{- end }}
   selector:
     matchLabels:
       app.kubernetes.io/instance: {{ $root.Release.Name }}
