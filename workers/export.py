@@ -80,7 +80,8 @@ def _faults(st: store.Store, since: dt.datetime) -> list[tuple[store.FaultRecord
 
 
 def _fault_change(f: store.FaultRecord, written: dt.datetime) -> Change:
-    phase = "resolved" if f.state != "open" else ("opened" if f.revision <= 1 else "updated")
+    first = f.revision == f.opened_revision if f.opened_revision is not None else f.revision <= 1
+    phase = "resolved" if f.state != "open" else ("opened" if first else "updated")
     data = {
         "node": f.node, "entity": {"type": f.entity.type, "id": f.entity.id}, "code": f.code,
         "component": f.component, "fatal": f.fatal, "action": f.action, "state": f.state, "count": f.count,

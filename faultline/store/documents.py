@@ -103,6 +103,7 @@ class FaultRecord(Document):
     revision: int = 0
     evidence: dict[str, str] | None = None  # who signed it (`faultline.evidence`)
     work: StageStatus | None = None  # the fault's work item's stage status, where it was read with it
+    opened_revision: int | None = None  # the revision of the write that stored it first
 
 
 class WorkItem(Document):

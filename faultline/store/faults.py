@@ -61,7 +61,9 @@ class Faults(Base):
         doc["updated_at"] = self.now()
         try:
             result = self.faults.update_one(
-                {"_id": fault.id, "revision": {"$lt": revision}}, {"$set": doc}, upsert=True
+                {"_id": fault.id, "revision": {"$lt": revision}},
+                {"$set": doc, "$setOnInsert": {"opened_revision": revision}},  # the exporter's "opened"
+                upsert=True,
             )
             applied = result.upserted_id is not None or result.modified_count == 1
         except DuplicateKeyError:
