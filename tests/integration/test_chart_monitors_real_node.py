@@ -365,10 +365,9 @@ def test_the_monitors_and_the_cluster_analyzer_run_as_real_pods_and_raise_from_r
         events = [doc for doc, _ in receiver.got["/events"]]
         ids = [e["id"] for e in events]
         assert len(ids) == len(set(ids)) and ids[-1] == last, ids
-        assert (
-            events[0]["type"] == "io.faultline.fault.opened"
-            and events[-1]["type"] == "io.faultline.fault.resolved"
-        )
+        # the opening may be coalesced with the monitor's next write before the exporter's look
+        assert events[0]["type"] in ("io.faultline.fault.opened", "io.faultline.fault.updated")
+        assert events[-1]["type"] == "io.faultline.fault.resolved"
         for doc, head in receiver.got["/events"]:
             raw = bytes.fromhex(head["raw"])
             signature = "sha256=" + hmac.new(f"key-{suffix}".encode(), raw, hashlib.sha256).hexdigest()
