@@ -14,7 +14,7 @@ from typing import Any
 from faultline import kube, store
 from faultline.conditions import OWNED_TYPES
 from faultline.errors import NotFoundError
-from faultline.models import Action, Component
+from faultline.models import Action, Component, utc_text
 from workers import rules
 
 PREFIX = "faultline.io/"
@@ -305,8 +305,7 @@ def _actions(e: dict[str, Any]) -> list[dict[str, str]]:
 
 def timestamp(value: Any) -> str | None:
     if isinstance(value, dt.datetime):
-        aware = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-        return aware.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return utc_text(value, seconds=True)
     return None if value is None else str(value)
 
 

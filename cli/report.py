@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from faultline import store
-from faultline.models import RepairOutcome, RepairStep
+from faultline.models import RepairOutcome, RepairStep, utc_text
 
 RMA_STEPS = {RepairStep.REPLACE.value, RepairStep.CONTACT_SUPPORT.value}
 
@@ -252,7 +252,7 @@ def _rate(c: Counter[str]) -> float | None:
 
 
 def _iso(t: dt.datetime) -> str:
-    return _aware(t).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc_text(t, seconds=True)
 
 
 def _dur(seconds: float | None) -> str:

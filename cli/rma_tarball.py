@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from faultline.models import utc_text
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -79,8 +81,7 @@ def _json(value: Any) -> bytes:
 
 def _iso(value: Any) -> str:
     if isinstance(value, dt.datetime):
-        aware = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-        return aware.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+        return utc_text(value)
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     return str(value)

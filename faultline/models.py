@@ -194,5 +194,12 @@ def event_id(node: str, source: str, entity_type: str, entity_id: str, code: str
     return stable_id("event", node, source, entity_type, entity_id, code, ts.isoformat())
 
 
+def utc_text(t: datetime, *, seconds: bool = False) -> str:
+    """`t` as UTC in ISO 8601 with a `Z` (a naive `t` is taken to be UTC already); `seconds`: to the second,
+    as `kubectl` prints times."""
+    aware = (t if t.tzinfo else t.replace(tzinfo=UTC)).astimezone(UTC)
+    return aware.strftime("%Y-%m-%dT%H:%M:%SZ") if seconds else aware.isoformat().replace("+00:00", "Z")
+
+
 def utc_from_epoch(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from faultline import liveness, store
 from faultline.config.export import SinkSpec
-from faultline.models import RepairOutcome
+from faultline.models import RepairOutcome, utc_text
 
 log = logging.getLogger(__name__)
 SKEW = dt.timedelta(minutes=5)  # how far behind this one a writer's clock may be
@@ -286,7 +286,4 @@ class Exporter:
 
 
 def _iso(t: dt.datetime | None) -> str | None:
-    if t is None:
-        return None
-    aware = t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-    return aware.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    return None if t is None else utc_text(t)
