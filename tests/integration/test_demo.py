@@ -50,7 +50,15 @@ def test_the_demo_values_reach_every_settings_file(tmp_path: Path) -> None:
         resolved[component] = settings.resolve(
             config.COMPONENTS[component], config_file=path, environ=env
         ).config
-    assert set(resolved) == {"agent", "quarantine", "drain", "remediation", "janitor", "chart-secrets"}
+    assert set(resolved) == {
+        "agent",
+        "quarantine",
+        "drain",
+        "remediation",
+        "janitor",
+        "chart-secrets",
+        "retention",
+    }
     assert resolved["agent"].gpu_backend == "sim"  # type: ignore[attr-defined]
     assert resolved["agent"].nic_interval == 0.2  # type: ignore[attr-defined]
     assert resolved["quarantine"].hold_down.total_seconds() == 3  # type: ignore[attr-defined]

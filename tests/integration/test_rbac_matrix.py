@@ -34,6 +34,7 @@ DIGEST = "sha256:" + "0123456789abcdef" * 4
 NOT_COMPONENTS = {
     "networkPolicy": "NetworkPolicies grant no API access",
     "podMonitor": "needs the Prometheus Operator's CRD, and grants no API access",
+    "alerts": "a PrometheusRule: needs the Prometheus Operator's CRD, and grants no API access",
 }
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
@@ -89,7 +90,13 @@ def release(cluster: LocalCluster) -> Iterator[rbac_matrix.Names]:
     names = rbac_matrix.Names(name=f"r{suffix}", release=f"rbac-{suffix}", jobs=f"rbac-jobs-{suffix}")
     core = kube.core(api)
     core.create_namespace({"metadata": {"name": names.jobs}})
-    sets = [*switches(), f"janitor.namespace={names.jobs}", f"image.digest={DIGEST}"]
+    sets = [
+        *switches(),
+        f"janitor.namespace={names.jobs}",
+        f"image.digest={DIGEST}",
+        "export.sinks[0].name=ops",
+        "export.sinks[0].url=https://events.example.invalid/",
+    ]
     hooks: list[dict[str, Any]] = []
     try:
         _helm(cluster.kubeconfig, "install", names.name, str(CHART), "--namespace", names.release,
