@@ -66,8 +66,6 @@ app.callback()(options.log_options)  # --log-format, --log-level: logging is con
 # Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
 out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
-STORE_REACH_S = 2.0  # the agent waits this long for an unreachable store, then its sink spools the writes
-AGENT_STORE_POOL = 4  # the agent's connections to the store at most: sink, spool drain, repairs, pollers
 GRPC_GRACE_S = 2.0  # a stopping agent lets the gRPC calls in progress finish this long
 
 
@@ -338,9 +336,9 @@ def _run_agent(config: config.AgentConfig) -> None:
     order when the flow ends (however it ends); one store client for the whole process."""
     from dataflows import node as node_flow  # noqa: PLC0415
     from dataflows import runner  # noqa: PLC0415
-    from faultline import evidence, store  # noqa: PLC0415
+    from faultline import evidence  # noqa: PLC0415
     from sinks.kube import KubeSink  # noqa: PLC0415
-    from sinks.mongo import CALL_TIMEOUT_S, MongoSink  # noqa: PLC0415
+    from sinks.mongo import MongoSink, agent_store  # noqa: PLC0415
     from sources import ingest  # noqa: PLC0415
     from sources.gpu_source import GpuPolling  # noqa: PLC0415
     from sources.inputs import LogInput  # noqa: PLC0415
@@ -351,9 +349,7 @@ def _run_agent(config: config.AgentConfig) -> None:
     gpu_names = {d.pci: f"GPU {d.index} {d.uuid}" for d in backend.devices()}
     key = evidence.NodeKey.load_or_create(config.state_dir, config.node)  # signs its faults
     with contextlib.ExitStack() as parts:
-        # the process's one store client: 2 s to reach the store before the sink spools, 15 s a call
-        st = store.connect(config.mongodb_uri.get_secret_value(), config.database, timeout=STORE_REACH_S,
-                           call_timeout=CALL_TIMEOUT_S, pool=AGENT_STORE_POOL)  # fmt: skip
+        st = agent_store(config.mongodb_uri.get_secret_value(), config.database)  # the process's one client
         st.signer = key
         parts.callback(st.close)
         sinks = {
@@ -370,7 +366,8 @@ def _run_agent(config: config.AgentConfig) -> None:
             ),
         }
         polling = GpuPolling(config.gpu_poll_interval, config.gpu_hung_after, config.gpu_unresponsive_after,
-                             config.repair_poll_interval, config.health_samples)  # fmt: skip
+                             config.repair_poll_interval, config.health_samples,
+                             repair_idle_interval=config.repair_idle_poll_interval)  # fmt: skip
         logs = _log_inputs(config, compiled)
         spool = None
         if config.ingest_socket or config.ingest_tcp or config.nvsentinel_socket:

@@ -52,6 +52,7 @@ DEMO_VALUES: dict[str, Any] = {
         "config": {
             "gpu_poll_interval": "500ms",
             "repair_poll_interval": "500ms",
+            "repair_idle_poll_interval": "2s",
             "nic_interval": "200ms",
             "snapshot_interval": "2s",
         },

@@ -25,6 +25,11 @@ even when the client stops waiting, so giving up after 2 s made every agent send
 first was still being done (measured in the chaos suite's 10-minute outage on FerretDB's SQLite: 52
 agents catching up at once, their fault writes timing out at 2 s about two thousand times, the store
 busy with abandoned writes for minutes).
+
+`agent_store` makes the agent process's one store client (its sink, spool drain, repair reads and pollers
+share it): at most AGENT_STORE_POOL connections for calls and one for monitoring, which checks the server
+every AGENT_HEARTBEAT_S (pymongo's default is 10 s: at 10,000 nodes, 1,000 checks a second on the store
+for nothing; a failed call still has the client look again at once).
 """
 
 from __future__ import annotations
@@ -46,6 +51,16 @@ DRAIN_RETRY_S = 2.0
 DRAIN_CHUNK = 10  # fault writes between two moves of the spool's cursor while it drains
 CALL_TIMEOUT_S = 15.0  # the longest a call to a store that was reached may take (see the module's doc)
 DROP_LOG_S = 60.0  # a full spool logs what it refused at most this often (the counter has every one)
+STORE_REACH_S = 2.0  # the agent waits this long for an unreachable store, then its sink spools the writes
+AGENT_STORE_POOL = 2  # the agent's connections for calls at most: its writes and the pollers' reads
+AGENT_HEARTBEAT_S = 60.0  # between the agent's client's checks of the server (its monitoring connection)
+
+
+def agent_store(uri: str, database: str) -> store.Store:
+    """The agent process's one store client (see the module's doc): 2 s to reach the store before the sink
+    spools, 15 s a call, AGENT_STORE_POOL + 1 connections at most."""
+    return store.connect(uri, database, timeout=STORE_REACH_S, call_timeout=CALL_TIMEOUT_S,
+                         pool=AGENT_STORE_POOL, heartbeat=AGENT_HEARTBEAT_S)  # fmt: skip
 
 
 def write(st: store.Store, events: list[HealthEvent], writes: list[tuple[Fault, int]], feed: bool) -> None:

@@ -3,7 +3,8 @@ run on their own threads and hand events over a bounded queue; the partition's r
 backend's replay position and the last fields read.
 
 With `repairs` (the node's verified repairs, `sources.repairs`), a third thread reads them every
-`repair_interval` seconds and each field poll judges the rounds' GPUs from the read it just made.
+`repair_interval` seconds while a repair of the node is open (else every `repair_idle_interval`) and each
+field poll judges the rounds' GPUs from the read it just made.
 
 With `samples` (seconds: the agent's `health_samples`), the first field poll and then the first one
 each `samples` seconds after the last also hand over one health sample per GPU of what it read
@@ -40,8 +41,9 @@ class GpuPolling:
     interval: float = 1.0
     hung_after: float = 10.0
     unresponsive_after: float = 300.0
-    repair_interval: float = 5.0  # between reads of the node's verified repairs (when given)
+    repair_interval: float = 5.0  # between reads of the node's verified repairs, one of its repairs open
     samples: float | None = None  # between health samples of each GPU (None: none)
+    repair_idle_interval: float = 30.0  # between those reads while none of the node's repairs is open
 
 
 GpuResume = tuple[int | None, dict[int, dict[str, int]], str]  # position, last fields read, their boot
@@ -92,12 +94,14 @@ class _GpuPartition(StatefulSourcePartition[gpu.GpuEvent, GpuResume]):
 
     def _read_repairs(self) -> None:
         assert self.notices is not None
+        active = True  # until a read says otherwise (and after a failed one): the shorter interval
         while not self.stop.is_set():
             try:
-                self.pending_repairs = self.notices()
+                self.pending_repairs, active = self.notices()
             except Exception as exc:  # noqa: BLE001 - the store away: keep the last answer, try again
-                repairs.log.debug("repairs not read: %s", exc)
-            self.stop.wait(self.polling.repair_interval)
+                repairs.log.debug("repairs not read: %s", exc)  # the interval stays as it was
+            wait = self.polling.repair_interval if active else self.polling.repair_idle_interval
+            self.stop.wait(max(self.polling.repair_interval, wait))
 
     def _wait(self) -> None:  # the backend blocks; Bytewax's next_batch must not
         while not self.stop.is_set():

@@ -7,7 +7,9 @@ confirms a repair from two things it can observe:
 
 1. the janitor's record, in the store, that the round's step verifiably happened (the reset Job
    succeeded, i.e. the reset script exited 0; or the node came back Ready with a new boot id):
-   `Store.repairs_to_confirm(node)`, read every `interval` seconds by a thread of the GPU source;
+   `Store.repairs_to_confirm(node)`, read by a thread of the GPU source every `repair_interval` seconds
+   while a repair of the node is open (the janitor's stage not finished), and every
+   `repair_idle_interval` seconds otherwise (`Store.repair_watch`: one query, cheap for a fleet);
 2. a fresh read of the round's GPUs through the GPU backend (NVML, DCGM, the simulator) taken after
    that record was read: a GPU is repaired when `sources.gpu.repair_verdict` finds it reachable, with
    no uncorrectable error since the reset and nothing pending (remapping, page retirement).
@@ -27,7 +29,9 @@ from faultline import store
 from sources import gpu
 
 log = logging.getLogger(__name__)
-Notices = Callable[[], list[store.RepairNotice]]
+Notices = Callable[
+    [], tuple[list[store.RepairNotice], bool]
+]  # (verified rounds, any repair of the node open)
 
 
 class RepairWatch:
@@ -73,11 +77,11 @@ class RepairWatch:
 
 
 def from_store(st: store.Store, node: str) -> Notices:
-    """The node's verified repairs, read from the store (the agent's one client). A failed read raises;
-    the caller keeps the last answer and tries again later."""
+    """The node's verified repairs, and whether one of its repairs is open, read from the store (the agent's
+    one client). A failed read raises; the caller keeps the last answer and tries again later."""
 
-    def notices() -> list[store.RepairNotice]:
+    def notices() -> tuple[list[store.RepairNotice], bool]:
         with store.unreachable_is_transient("reading the node's repairs"):
-            return st.repairs_to_confirm(node)
+            return st.repair_watch(node)
 
     return notices

@@ -93,6 +93,7 @@ class Fleet:
             "--state-dir", str(self.work / "agents" / node),
             "--snapshot-interval", f"{self.knobs.snapshot_s}s",
             "--repair-poll-interval", f"{self.knobs.repair_poll_s}s",
+            "--repair-idle-poll-interval", f"{self.knobs.repair_idle_poll_s}s",
         ]  # fmt: skip
         proc = procs.Proc(key, argv, self.work / "logs" / f"{key}.{n}.log")
         self.agents[node] = proc

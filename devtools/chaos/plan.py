@@ -67,6 +67,7 @@ class Knobs:
     converge_timeout_s: float = 240.0
     snapshot_s: float = 5.0  # the agents' recovery snapshots (the product default)
     repair_poll_s: float = 5.0  # the agents' reads of their node's verified repairs (the product default)
+    repair_idle_poll_s: float = 30.0  # the same while none of its repairs is open (the product default)
     seed: int = 15
 
     @classmethod
@@ -78,7 +79,7 @@ class Knobs:
         small = cls(
             nodes=10, load_s=12.0, noise_per_s=3.0, fatal_share=0.6, burst=40, down_s=1.0, outage_s=20.0,
             delay_for_s=10.0, claim_wait_s=15.0, converge_timeout_s=120.0, snapshot_s=2.0,
-            repair_poll_s=2.0,
+            repair_poll_s=2.0, repair_idle_poll_s=2.0,
         )  # fmt: skip
         return replace(small, **changes)  # type: ignore[arg-type]
 

@@ -73,8 +73,13 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
     )  # fmt: skip
     repair_poll_interval: Seconds = Field(
         default=5.0, gt=0, le=300,
-        description="between reads of this node's verified repairs in MongoDB (duration): how soon after "
-        "the janitor's reset or reboot the GPUs are re-read to confirm it",
+        description="between reads of this node's verified repairs in MongoDB while one of its repairs is "
+        "open (duration): how soon after the janitor's reset or reboot the GPUs are re-read to confirm it",
+    )  # fmt: skip
+    repair_idle_poll_interval: Seconds = Field(
+        default=30.0, gt=0, le=600,
+        description="between those reads while none of this node's repairs is open (duration): the "
+        "agent's steady read of the store (at 10,000 nodes, 333 reads a second at 30s)",
     )  # fmt: skip
     pod_resources_socket: Path | None = Field(
         default=None,

@@ -46,17 +46,24 @@ PYMONGO_POOL = 100  # pymongo's own default maxPoolSize
 def connect(
     uri: str, database: str = "faultline", *, clock: Clock = utcnow, timeout: float = 10.0,
     call_timeout: float | None = None, pool: int | None = None, signer: Signer | None = None,
+    heartbeat: float | None = None,
 ) -> Store:  # fmt: skip
     """A Store on a new client (create it where it is used: Bytewax may fork). `timeout` bounds how long a
     call waits for an unreachable server before it fails with TransientError; `call_timeout` (default:
     the same) how long a call to a server that was reached may take; `pool`: the most connections the
     client opens to each server (default: pymongo's 100); `signer`: signs the faults it writes
-    (`faultline.evidence`). Slow calls are logged (`SlowCalls`).
+    (`faultline.evidence`); `heartbeat`: seconds between the client's checks of the server on its monitoring
+    connection (default: pymongo's 10 s), which are then always polled, never streamed (MongoDB 4.4 and
+    later would otherwise hold a second monitoring connection open for round-trip times: with `heartbeat`
+    a client has one monitoring connection and at most `pool` others). Slow calls are logged (`SlowCalls`).
 
     A URI pymongo cannot use (not `mongodb://` or `mongodb+srv://`, a bad port or option, an SRV name that
     does not resolve) is the settings' error: ConfigError naming `mongodb_uri`, never the URI (it may hold
     a password), and one line, not a crash loop's traceback."""
     ms = int(timeout * 1000)
+    monitoring_options: dict[str, Any] = {}
+    if heartbeat is not None:
+        monitoring_options = {"heartbeatFrequencyMS": int(heartbeat * 1000), "serverMonitoringMode": "poll"}
     if not uri.startswith(("mongodb://", "mongodb+srv://")):  # pymongo would take a bare word for a host
         raise ConfigError("mongodb_uri (MONGODB_URI): not a MongoDB URI: it must begin with mongodb:// or "
                           "mongodb+srv://")  # fmt: skip
@@ -70,6 +77,7 @@ def connect(
             tz_aware=True,
             tzinfo=CODEC.tzinfo,
             event_listeners=[SlowCalls()],
+            **monitoring_options,
         )
     except (ConfigurationError, ValueError, TypeError) as exc:  # InvalidURI is a ConfigurationError
         said = bounds.clip(" ".join(str(exc).replace(uri, "<the URI>").split()), bounds.ERROR_TEXT)

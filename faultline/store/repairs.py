@@ -219,10 +219,18 @@ class Repairs(Base):
         """The node's repairs the janitor verified and is validating now: the last round of each repair
         whose janitor stage is open (claimed, or pending between the janitor's looks), with
         `verified_at` set and no outcome yet."""
-        out = []
+        return self.repair_watch(node)[0]
+
+    def repair_watch(self, node: str) -> tuple[list[documents.RepairNotice], bool]:
+        """What the node agent reads (one query): `repairs_to_confirm(node)`, and whether any repair of the
+        node has its janitor stage open (a round may be verified soon: the agent reads more often)."""
+        out, active = [], False
         for doc in self.repairs.find({"node": node}, {"rounds": 1, Stage.JANITOR: 1}):
             rounds = doc.get("rounds") or []
-            if not rounds or (doc.get(Stage.JANITOR) or {}).get("state") not in JANITOR_OPEN:
+            if (doc.get(Stage.JANITOR) or {}).get("state") not in JANITOR_OPEN:
+                continue
+            active = True
+            if not rounds:
                 continue
             last = documents.RepairRound.from_doc(rounds[-1])
             if last.verified_at is None or last.outcome:
@@ -231,7 +239,7 @@ class Repairs(Base):
                 round_id=f"{doc['_id']}#{len(rounds) - 1}", step=last.step, gpus=tuple(last.gpus),
                 verified_at=last.verified_at,
             ))  # fmt: skip
-        return out
+        return out, active
 
     def record_round_outcome(
         self,

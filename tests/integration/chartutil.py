@@ -104,7 +104,7 @@ def chart_values(
             "terminationGracePeriodSeconds": 10,
             "nodeSelector": {"kubernetes.io/hostname": NODE},
             "config": {"sim_dir": str(state / "sim"), "gpu_poll_interval": "500ms",
-                       "repair_poll_interval": "500ms", "snapshot_interval": "2s"},
+                       "repair_poll_interval": "500ms", "repair_idle_poll_interval": "2s", "snapshot_interval": "2s"},
         },
         "quarantine": {"enabled": "quarantine" in workers, "replicas": 1, "holdDown": "3s",
                        "breaker": {"maxShare": "", "maxHeldShare": ""},  # one GPU node: no breaker

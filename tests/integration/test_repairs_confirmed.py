@@ -38,7 +38,8 @@ def pipeline(
     cluster: LocalCluster, mongo: LocalMongo, api: Any, mongo_db: Any, node: str, tmp_path: Path,
     validate: float, **janitor_settings: Any,
 ) -> Iterator[store.Store]:  # fmt: skip
-    """Every worker (one replica each) and the node's agent, which reads verified repairs every 0.3 s;
+    """Every worker (one replica each) and the node's agent, which reads verified repairs every 0.3 s (every
+    second while none is open);
     all stopped, and the node uncordoned, however the test ends."""
     system_namespace(api)
     st = store.Store(mongo_db)
@@ -53,7 +54,8 @@ def pipeline(
         janitor.Janitor(st, api, janitor.Settings(poll=0.3, validate_timeout=dt.timedelta(seconds=validate),
                                                   **janitor_settings, **fast), "j"),
     ]  # fmt: skip
-    agent = start_agent(cluster, mongo, node, mongo_db.name, tmp_path, "--repair-poll-interval", "0.3")
+    agent = start_agent(cluster, mongo, node, mongo_db.name, tmp_path, "--repair-poll-interval", "0.3",
+                        "--repair-idle-poll-interval", "1")  # fmt: skip
     try:
         for w in workers:
             w.start()
