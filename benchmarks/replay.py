@@ -3,11 +3,17 @@
     python benchmarks/replay.py                   # 1M-line corpus: faultline vs grep vs a Python loop
     python benchmarks/replay.py --memory          # also: peak memory on a 20 MB and a large corpus
     python benchmarks/replay.py --memory --big-mb 2000
+    python benchmarks/replay.py --startup --processes   # also: start-up, and 2 processes against 1
 
 The corpus (benchmarks/gen_corpus.py `large`) is RFC 3164 from 64 hosts with ~3 % GPU/NIC lines, most of
 them in floods.  The baselines use the same prefilter words faultline's packs compile to:
 `grep -cE 'w1|w2|...'`, and a plain Python loop testing each line against one combined stdlib regex.
 Goals (issue 2): >= 1,000,000 lines/s on one core, within 10x grep's time, flat memory.
+
+`--startup`: the whole command on a 1,000-line file, best of `--runs` (goal: <= 0.3 s). `--processes`: the
+same corpus of `--processes-lines` lines replayed by one process and by `--processes-n` (`--processes`),
+alternated, best of `--runs` each: the whole command's seconds and the scan-and-detect seconds the summary
+line gives (goal: >= 1.8x on 2 cores), and the faults of both compared (they must be the same).
 """
 
 from __future__ import annotations
@@ -65,13 +71,17 @@ def literals() -> list[str]:
     return compiler.compile_packs(loader.load()).literals
 
 
-def replay(path: Path) -> tuple[float, float, int, str]:
-    """(wall seconds, dataflow lines/s, peak RSS KiB, summary line) of `faultline replay`."""
+def replay(path: Path, processes: int = 1, faults: Path | None = None) -> tuple[float, float, int, str]:
+    """(wall seconds, dataflow lines/s, peak RSS KiB, summary line) of `faultline replay` (its faults, as
+    JSON lines, written to `faults` when given)."""
     cmd = [sys.executable, "-m", "faultline", "replay", str(path), "--output", "jsonl", "--year", "2026",
-           "--no-progress"]  # fmt: skip
+           "--no-progress", "--processes", str(processes)]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", PEAK_RSS, *cmd], capture_output=True, text=True, check=True)
     wall = time.perf_counter() - started
+    if faults is not None:  # the child's stdout went to /dev/null: run it again for them, untimed
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        faults.write_text(out)
     summary = done.stderr.strip().splitlines()[-1]
     m = re.search(r"([\d,]+) lines/s", summary)
     rate = float(m.group(1).replace(",", "")) if m else 0.0
@@ -113,6 +123,10 @@ def main() -> int:
         "--memory", action="store_true", help="compare peak memory on a small and a large corpus"
     )
     parser.add_argument("--big-mb", type=int, default=400, help="size of the large corpus for --memory")
+    parser.add_argument("--startup", action="store_true", help="the whole command on a 1,000-line file")
+    parser.add_argument("--processes", action="store_true", help="one process against --processes-n")
+    parser.add_argument("--processes-n", type=int, default=2)
+    parser.add_argument("--processes-lines", type=int, default=4_000_000)
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
     path = corpus(args.lines)
@@ -152,6 +166,36 @@ def main() -> int:
         verdict["rss_small_mib"] = small_rss / 1024
         verdict["rss_big_mib"] = big_rss / 1024
         verdict["goal_flat_memory"] = big_rss <= small_rss * 1.05
+    if args.startup:
+        small_path = corpus(1000)
+        start_wall = best(replay, small_path, runs=max(5, args.runs))[0]
+        print(f"start-up: the whole command on 1,000 lines: {start_wall:.3f} s (goal <= 0.3 s)")
+        verdict["startup_s"] = start_wall
+        verdict["goal_startup"] = start_wall <= 0.3
+    if args.processes:
+        big_path = corpus(args.processes_lines)
+        n = args.processes_n
+        one: list[tuple[float, float]] = []
+        many: list[tuple[float, float]] = []
+        for _ in range(args.runs):  # alternated: both see the same machine
+            wall, rate, _, _ = replay(big_path, 1)
+            one.append((wall, args.processes_lines / rate))
+            wall, rate, _, _ = replay(big_path, n)
+            many.append((wall, args.processes_lines / rate))
+        replay(big_path, 1, OUT / "faults-1.jsonl")
+        replay(big_path, n, OUT / f"faults-{n}.jsonl")
+        same = (OUT / "faults-1.jsonl").read_text() == (OUT / f"faults-{n}.jsonl").read_text()
+        w1, d1 = min(one)[0], min(d for _, d in one)
+        wn, dn = min(many)[0], min(d for _, d in many)
+        print(
+            f"{args.processes_lines:,} lines ({big_path.stat().st_size / 1e6:.0f} MB), best of {args.runs}:"
+        )
+        print(f"  1 process:   {w1:.2f} s whole command, {d1:.2f} s scan and detect")
+        print(f"  {n} processes: {wn:.2f} s whole command, {dn:.2f} s scan and detect")
+        print(f"  speed-up {w1 / wn:.2f}x whole command, {d1 / dn:.2f}x scan and detect (goal >= 1.8x); "
+              f"faults {'the same' if same else 'DIFFERENT'}")  # fmt: skip
+        verdict.update(processes=n, speedup_command=w1 / wn, speedup_scan=d1 / dn, same_faults=same,
+                       goal_processes=w1 / wn >= 1.8)  # fmt: skip
     print(json.dumps(verdict))
     return 0
 

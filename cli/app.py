@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import gc
 import inspect
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli import analyzer, config_cmd, demo, options, preflight
+from cli import analyzer, config_cmd, demo, options, preflight, replay_cmd
+from cli.log_options import log_options
+from cli.replay_cmd import compile_packs as _compile
+from cli.replay_cmd import err, out
+from cli.replay_cmd import error as _error
 from faultline import config
 from faultline.errors import FaultlineError, PackError
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from faultline.store import documents as store_documents
     from patterns.compiler import CompiledPacks
     from sources import scheduled_events
-    from sources.files import FileInfo
     from sources.gpu import GpuBackend
     from sources.ingest import IngestSpool
     from sources.inputs import LogInput
@@ -61,161 +60,10 @@ app.add_typer(analyzer.app, name="analyzer")
 app.command("demo")(demo.demo)
 options.command(app, "webhook", config.WebhookConfig)(preflight.webhook)
 options.command(app, "preflight", config.PreflightConfig)(preflight.preflight)
-app.callback()(options.log_options)  # --log-format, --log-level: logging is configured here, once
+app.command("replay")(replay_cmd.replay)
+app.callback()(log_options)  # --log-format, --log-level: logging is configured here, once
 
-# Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
-out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 GRPC_GRACE_S = 2.0  # a stopping agent lets the gRPC calls in progress finish this long
-
-
-class OutputFormat(StrEnum):
-    table = "table"
-    jsonl = "jsonl"
-
-
-class LogFormat(StrEnum):
-    rfc3164 = "rfc3164"
-    rfc5424 = "rfc5424"
-    iso = "iso"
-    json = "json"
-    export = "export"
-    dmesg = "dmesg"
-    kmsg = "kmsg"
-
-
-def _compile(packs: list[Path], *, builtin: bool = True, check_examples: bool = True) -> CompiledPacks:
-    from patterns import compiler, loader  # noqa: PLC0415 - keep `--help` fast
-
-    return compiler.compile_packs(loader.load(packs, builtin=builtin), check_examples=check_examples)
-
-
-@app.command()
-def replay(
-    paths: Annotated[
-        list[str],
-        typer.Argument(help="Log files or directories (syslog, journal JSON/export, dmesg; .gz ok)."),
-    ],
-    pack: Annotated[
-        list[Path] | None,
-        typer.Option("--pack", help="Extra pack directory (repeatable); overrides built-ins by id."),
-    ] = None,
-    output: Annotated[
-        OutputFormat, typer.Option(help="table for people, jsonl for machines.")
-    ] = OutputFormat.table,
-    workers: Annotated[int, typer.Option(min=1, max=64, help="Bytewax worker threads.")] = 1,
-    node: Annotated[
-        str | None,
-        typer.Option(help="Node name for every line (default: the line's host, else the file name)."),
-    ] = None,
-    year: Annotated[
-        int | None,
-        typer.Option(min=1970, max=9999, help="Year of RFC 3164 lines (default: from each file's mtime)."),
-    ] = None,
-    boot_time: Annotated[
-        datetime | None,
-        typer.Option(help="Boot time (UTC) for dmesg/kmsg lines stamped in seconds since boot."),
-    ] = None,
-    log_format: Annotated[
-        LogFormat | None, typer.Option("--format", help="Skip detection: treat every file as this format.")
-    ] = None,
-    builtin: Annotated[bool, typer.Option(help="Load the built-in packs.")] = True,
-    syslog_trusted: Annotated[
-        bool,
-        typer.Option(
-            help="Take syslog lines tagged `kernel` as the kernel's (any local user can write such a line; "
-            "the agent does not by default: --no-syslog-trusted shows what it would conclude)."
-        ),
-    ] = True,
-    progress: Annotated[
-        bool | None, typer.Option(help="Progress bar (default: when stdout is a terminal).")
-    ] = None,
-) -> None:
-    """Replay log files through the pattern packs and print the faults found."""
-    from dataflows import replay as replay_flow  # noqa: PLC0415
-    from sinks import render  # noqa: PLC0415
-    from sources import files  # noqa: PLC0415
-
-    try:
-        compiled = _compile(pack or [], builtin=builtin)
-    except PackError as exc:
-        _error(str(exc))
-        raise typer.Exit(2) from exc
-    if boot_time is not None and boot_time.tzinfo is None:
-        boot_time = boot_time.replace(tzinfo=UTC)
-    inputs = files.sniff_all(
-        files.expand_paths(paths),
-        year=year,
-        boot_time=boot_time.timestamp() if boot_time else None,
-        force_format=log_format.value if log_format else None,
-        syslog_trusted=syslog_trusted,
-    )
-    for problem in inputs.errors:
-        _error(problem)
-    for note in inputs.notes:
-        err.print(f"note: {note}", markup=False)
-    if not inputs.files and inputs.errors:
-        _error("no readable input files")
-        raise typer.Exit(1)
-    show_progress = sys.stdout.isatty() if progress is None else progress
-    # the compiled packs and their tables live for the whole run: out of the cyclic collector's scans
-    gc.collect()
-    gc.freeze()
-    with _progress(inputs.files, enabled=show_progress) as advance:
-        result = replay_flow.run(
-            inputs.groups(),
-            compiled,
-            workers=workers,
-            node_override=node,
-            progress=advance,
-            on_diag=lambda d: err.print(f"warning: {d}", markup=False),
-        )
-    if output is OutputFormat.jsonl:
-        for line in render.jsonl_lines(result.faults):
-            sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-        summary_console = err
-    else:
-        render.print_table(out, result.faults)
-        summary_console = out
-    line = render.summary(
-        result.stats, result.faults, result.seconds,
-        regex_timeouts=result.regex_timeouts, unreadable=len(inputs.errors),
-    )  # fmt: skip
-    summary_console.print(line, markup=False, soft_wrap=True)
-
-
-def _error(message: str) -> None:
-    err.print(f"error: {message}", markup=False)
-
-
-@contextlib.contextmanager
-def _progress(infos: list[FileInfo], *, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr (by bytes when the total is known) that the sources advance."""
-    if not enabled:
-        yield None
-        return
-    from sources import files  # noqa: PLC0415
-
-    total = None if any(files.is_gzip(i.path) for i in infos) else sum(i.size for i in infos)
-    bar = Progress(
-        TextColumn("replay"),
-        BarColumn(),
-        TextColumn("{task.fields[lines]:,} lines"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    )
-    task = bar.add_task("replay", total=total, lines=0)
-    lines = 0
-
-    def advance(nbytes: int, nlines: int) -> None:
-        nonlocal lines
-        lines += nlines
-        bar.update(task, advance=nbytes, lines=lines)
-
-    with bar:
-        yield advance
 
 
 def _pack_command(dirs: list[Path], builtin: bool, *, run_examples: bool) -> None:

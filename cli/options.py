@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from cli import settings
-from faultline import config, logs
+from faultline import config
 from faultline.config import Component
 from faultline.errors import ConfigError
 
@@ -180,21 +180,3 @@ def command(group: typer.Typer, name: str, model: type[C]) -> Callable[[Body[C]]
         return body
 
     return decorate
-
-
-LogFormatOption = Annotated[
-    logs.Format | None,
-    typer.Option(
-        "--log-format", envvar="FAULTLINE_LOG_FORMAT", show_default=False,
-        help="Log lines as json (one object a line) or console (for people). Default: json unless stderr is "
-        "a terminal.",
-    ),
-]  # fmt: skip
-LogLevelOption = Annotated[
-    logs.Level, typer.Option("--log-level", envvar="FAULTLINE_LOG_LEVEL", help="Least severe level logged.")
-]
-
-
-def log_options(log_format: LogFormatOption = None, log_level: LogLevelOption = "info") -> None:
-    """faultline: GPU fault detection, quarantine and remediation for Kubernetes."""
-    logs.configure(log_format, log_level)

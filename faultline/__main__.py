@@ -1,5 +1,5 @@
 """`python -m faultline`: the same entry point as the `faultline` console script (the CLI package)."""
 
-from cli.app import main
+from cli.main import main
 
 main()

@@ -146,6 +146,18 @@ def test_cli_workers_flag_gives_the_same_output(sample_dir: Path) -> None:
     assert one.stdout == two.stdout
 
 
+def test_cli_processes_flag_gives_the_same_output(sample_dir: Path) -> None:
+    """Every file of the sample (syslog, journal JSON and export, dmesg, kmsg, a rotated .gz) is a job of
+    its own in a scanning process: the same faults and the same summary."""
+    one = cli("replay", str(sample_dir), "--output", "jsonl", *FIXED_TIME)
+    two = cli("replay", str(sample_dir), "--output", "jsonl", "--processes", "2", *FIXED_TIME)
+    assert one.returncode == two.returncode == 0
+    assert len(rows(one.stdout)) == len(EXPECTED)
+    assert one.stdout == two.stdout
+    summary = [line.split("; faults")[0] for line in (one.stderr, two.stderr)]
+    assert summary[0] == summary[1]
+
+
 XID = "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable double bit error"
 
 
