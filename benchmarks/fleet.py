@@ -70,7 +70,7 @@ import pymongo
 from pymongo import monitoring
 
 from dataflows import node as node_flow
-from devtools import fakelet, procs, sockets, tools
+from devtools import cputime, fakelet, procs, sockets, tools
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import evidence, kube
@@ -89,7 +89,6 @@ AGENTS_PER_PROCESS = 1000
 REPAIR_READ_S = 30.0  # the agent's repair_idle_poll_interval
 SAMPLE_S = 60.0  # health samples (the chart's setting with analyzer.anomaly.enabled)
 RESEND_S = 60.0  # the detector re-sends the node's state to the Kubernetes sink
-TICK = os.sysconf("SC_CLK_TCK")
 STORE_KINDS = ("insert", "update", "find", "aggregate", "delete")
 
 
@@ -271,38 +270,6 @@ def _host(spec: HostSpec, commands: Any, results: Any) -> None:
 
 
 # -- measuring ---------------------------------------------------------------------------------------------
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process `pid` so far; 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def _children(pid: int) -> list[int]:
-    """`pid` and every process below it."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(parents.get(p, ()))
-    return out
-
-
-def _cpu_tree(pids: list[int]) -> float:
-    return sum(_cpu(p) for root in pids for p in _children(root))
-
-
 def _api_requests(cluster: LocalCluster) -> float:
     """The API server's own count of the requests it served (apiserver_request_total, summed)."""
     text = cluster._get("/metrics")  # the admin's TLS context
@@ -482,7 +449,7 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
             "etcd": [p.pid for p in cluster.procs if p.name == "etcd"],
             "quarantine": [w.pid for w in workers],
         }
-        cpu0 = {k: _cpu_tree(v) for k, v in components.items()}
+        cpu0 = {k: cputime.of_trees(v) for k, v in components.items()}
         calls0, agent_api0, errors0 = counts()
         api0 = _api_requests(cluster)
         bytes0 = _store_bytes(uris[0], database)
@@ -494,7 +461,7 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
             )
             time.sleep(min(5.0, args.steady / 10))
         took = time.monotonic() - start
-        cpu1 = {k: _cpu_tree(v) for k, v in components.items()}
+        cpu1 = {k: cputime.of_trees(v) for k, v in components.items()}
         calls1, agent_api1, errors1 = counts()
         api1 = _api_requests(cluster)
         bytes1 = _store_bytes(uris[0], database)

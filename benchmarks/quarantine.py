@@ -31,12 +31,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as dt
+import os
 import statistics
 import sys
 import time
 from typing import Any
 
-from devtools import fakelet
+from devtools import cputime, fakelet
 from devtools.cluster import LocalCluster
 from devtools.mongo import BACKENDS, LocalMongo
 from faultline import kube, store
@@ -101,6 +102,16 @@ def main() -> None:
             with concurrent.futures.ThreadPoolExecutor(16) as pool:  # as the nodes' agents would, at once
                 list(pool.map(lambda n: st.write_fault(fault(n, "XID-48"), 1), storm))
             worker = quarantine.QuarantineWorker(st, api, settings, "bench")
+            assert mongo.proc is not None
+            assert mongo.postgres is not None
+            assert mongo.postgres.proc is not None
+            meter = cputime.Meter({
+                "worker (this process)": [os.getpid()],
+                "FerretDB": [mongo.proc.pid], "PostgreSQL": [mongo.postgres.proc.pid],
+                "kube-apiserver": [p.pid for p in cluster.procs if p.name == "kube-apiserver"],
+                "etcd": [p.pid for p in cluster.procs if p.name == "etcd"],
+            })  # fmt: skip
+            meter.start()
             start = time.monotonic()
             threads = worker.start()
             quarantined = worker.metrics.actions.labels(result="quarantined")
@@ -111,6 +122,7 @@ def main() -> None:
                     raise SystemExit("the storm was not cordoned within 10 minutes")
                 time.sleep(0.02)
             took = time.monotonic() - start
+            storm_cpu = meter.stop()
             missing = set(storm) - cordoned(api)
             if missing:
                 raise SystemExit(f"counted as quarantined but not cordoned: {sorted(missing)[:5]}")
@@ -127,10 +139,12 @@ def main() -> None:
                 common.post_event(api, name, reason="BenchRelease", note="benchmark", action="Release",
                                   warning=False, worker="bench", owner="bench")  # fmt: skip
 
+            meter.start()
             start = time.monotonic()
             with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
                 list(pool.map(release, storm))
             api_only = len(storm) / (time.monotonic() - start)
+            api_cpu = meter.stop()
             # The store's own ceiling: the same claims and completions with no Kubernetes work at all.
             worker.stop.set()
             for thread in threads:
@@ -168,6 +182,18 @@ def main() -> None:
     print(f"  {'  nodes/s':44} {rate:>10.1f} {'>= 50':>10} {'~2.5':>12}")
     print(f"  {'  the store alone: claim+complete cycles/s':44} {ceiling:>10.1f} {'':>10} {'':>12}")
     print(f"  {'  the Kubernetes calls alone: nodes/s':44} {api_only:>10.1f} {'':>10} {'':>12}")
+    print(f"  {'  storm / Kubernetes calls alone':44} {rate / api_only:>10.2f} {'>= 0.85':>10} {'':>12}")
+    print(f"\n  CPU ms per node {'storm':>12} {'calls alone':>12}")
+    for name in storm_cpu:
+        print(
+            f"  {name:30} {storm_cpu[name] * 1000 / len(storm):>12.2f} {api_cpu[name] * 1000 / len(storm):>12.2f}"
+        )
+    total_storm, total_api = sum(storm_cpu.values()), sum(api_cpu.values())
+    print(f"  {'all':30} {total_storm * 1000 / len(storm):>12.2f} {total_api * 1000 / len(storm):>12.2f}")
+    print(
+        f"  cores busy: storm {total_storm / took:.2f}, calls alone {total_api * api_only / len(storm):.2f} "
+        f"(of {os.cpu_count()})"
+    )
 
 
 if __name__ == "__main__":
