@@ -9,7 +9,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SAMPLE := benchmarks/corpus/sample
 
-.PHONY: setup system-deps tools test-tools replay check test redteam demo bench bench-agent bench-quarantine bench-drain chaos sample cluster proto proto-check
+.PHONY: setup system-deps tools test-tools replay check test redteam demo bench bench-agent bench-quarantine bench-fleet bench-drain chaos sample cluster proto proto-check
 .PHONY: docs docs-gen
 .PHONY: image image-store image-analyzer lock image-tools sbom push verify-image registry release
 
@@ -183,7 +183,7 @@ cluster: setup tools
 	$(BIN)/faultline dev cluster up --nodes 4 --real-nodes $(REAL_NODES)
 
 bench: setup
-	$(BIN)/python benchmarks/replay.py --memory
+	$(BIN)/python benchmarks/replay.py --memory --startup --processes
 
 # The node agent's RSS, CPU and XID -> MongoDB latency under load (needs the tools and systemd-journal-remote).
 bench-agent: setup tools
@@ -192,6 +192,12 @@ bench-agent: setup tools
 # Quarantine: fault -> cordon latency and 500 nodes faulted at once, on the local cluster and FerretDB.
 bench-quarantine: setup tools
 	$(BIN)/python benchmarks/quarantine.py
+
+# Fleet: 1,000, 5,000 and 10,000 simulated nodes' agents on one store and one API server, per-node costs
+# side by side, fault -> cordon and a storm of 5 % of the fleet (about 25 minutes; FLEET_ARGS="--sizes 1000").
+FLEET_ARGS ?=
+bench-fleet: setup tools
+	$(BIN)/python benchmarks/fleet.py $(FLEET_ARGS)
 
 # Drain: 2,000 pods evicted across 200 simulated GPU nodes (evictions/s).
 bench-drain: setup tools

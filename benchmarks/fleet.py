@@ -155,7 +155,11 @@ def _host(spec: HostSpec, commands: Any, results: Any) -> None:
         devices = [gpu.GpuDevice(i, f"GPU-{node}-{i}", f"0000:{0x18 + i:02x}:00.0") for i in range(GPUS)]
         names = {d.pci: f"GPU {d.index} {d.uuid}" for d in devices}
         sink = kube_sink.KubeSink(kubeconfig, names, annotations={evidence.KEY_ANNOTATION: key.public})
-        part = sink.build("kube", 0, 1)  # as the agent's dataflow builds it: its own thread and connection
+        # the agent's sink partition (its own connection); its thread's work is done by this process's pool
+        # (one thread less per agent: 10,000 agents' threads would pass the machine's limit of 32,768)
+        part = kube_sink._Partition(
+            kubeconfig, names, sink.types, background=False, annotations=sink.annotations
+        )
         agents[node] = Agent(node, st, part, from_store(st, node), devices, node_flow.revision_base())
 
     def repairs(a: Agent) -> None:
@@ -189,6 +193,8 @@ def _host(spec: HostSpec, commands: Any, results: Any) -> None:
     def resend(a: Agent) -> None:
         with a.lock:
             a.sink.write_batch([NodeUpdate(a.node, list(a.faults), [])])
+            if not a.sink.drain():
+                raise RuntimeError("the Kubernetes sink's calls failed")
 
     def fault(a: Agent) -> float:
         """A fatal XID on GPU 0, as the agent's sinks write it: the store, then conditions and an Event."""
@@ -205,6 +211,7 @@ def _host(spec: HostSpec, commands: Any, results: Any) -> None:
             mongo_sink.write(a.store, [], [(f, a.revision)], False)
             a.faults = [f]
             a.sink.write_batch([NodeUpdate(a.node, [f], [(f, a.revision)])])
+            a.sink.drain()
         return written
 
     jobs = {"repairs": (repairs, REPAIR_READ_S), "samples": (samples, SAMPLE_S), "resend": (resend, RESEND_S)}
