@@ -345,8 +345,8 @@ def test_an_application_xid_burst_of_one_job_quarantines_none_of_its_nodes(
         st.record_batch([], [(hardware, 1)])
         an.wait("b quarantined by XID-79", lambda: cordoned(api, b_), timeout=30)
         assert not cordoned(api, a_)
-        hold = st.hold(b_)
-        assert hold is not None and hold.faults == [hardware.id]
+        # the hold's record is written after the cordon (and its Event): wait for it, not just the cordon
+        an.wait("b's hold recorded", lambda: getattr(st.hold(b_), "faults", None) == [hardware.id])
     finally:
         worker.halt()
 
