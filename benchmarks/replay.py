@@ -88,6 +88,16 @@ def replay(path: Path, processes: int = 1, faults: Path | None = None) -> tuple[
     return wall, rate, int(done.stdout.strip()), summary
 
 
+def startup(path: Path) -> tuple[float]:
+    """Wall seconds of the whole `faultline replay` command on `path`, timed directly (no wrapper process
+    for the peak RSS, whose own start would count)."""
+    cmd = [sys.executable, "-m", "faultline", "replay", str(path), "--output", "jsonl", "--year", "2026",
+           "--no-progress"]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(cmd, capture_output=True, check=True)
+    return (time.perf_counter() - started,)
+
+
 def grep(path: Path, words: list[str]) -> tuple[float, int]:
     pattern = "|".join(re.escape(w) for w in words)
     started = time.perf_counter()
@@ -168,7 +178,7 @@ def main() -> int:
         verdict["goal_flat_memory"] = big_rss <= small_rss * 1.05
     if args.startup:
         small_path = corpus(1000)
-        start_wall = best(replay, small_path, runs=max(5, args.runs))[0]
+        start_wall = best(startup, small_path, runs=max(5, args.runs))[0]
         print(f"start-up: the whole command on 1,000 lines: {start_wall:.3f} s (goal <= 0.3 s)")
         verdict["startup_s"] = start_wall
         verdict["goal_startup"] = start_wall <= 0.3

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from faultline.errors import PackError
 
@@ -173,6 +172,8 @@ def _progress(infos: list[FileInfo], *, enabled: bool) -> Iterator[Callable[[int
     if not enabled:
         yield None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
     from sources import files  # noqa: PLC0415
 
     total = None if any(files.is_gzip(i.path) for i in infos) else sum(i.size for i in infos)

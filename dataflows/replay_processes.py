@@ -49,14 +49,40 @@ class Job:
     first: bool  # the file's first job (its line numbers are the file's)
 
 
+Packed = tuple[float, int, int, int, int, float | None]  # ts, order (2), hit index, message index, boot
+
+
 @dataclass
 class JobResult:
-    by_chunk: list[dict[str, list[scan.Timed]]] = field(default_factory=list)  # per chunk, in order
+    """A job's hits, packed for the trip back: each distinct hit and message once per job (a flood
+    repeats both thousands of times), every hit a tuple of numbers; by node, per chunk, in order."""
+
+    by_chunk: list[dict[str, list[Packed]]] = field(default_factory=list)
+    hits: list[Any] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
     stats: scan.Stats = field(default_factory=scan.Stats)
     diags: list[str] = field(default_factory=list)
     lines: int = 0
     nbytes: int = 0
     timeouts: int = 0  # regex matches that ran out of time (counted where they ran)
+
+    def pack(
+        self, by_node: dict[str, list[scan.Timed]], hits: dict[Any, int], messages: dict[str, int]
+    ) -> None:
+        packed: dict[str, list[Packed]] = {}
+        for node, batch in by_node.items():
+            out = packed[node] = []
+            for t in batch:
+                h = hits.get(t.hit)
+                if h is None:
+                    h = hits[t.hit] = len(self.hits)
+                    self.hits.append(t.hit)
+                m = messages.get(t.message)
+                if m is None:
+                    m = messages[t.message] = len(self.messages)
+                    self.messages.append(t.message)
+                out.append((t.ts, t.order[0], t.order[1], h, m, t.boot))
+        self.by_chunk.append(packed)
 
 
 class _Range:
@@ -115,9 +141,11 @@ def _scan_job(job: Job) -> JobResult:
             chunker = files.TextChunker(job.info, cast("IO[bytes]", limited))  # it only reads
             chunker.pos = job.start
             reader = chunker
+        hits: dict[Any, int] = {}
+        messages: dict[str, int] = {}
         for chunk in reader:
             result = scan.scan(chunk, compiled, node_override)
-            out.by_chunk.append(result.by_node)
+            out.pack(result.by_node, hits, messages)
             out.stats.add(result.stats)
             out.diags.extend(result.diags)
             out.lines += chunk.lines
@@ -164,14 +192,16 @@ def run(
                 if on_diag is not None:
                     for d in diags:
                         on_diag(d)
+                hits, messages = done.hits, done.messages
                 for by_node in done.by_chunk:
                     for node, batch in by_node.items():
                         detector = detectors.get(node)
                         if detector is None:
                             detector = detectors[node] = NodeDetector(node, compiled)
-                        batch.sort(key=lambda t: (t.ts, t.order))
-                        for t in batch:
-                            detector.observe(t.ts, t.hit, t.message, t.boot)
+                        observe = detector.observe
+                        batch.sort(key=lambda t: t[:3])  # time, then place in the file
+                        for ts, _, _, h, m, boot in batch:
+                            observe(ts, hits[h], messages[m], boot)
                 if progress is not None:
                     progress(done.nbytes, done.lines)
     finally:

@@ -1,4 +1,5 @@
-"""The built-in packs as parsed, for a fast start (`patterns/packs.json`, read by `patterns.loader`).
+"""The built-in packs as parsed, and what the compiler needs of each regex besides compiling it
+(`patterns.compiler.regex_facts`), for a fast start (`patterns/packs.json`, read by `patterns.loader`).
 
     python -m devtools.builtin_packs            # write it
     python -m devtools.builtin_packs --check    # exit 1 when it is not current
@@ -13,7 +14,7 @@ import json
 import sys
 
 from faultline import yamldoc
-from patterns import loader
+from patterns import compiler, loader
 
 
 def render() -> str:
@@ -23,7 +24,12 @@ def render() -> str:
         doc = yamldoc.parse(text)
         if json.loads(json.dumps(doc)) != doc:
             raise SystemExit(f"{path.name}: its parse is not plain JSON data")
-        out[path.name] = {"sha256": loader.text_digest(text), "doc": doc}
+        facts = {
+            pattern["id"]: compiler.regex_facts(pattern["regex"], bool(pattern.get("ignore_case", False)))
+            for pattern in doc.get("patterns") or []
+            if isinstance(pattern, dict) and isinstance(pattern.get("regex"), str)
+        }
+        out[path.name] = {"sha256": loader.text_digest(text), "doc": doc, "facts": facts}
     return json.dumps(out, sort_keys=True, separators=(",", ":")) + "\n"
 
 

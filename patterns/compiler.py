@@ -30,7 +30,7 @@ import regex
 
 from faultline.errors import PackError
 from faultline.models import Action
-from patterns import redos
+from patterns import loader, redos
 from patterns.loader import LoadedPattern, PackSet
 from patterns.schema import (
     Classification,
@@ -119,24 +119,18 @@ class CompiledPattern:
         self.kernel_only = p.origin == "kernel"
         self.record = p.record
         flags = regex.IGNORECASE if p.ignore_case else 0
-        if redos.expansion(p.regex) > redos.MAX_EXPANSION:
-            raise PackError(
-                loaded.file,
-                f"regex repeats too much: its counted repetitions come to over {redos.MAX_EXPANSION} "
-                "copies (the regex module compiles each copy); use * or + or smaller counts",
-                p.id,
-            )
         self.builtin = loaded.builtin
         self._flags = flags | regex.VERSION0
-        parsed = _stdlib_parse(p.regex, flags)
-        groups = self._groups(loaded, parsed)
+        known = loader.builtin_facts().get(p.id) if loaded.builtin else None
+        if known is None or (known.get("regex"), known.get("ignore_case")) != (p.regex, p.ignore_case):
+            known = regex_facts(p.regex, p.ignore_case, loaded)
+        if self.builtin and known["groups"] is not None:
+            groups = set(known["groups"])
+        else:
+            groups = self._groups(loaded)
         re2_source = f"(?i){p.regex}" if p.ignore_case else p.regex
-        try:
-            re2.compile(re2_source, _RE2_OPTIONS)
-            self.re2_source: str | None = re2_source
-        except re2.error:
-            self.re2_source = None
-        self.literals = tuple(p.prefilter) if p.prefilter else _literals(parsed)
+        self.re2_source: str | None = re2_source if known["re2"] else None
+        self.literals = tuple(p.prefilter) if p.prefilter else tuple(known["literals"])
         # inline (?i) or (?i:...) makes the regex match other cases: so must its literals
         self.literal_ignore_case = p.ignore_case or _has_inline_ignore_case(p.regex)
         if not self.literals:
@@ -192,12 +186,11 @@ class CompiledPattern:
         self.amount = self._amount(p, groups, loaded)
         self.escalate = p.escalate
 
-    def _groups(self, loaded: LoadedPattern, parsed: Any) -> set[str]:
-        """The regex's group names. A built-in regex is proven by the test suite: it is compiled (by the
-        slow pure-Python parser of `regex`) when a candidate line first needs it, so start-up pays only
-        for the ones a log meets; any other is compiled now, so a bad one fails the load."""
-        if self.builtin and parsed is not None:
-            return set(parsed.state.groupdict)
+    def _groups(self, loaded: LoadedPattern) -> set[str]:
+        """The regex's group names, compiled now so a bad one fails the load. (A built-in regex is proven
+        by the test suite: it is compiled by the slow pure-Python parser of `regex` only when a candidate
+        line first needs it, so start-up pays only for the ones a log meets; its groups come from
+        `regex_facts`.)"""
         try:
             self.regex = regex.compile(loaded.pattern.regex, self._flags)
         except regex.error as exc:
@@ -291,6 +284,29 @@ class CompiledPattern:
 
 
 _INLINE_FLAGS = regex.compile(r"\(\?[a-zA-Z]*i[a-zA-Z]*(?:-[a-zA-Z]*)?[:)]")
+
+
+def regex_facts(source: str, ignore_case: bool, loaded: LoadedPattern | None = None) -> dict[str, Any]:
+    """What the compiler needs of a regex besides compiling it: its group names and fixed-text literals
+    (from the stdlib's parse; none for `regex`-only syntax) and whether RE2 takes it. A regex whose counted
+    repetitions come to too many copies is refused. For the built-in packs these are kept in
+    patterns/packs.json (`python -m devtools.builtin_packs`), so a start does not work them out again."""
+    if redos.expansion(source) > redos.MAX_EXPANSION:
+        raise PackError(
+            loaded.file if loaded else "<regex>",
+            f"regex repeats too much: its counted repetitions come to over {redos.MAX_EXPANSION} "
+            "copies (the regex module compiles each copy); use * or + or smaller counts",
+            loaded.pattern.id if loaded else None,
+        )
+    parsed = _stdlib_parse(source, regex.IGNORECASE if ignore_case else 0)
+    try:
+        re2.compile(f"(?i){source}" if ignore_case else source, _RE2_OPTIONS)
+        takes = True
+    except re2.error:
+        takes = False
+    groups = sorted(parsed.state.groupdict) if parsed is not None else None  # None: compile to know them
+    literals = list(_literals(parsed))
+    return {"regex": source, "ignore_case": ignore_case, "groups": groups, "literals": literals, "re2": takes}
 
 
 def _has_inline_ignore_case(source: str) -> bool:

@@ -93,6 +93,30 @@ def _builtin_parsed() -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+@functools.cache
+def builtin_facts() -> dict[str, dict[str, Any]]:
+    """What the compiler keeps of each built-in pattern's regex (`compiler.regex_facts`), by pattern id,
+    from the entries of packs.json whose pack file is unchanged (the compiler also checks the regex)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in _builtin_parsed().items():
+        path = BUILTIN_DIR / name
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("facts"), dict)
+            and _current(path, entry.get("sha256"))
+        ):
+            out.update(entry["facts"])
+    return out
+
+
+@functools.cache
+def _current(path: Path, entry_digest: Any) -> bool:
+    try:
+        return bool(text_digest(path.read_text(encoding="utf-8")) == entry_digest)
+    except OSError:
+        return False
+
+
 def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
