@@ -110,7 +110,7 @@ def main() -> None:
                 "FerretDB": [mongo.proc.pid], "PostgreSQL": [mongo.postgres.proc.pid],
                 "kube-apiserver": [p.pid for p in cluster.procs if p.name == "kube-apiserver"],
                 "etcd": [p.pid for p in cluster.procs if p.name == "etcd"],
-            })  # fmt: skip
+            }, alone=frozenset({"worker (this process)"}))  # fmt: skip
             meter.start()
             start = time.monotonic()
             threads = worker.start()

@@ -43,16 +43,23 @@ def of_trees(pids: list[int]) -> float:
 
 
 class Meter:
-    """CPU seconds of named components between `start` and `stop`."""
+    """CPU seconds of named components between `start` and `stop`: each its processes and their
+    descendants, except those named in `alone` (a process that started the others: itself only)."""
 
-    def __init__(self, components: dict[str, list[int]]) -> None:
+    def __init__(self, components: dict[str, list[int]], alone: frozenset[str] = frozenset()) -> None:
         self.components = components
+        self.alone = alone
         self.began: dict[str, float] = {}
         self.spent: dict[str, float] = {}
 
+    def _read(self) -> dict[str, float]:
+        return {k: sum(seconds(p) for p in v) if k in self.alone else of_trees(v)
+                for k, v in self.components.items()}  # fmt: skip
+
     def start(self) -> None:
-        self.began = {k: of_trees(v) for k, v in self.components.items()}
+        self.began = self._read()
 
     def stop(self) -> dict[str, float]:
-        self.spent = {k: of_trees(v) - self.began[k] for k, v in self.components.items()}
+        now = self._read()
+        self.spent = {k: now[k] - self.began[k] for k in self.components}
         return self.spent
