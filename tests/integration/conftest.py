@@ -67,6 +67,10 @@ def real_nodes_watched() -> Iterator[None]:
 def real_cluster(mongo: LocalMongo, real_nodes_watched: None) -> Iterator[LocalCluster]:
     """One real node and one simulated node, and the project's image in the cluster's loopback registry
     (`cluster.real.image`). Needs root."""
+    # Real nodes of an earlier run that was killed (their owner is gone) are undone first, as starting
+    # would undo them anyway: the comparison below is of this session's own changes.
+    for cleaned in realnode_host.cleanup_stale():
+        print(f"undid the host changes of a dead earlier run's real nodes ({cleaned})")
     before = realnode_check.host_snapshot()
     c = LocalCluster(nodes=1, real_nodes=1, node_prefix="sim-node")
     try:
