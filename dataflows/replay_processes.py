@@ -14,7 +14,11 @@ one-process replay would: chunk after chunk in file order, each chunk in time or
 is in one process.
 
 A diagnostic names its line as counted from its job's first line; the lines of the jobs before it, which
-come back first, give the file's line number.
+come back first, give the file's line number. The kinds of diagnostic that are capped (unparseable or
+mixed lines) are capped per chunk, here as in one process, so a file cut in ranges may say a few more of
+them; and as each chunk is put in time order on its own, lines far out of time order across a range
+boundary reach the detectors in another order than in one process. A read error ends its file's replay
+with the one-process replay's diagnostic, what was read before it kept.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from faultline.models import Fault
 from patterns.compiler import CompiledPacks
 from patterns.detectors import NodeDetector
 from sources import files, scan
-from sources.replay import ProgressFn
+from sources.replay import READ_ERRORS, ProgressFn, read_error
 
 JOB_BYTES = 32 << 20  # the largest range of a file: a job's start costs nothing beside its work
 JOB_MIN_BYTES = 4 << 20  # the smallest (one chunk): a file is cut in about four ranges per process
@@ -65,6 +69,7 @@ class JobResult:
     lines: int = 0
     nbytes: int = 0
     timeouts: int = 0  # regex matches that ran out of time (counted where they ran)
+    failed: bool = False  # a read error ended it: the rest of its file is skipped, as in one process
 
     def pack(
         self, by_node: dict[str, list[scan.Timed]], hits: dict[Any, int], messages: dict[str, int]
@@ -108,28 +113,48 @@ def plan(groups: list[list[files.FileInfo]], processes: int) -> list[Job]:
     jobs = []
     for group in groups:
         for info in group:
-            job_bytes = max(JOB_MIN_BYTES, min(JOB_BYTES, info.size // (4 * processes)))
-            if info.fmt not in SPLITTABLE or info.size <= 2 * job_bytes or files.is_gzip(info.path):
-                jobs.append(Job(info, 0, None, True))
-                continue
-            cuts = [0]
-            with open(info.path, "rb") as fh:
-                for at in range(job_bytes, info.size, job_bytes):
-                    fh.seek(at - 1)
-                    fh.readline()  # to the end of the line holding byte at-1: a line begins here
-                    if fh.tell() > cuts[-1] and fh.tell() < info.size:
-                        cuts.append(fh.tell())
+            cuts = _cuts(info, max(JOB_MIN_BYTES, min(JOB_BYTES, info.size // (4 * processes))))
             for i, start in enumerate(cuts):
                 end = cuts[i + 1] if i + 1 < len(cuts) else None
                 jobs.append(Job(info, start, end, i == 0))
     return jobs
 
 
+def _cuts(info: files.FileInfo, job_bytes: int) -> list[int]:
+    """Where the file's ranges begin: [0] alone for a file that is one job (records that may span lines,
+    small, compressed, or gone or unreadable since it was sniffed: its job says so)."""
+    cuts = [0]
+    try:
+        if info.fmt not in SPLITTABLE or info.size <= 2 * job_bytes or files.is_gzip(info.path):
+            return cuts
+        with open(info.path, "rb") as fh:
+            for at in range(job_bytes, info.size, job_bytes):
+                fh.seek(at - 1)
+                fh.readline()  # to the end of the line holding byte at-1: a line begins here
+                if fh.tell() > cuts[-1] and fh.tell() < info.size:
+                    cuts.append(fh.tell())
+    except OSError:
+        return [0]
+    return cuts
+
+
 def _scan_job(job: Job) -> JobResult:
-    """In a scanning process: the job's chunks scanned, their hits by node, chunk by chunk."""
-    compiled, node_override = _STATE["compiled"], _STATE["node_override"]
+    """In a scanning process: the job's chunks scanned, their hits by node, chunk by chunk. A read error
+    ends it with what it scanned before and the one-process replay's diagnostic (`failed`)."""
     out = JobResult()
+    compiled = _STATE["compiled"]
     timeouts = compiled.timeouts
+    try:
+        _scan_into(job, out, compiled)
+    except READ_ERRORS as exc:
+        out.diags.extend(read_error(job.info, exc).diags)
+        out.failed = True
+    out.timeouts = compiled.timeouts - timeouts
+    return out
+
+
+def _scan_into(job: Job, out: JobResult, compiled: CompiledPacks) -> None:
+    node_override = _STATE["node_override"]
     with files.open_binary(job.info.path) as fh:
         if job.start:
             fh.seek(job.start)
@@ -150,8 +175,6 @@ def _scan_job(job: Job) -> JobResult:
             out.diags.extend(result.diags)
             out.lines += chunk.lines
             out.nbytes += chunk.nbytes
-    out.timeouts = compiled.timeouts - timeouts
-    return out
 
 
 def _renumber(diags: list[str], path: str, base: int) -> list[str]:
@@ -177,12 +200,17 @@ def run(
     jobs = plan(groups, processes)
     detectors: dict[str, NodeDetector] = {}
     lines_before: dict[str, int] = {}  # by file: the lines of its jobs already back
+    cut_short: set[str] = set()  # files a read error ended: their later jobs are not taken
     _STATE.update(compiled=compiled, node_override=node_override)
     context = mp.get_context("fork")
     try:
         with context.Pool(max(1, min(processes, len(jobs), os.cpu_count() or 1))) as pool:
             for job, done in zip(jobs, pool.imap(_scan_job, jobs), strict=True):
                 path = job.info.path
+                if path in cut_short:
+                    continue
+                if done.failed:
+                    cut_short.add(path)
                 base = 0 if job.first else lines_before.get(path, 0)
                 lines_before[path] = base + done.lines
                 result.stats.add(done.stats)

@@ -11,6 +11,12 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from sources import files
 
 ProgressFn = Callable[[int, int], None]  # (bytes read, lines read) since the last call
+READ_ERRORS = (OSError, EOFError, zlib.error)  # a file gone, unreadable, or compressed and cut short
+
+
+def read_error(info: files.FileInfo, exc: BaseException) -> files.Chunk:
+    """An empty chunk that says the file could not be read on (what it gave before stays)."""
+    return files.Chunk(info, 0, diags=[f"{info.path}: read error, rest of file skipped: {exc}"])
 
 
 class _GroupPartition(StatefulSourcePartition[files.Chunk, tuple[int, int]]):
@@ -30,7 +36,11 @@ class _GroupPartition(StatefulSourcePartition[files.Chunk, tuple[int, int]]):
         if self.pos >= len(self.group):
             return
         info = self.group[self.pos]
-        self.fh = files.open_binary(info.path)
+        try:
+            self.fh = files.open_binary(info.path)
+        except READ_ERRORS as exc:  # gone or unreadable since it was sniffed: said, then the next file
+            self.fh, self.reader = None, iter([read_error(info, exc)])
+            return
         self.reader = files.chunks(info, self.fh)
         for _ in range(skip):
             next(self.reader, None)
@@ -42,16 +52,16 @@ class _GroupPartition(StatefulSourcePartition[files.Chunk, tuple[int, int]]):
                 chunk = next(self.reader)
             except StopIteration:
                 chunk = None
-            except (OSError, EOFError, zlib.error) as exc:
-                info = self.group[self.pos]
-                chunk = files.Chunk(info, 0, diags=[f"{info.path}: read error, rest of file skipped: {exc}"])
+            except READ_ERRORS as exc:
+                chunk = read_error(self.group[self.pos], exc)
                 self.reader = iter(())
             if chunk is not None:
                 self.emitted += 1
                 if self.progress is not None:
                     self.progress(chunk.nbytes, chunk.lines)
                 return [chunk]
-            self.fh.close()
+            if self.fh is not None:
+                self.fh.close()
             self.pos += 1
             self._open()
         raise StopIteration

@@ -78,8 +78,9 @@ class AgentConfig(Component, StoreFields, KubeFields, MetricsFields):
     )  # fmt: skip
     repair_idle_poll_interval: Seconds = Field(
         default=30.0, gt=0, le=600,
-        description="between those reads while none of this node's repairs is open (duration): the "
-        "agent's steady read of the store (at 10,000 nodes, 333 reads a second at 30s)",
+        description="between those reads while none of this node's repairs is open (duration; never "
+        "shorter than repair_poll_interval): the agent's steady read of the store (at 10,000 nodes, 333 "
+        "reads a second at 30s)",
     )  # fmt: skip
     pod_resources_socket: Path | None = Field(
         default=None,

@@ -29,6 +29,8 @@ from faultline.store.base import Base, Stage, State, Work, utc
 from faultline.store.claims import Claim
 
 JANITOR_OPEN = (State.PENDING, State.CLAIMED)  # a repair's janitor stage not finished: claimed or due
+# a repair's remediation stage deciding (or about to decide) its next round, which the janitor then takes
+REMEDIATION_OPEN = (State.PENDING, State.CLAIMED, State.DRAIN)
 
 
 def repair_key(node: str, episode: dt.datetime) -> str:
@@ -223,10 +225,13 @@ class Repairs(Base):
 
     def repair_watch(self, node: str) -> tuple[list[documents.RepairNotice], bool]:
         """What the node agent reads (one query): `repairs_to_confirm(node)`, and whether any repair of the
-        node has its janitor stage open (a round may be verified soon: the agent reads more often)."""
+        node is under way: its janitor stage open, or its remediation stage deciding the round the janitor
+        takes next (a round may be verified soon: the agent reads more often)."""
         out, active = [], False
-        for doc in self.repairs.find({"node": node}, {"rounds": 1, Stage.JANITOR: 1}):
+        for doc in self.repairs.find({"node": node}, {"rounds": 1, Stage.JANITOR: 1, Stage.REMEDIATION: 1}):
             rounds = doc.get("rounds") or []
+            if (doc.get(Stage.REMEDIATION) or {}).get("state") in REMEDIATION_OPEN:
+                active = True
             if (doc.get(Stage.JANITOR) or {}).get("state") not in JANITOR_OPEN:
                 continue
             active = True

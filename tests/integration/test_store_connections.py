@@ -94,3 +94,10 @@ def test_repair_watch_names_verified_rounds_and_whether_a_repair_is_open(mongo_d
     assert active
     assert [(n.round_id, n.step, n.gpus) for n in notices] == [("r1#0", "GPU_RESET", ("0000:3b:00",))]
     assert st.repairs_to_confirm("n1") == notices
+    # a repair just opened: remediation decides its round, the janitor has none yet; read often already,
+    # so that a reset done within one idle wait is confirmed within `repair_poll_interval`
+    key = st.open_repair("n3", now)
+    assert st.repair_watch("n3") == ([], True)
+    for state in ("drain", "done"):  # waiting for the whole node's drain; then decided, nothing to do
+        mongo_db["repairs"].update_one({"_id": key}, {"$set": {"remediation.state": state}})
+        assert st.repair_watch("n3") == ([], state == "drain")

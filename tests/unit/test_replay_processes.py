@@ -85,3 +85,35 @@ def test_compressed_rotated_and_small_files_are_one_job_each(
     one, many = _both(groups, compiled)
     assert [f.model_dump() for f in many.faults] == [f.model_dump() for f in one.faults]
     assert many.stats == one.stats
+
+
+def test_a_file_that_cannot_be_read_on_is_said_and_the_other_files_replay(
+    tmp_path: Path, compiled: compiler.CompiledPacks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compressed file cut short (its reading ends in an error part of the way) and a file gone since it
+    was sniffed: with one process and with two, the same diagnostic for each, what was read before the
+    error kept, and the other file replayed whole, cut in ranges."""
+    monkeypatch.setattr(replay_processes, "JOB_MIN_BYTES", 64 << 10)
+    data = _corpus(tmp_path / "big", 20_000).read_bytes()
+    (tmp_path / "big").unlink()
+    whole = gzip.compress(data)
+    (tmp_path / "cut.log.gz").write_bytes(whole[: len(whole) * 2 // 3])
+    gone = tmp_path / "gone.log"
+    shutil.copy(HERE / "benchmarks" / "corpus" / "sample" / "gpu-node-07.syslog", gone)
+    (tmp_path / "kept.log").write_bytes(data)
+    groups = _groups(tmp_path / "cut.log.gz", gone, tmp_path / "kept.log")
+    gone.unlink()
+    jobs = replay_processes.plan(groups, 2)
+    assert [j.start for j in jobs if j.info.path == str(tmp_path / "cut.log.gz")] == [0]  # never cut
+    assert len([j for j in jobs if j.info.path == str(tmp_path / "kept.log")]) > 2
+    one, many = _both(groups, compiled)
+    said = sorted(one.diags)
+    assert [d.split(":")[0] for d in said] == [str(tmp_path / "cut.log.gz"), str(gone)]
+    assert "rest skipped: Compressed file ended before the end-of-stream marker" in said[0]
+    assert said[1].startswith(f"{gone}: read error, rest of file skipped: [Errno 2]")
+    assert sorted(many.diags) == said
+    assert [f.model_dump() for f in many.faults] == [f.model_dump() for f in one.faults]
+    alone = replay.run(_groups(tmp_path / "kept.log"), compiled)
+    assert len(alone.faults) > 50
+    assert alone.stats.lines < one.stats.lines < 2 * alone.stats.lines  # the cut file's first part was read
+    assert many.stats == one.stats
