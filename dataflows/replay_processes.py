@@ -40,6 +40,7 @@ from sources.replay import READ_ERRORS, ProgressFn, read_error
 
 JOB_BYTES = 32 << 20  # the largest range of a file: a job's start costs nothing beside its work
 JOB_MIN_BYTES = 4 << 20  # the smallest (one chunk): a file is cut in about four ranges per process
+READ_BYTES = 1 << 20  # the most read at once while looking for the end of a line
 SPLITTABLE = frozenset({"rfc3164", "rfc5424", "iso", "json"})  # one record a line: any line starts one
 
 _STATE: dict[str, Any] = {}  # the compiled packs, for the forked scanning processes
@@ -129,8 +130,9 @@ def _cuts(info: files.FileInfo, job_bytes: int) -> list[int]:
             return cuts
         with open(info.path, "rb") as fh:
             for at in range(job_bytes, info.size, job_bytes):
-                fh.seek(at - 1)
-                fh.readline()  # to the end of the line holding byte at-1: a line begins here
+                fh.seek(at - 1)  # to the end of the line holding byte at-1 (a line begins there)
+                while (piece := fh.readline(READ_BYTES)) and not piece.endswith(b"\n"):
+                    pass  # a long line, read a bounded piece at a time
                 if fh.tell() > cuts[-1] and fh.tell() < info.size:
                     cuts.append(fh.tell())
     except OSError:
