@@ -105,6 +105,9 @@ def replay(
     from sinks import render  # noqa: PLC0415
     from sources import files  # noqa: PLC0415
 
+    if processes > 1 and workers > 1:
+        error("--workers (threads of the one-process dataflow) and --processes: give one of them")
+        raise typer.Exit(2)
     try:
         compiled = compile_packs(pack or [], builtin=builtin)
     except PackError as exc:

@@ -158,6 +158,13 @@ def test_cli_processes_flag_gives_the_same_output(sample_dir: Path) -> None:
     assert summary[0] == summary[1]
 
 
+def test_cli_workers_and_processes_together_are_refused(sample_dir: Path) -> None:
+    both = cli("replay", str(sample_dir), "--processes", "2", "--workers", "2")
+    assert both.returncode == 2
+    assert "--workers (threads of the one-process dataflow) and --processes: give one of them" in both.stderr
+    assert both.stdout == ""
+
+
 XID = "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable double bit error"
 
 
