@@ -1,4 +1,5 @@
-"""`faultline analyzer` (the cluster analyzer: a Deployment, one replica active) and
+"""`faultline analyzer` (the cluster analyzer: a Deployment, one replica active, or a StatefulSet whose
+pods are one Bytewax cluster) and
 `faultline analyzer replay` (its cluster patterns over a history, for what-if checks)."""
 
 from __future__ import annotations
@@ -68,7 +69,11 @@ def run(cfg: config.AnalyzerConfig) -> None:
     if not packs.patterns and not cfg.anomaly:
         raise ConfigError("no cluster patterns loaded (scope: cluster in the packs)")
     _scores(cfg)  # river missing: said before the lease is taken
-    owner = cfg.owner or common.default_owner("analyzer")
+    where = analyzer_processes.layout(cfg)
+    owner = cfg.owner or analyzer_processes.owner(where, common.default_owner("analyzer"))
+    if where.place > 0:
+        _member(cfg, packs, where, owner)
+        return
     m = analyzer_metrics.Metrics()
     # liveness: the standby's wait, then the lease's renewal and the feed's reads; one silent past its
     # limit (a flow whose epochs stopped) fails /healthz
@@ -84,7 +89,7 @@ def run(cfg: config.AnalyzerConfig) -> None:
         parts.callback(st.close)
         leader = cluster_flow.Leadership(st, owner, cfg.lease, beat=lambda: alive.beat(LEASE_LOOP))
         parts.callback(leader.release)
-        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set)
+        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set, where=where)
         parts.callback(group.stop)
         parts.callback(m.active.set, 0)
 
@@ -104,9 +109,8 @@ def run(cfg: config.AnalyzerConfig) -> None:
         leader.keep(on_lost=lost)
         try:
             _active(cfg, packs, st, leader, stop, m, group, alive.loop(FEED_LOOP, stall + cfg.poll))
-        except BaseException:  # Bytewax panics (a BaseException) when a process of its cluster is gone
-            if group.failed() is None:
-                raise
+        except BaseException as exc:  # noqa: BLE001 - Bytewax panics (a BaseException) when a process is gone
+            _cluster_failed(cfg, group, exc)
         failed = group.failed(wait=0)
         if failed is not None:
             err.print(f"analyzer: {failed}: stopping", markup=False)
@@ -115,6 +119,19 @@ def run(cfg: config.AnalyzerConfig) -> None:
         err.print("analyzer: lease lost to another replica: stopped", markup=False)
         raise typer.Exit(1)
     err.print("analyzer: stopped", markup=False)
+
+
+def _cluster_failed(
+    cfg: config.AnalyzerConfig, group: analyzer_processes.ProcessGroup, exc: BaseException
+) -> None:
+    """Process 0's flow raised: one of this pod's processes failed (said after), a pod of the cluster is
+    gone (exit 1, said), or anything else (raised on)."""
+    if group.failed() is not None:
+        return
+    if not cfg.peers or isinstance(exc, KeyboardInterrupt | SystemExit):
+        raise exc
+    err.print(f"analyzer: the cluster's flow failed (a pod of it gone?): {exc}", markup=False)
+    raise typer.Exit(1) from None
 
 
 def _acquire(leader: Leadership, stop: threading.Event, beat: Callable[[], None]) -> bool:
@@ -147,6 +164,9 @@ def _active(
               f"of {len(after)} writers", markup=False)  # fmt: skip
     try:
         group.start()
+        if group.addresses:
+            err.print(f"analyzer: process 0 of {len(group.addresses)} (pod 0 of "
+                      f"{len(cfg.peers) or 1}) listening on {group.addresses[0]}", markup=False)  # fmt: skip
         runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=0 if group.addresses else None,
                    addresses=group.addresses or None)  # fmt: skip
     finally:
@@ -154,6 +174,74 @@ def _active(
         pruner.join()
         if labels is not None:
             labels.close()
+
+
+def _member(
+    cfg: config.AnalyzerConfig, packs: ClusterPacks, where: analyzer_processes.Layout, owner: str
+) -> None:
+    """Pod `where.place` (> 0) of an analyzer spread over pods: its processes join pod 0's cluster (no
+    lease: its output is written while pod 0 holds it) until the flow ends (pod 0 stopped: exit 0, the
+    StatefulSet starts it again to join the next) or a peer is gone (Bytewax fails the cluster: exit 1)."""
+    from dataflows import runner  # noqa: PLC0415
+    from faultline import metrics, store  # noqa: PLC0415
+
+    m = analyzer_metrics.Metrics()
+    alive = liveness.Liveness()
+    stop = threading.Event()
+    with contextlib.ExitStack() as parts:
+        if cfg.metrics_port:
+            server = metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry,
+                                   health=alive)  # fmt: skip
+            parts.callback(server.close)
+        st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+        parts.callback(st.close)
+        guard = _lease_guard(st, where.leader, stop.set)
+        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set, where=where)
+        parts.callback(group.stop)
+        flow, labels, _after = _flow(
+            cfg, packs, st, stop, reader=False, owner=owner, guard=lambda: not stop.is_set() and guard(),
+            on_fault=lambda d: m.derived.labels(pattern=d.pattern).inc(),
+        )  # fmt: skip
+        if labels is not None:
+            parts.callback(labels.close)
+        group.start()
+        addresses = where.addresses(where.first)
+        err.print(f"analyzer: pod {where.place} of {len(cfg.peers)} (processes {where.first} to "
+                  f"{where.first + where.processes - 1} of {len(addresses)}) joining pod 0 "
+                  f"({where.leader}), listening on {addresses[where.first]}", markup=False)  # fmt: skip
+        try:
+            runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=where.first,
+                       addresses=addresses)  # fmt: skip
+        except BaseException:  # noqa: BLE001 - Bytewax panics (a BaseException) when a process is gone
+            if stop.is_set():
+                err.print("analyzer: stopped", markup=False)
+                return
+            err.print("analyzer: the cluster lost a process: stopping", markup=False)
+            raise typer.Exit(1) from None
+        finally:
+            stop.set()
+    failed = group.failed(wait=0)
+    if failed is not None:
+        err.print(f"analyzer: {failed}: stopping", markup=False)
+        raise typer.Exit(1)
+    err.print("analyzer: the cluster's flow ended: stopped", markup=False)
+
+
+def _lease_guard(st: Store, leader: str | None, on_lost: Callable[[], None]) -> Callable[[], bool]:
+    """A member pod's output check: the analyzer's lease is held by pod 0 (`leader`: its peer address);
+    once it is not, `on_lost` (the pod stops: its processes join the next cluster from the checkpoints)."""
+    from faultline import store  # noqa: PLC0415
+
+    def holder() -> str | None:
+        with store.unreachable_is_transient("reading the analyzer's lease"):
+            held = st.analyzer_lease()
+        return held[0] if held else None
+
+    def lost() -> None:
+        err.print(f"analyzer: the lease is no longer held by pod 0 ({leader}): stopping", markup=False)
+        on_lost()
+
+    return analyzer_processes.LeaseGuard(holder, leader or "", on_lost=lost)
 
 
 def _flow(
@@ -219,8 +307,9 @@ def process() -> None:
     stop = threading.Event()
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
+        lease = _lease_guard(st, spec.leader, stop.set) if spec.leader is not None else lambda: True
         flow, labels, _after = _flow(cfg, packs, st, stop, reader=False, owner=spec.owner,
-                                     guard=lambda: not stop.is_set())  # fmt: skip
+                                     guard=lambda: not stop.is_set() and lease())  # fmt: skip
         err.print(f"analyzer: process {spec.index} of {len(spec.addresses)} of {spec.owner} joining",
                   markup=False)  # fmt: skip
         try:

@@ -1,4 +1,5 @@
-"""The active analyzer replica's other processes (setting `processes`): one object starts them, watches
+"""The analyzer's Bytewax cluster: where its processes are (`layout`: one pod, or pods of a StatefulSet,
+setting `peers`), and this pod's other processes (setting `processes`): one object starts them, watches
 them and stops them.
 
 Process 0 (the replica's own) holds the lease, reads the feed and runs the flow in its main thread.
@@ -6,6 +7,13 @@ Processes 1 to N-1 run the same flow without the reader, as the hidden command `
 process`, given their settings on standard input (so a secret never shows in an argument list or an
 environment), and talk over loopback on the ports `process_port` to `process_port + N - 1`: fixed, and
 below Linux's ephemeral range, so no outgoing connection can take one between choosing and binding it.
+
+Spread over pods (`peers`: every pod's host:port, a StatefulSet's stable names), pod p runs processes
+p x `processes` to (p + 1) x `processes` - 1 on the ports from its peer's port on; the processes of pod 0
+are the ones above (pod 0 holds the lease and reads). Each process is given every address, with its own
+as 0.0.0.0 (it listens there) and its pod's others on loopback; Bytewax (timely) connects a process to
+each lower one, retrying every second until it answers, so the pods may start in any order. The pods
+other than 0 hold no lease: their output is written while the lease's holder is pod 0 (`LeaseGuard`).
 
 Ownership: the kernel ends each of them when process 0 ends (`PR_SET_PDEATHSIG` with SIGKILL, set in the
 child before it does anything), so nothing polls for orphans. When one of them fails, the group's watcher
@@ -18,7 +26,9 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,11 +38,123 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from faultline import config
-from faultline.errors import ConfigError
+from faultline.errors import ConfigError, TransientError
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent thread ends
 WATCH_S = 0.5  # how often the watcher looks at the processes
 COMMAND = ("analyzer", "process")  # the hidden command a process runs (after `python -m faultline`)
+
+
+ORDINAL = re.compile(r"-(\d+)$")  # a StatefulSet pod's name ends with its ordinal
+LEASE_CHECK_S = 5.0  # how long a member pod trusts its last look at the lease's holder
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The analyzer's cluster as this pod sees it: `hosts` (per process, in process order: its host and
+    port), this pod's `first` process and its `processes`, `leader` (pod 0's peer address, None with one
+    pod)."""
+
+    hosts: tuple[tuple[str, int], ...]
+    first: int
+    processes: int
+    leader: str | None
+
+    @property
+    def place(self) -> int:
+        """This pod's place among the pods (0: it holds the lease and reads the feed)."""
+        return self.first // self.processes
+
+    @property
+    def clustered(self) -> bool:
+        return len(self.hosts) > 1
+
+    def addresses(self, index: int) -> list[str]:
+        """Every process's address as process `index` (of this pod) uses them: its own to listen on (all
+        interfaces), its pod's others on loopback, the other pods' by their names."""
+        mine = range(self.first, self.first + self.processes)
+        out = []
+        for i, (name, port) in enumerate(self.hosts):
+            host = name
+            if i == index and self.leader is not None:
+                host = "0.0.0.0"  # noqa: S104 - the port its peers connect to
+            elif i in mine:
+                host = "127.0.0.1"
+            out.append(f"{host}:{port}")
+        return out
+
+
+def layout(settings: config.AnalyzerConfig, hostname: str | None = None) -> Layout:
+    """Where this pod's processes sit in the analyzer's cluster (a ConfigError naming the setting when
+    the pods' settings do not fit)."""
+    n = settings.processes
+    if not settings.peers:
+        local = tuple(("127.0.0.1", settings.process_port + i) for i in range(n))
+        return Layout(local if n > 1 else local[:1], 0, n, None)
+    hostname = hostname if hostname is not None else socket.gethostname()
+    place = settings.peer_index
+    if place is None:
+        found = ORDINAL.search(hostname)
+        if found is None:
+            raise ConfigError(f"peers: this pod's place is not given (peer_index) and its host name "
+                              f"{hostname!r} does not end with -<ordinal> (a StatefulSet pod's)")  # fmt: skip
+        place = int(found.group(1))
+    if place >= len(settings.peers):
+        raise ConfigError(f"peers: this pod's place is {place}, but {len(settings.peers)} peers are given "
+                          f"({', '.join(settings.peers)})")  # fmt: skip
+    if settings.owner:
+        raise ConfigError("owner: not with peers (each pod's owner names its pod, and the other pods "
+                          "write while pod 0's holds the lease)")  # fmt: skip
+    hosts: list[tuple[str, int]] = []
+    for peer in settings.peers:
+        host, _, port = peer.rpartition(":")  # a port up to 65000, and 16 processes at most: all fit
+        hosts += [(host, int(port) + i) for i in range(n)]
+    return Layout(tuple(hosts), place * n, n, settings.peers[0])
+
+
+def owner(where: Layout, default: str) -> str:
+    """This pod's name in the analyzer's lease: pod 0 of several is named by its peer address, which
+    every pod is given (so the others know whose lease lets them write); otherwise `default`."""
+    if where.leader is not None and where.place == 0:
+        return f"analyzer/{where.leader}/{os.getpid()}"
+    return default
+
+
+class LeaseGuard:
+    """Whether the analyzer's lease is still held by pod 0 (its owner `analyzer/<leader>/<pid>`), as a
+    member pod's output asks before each batch; the holder (`holder()`, raising TransientError while the
+    store is away: the last answer stands) is read at most every `every` seconds. Once the lease is seen
+    held by another owner or by none, the answer is no for good and `on_lost` is called: no output
+    dropped may be followed by a later checkpoint, so nothing is written until the cluster's flow ends
+    (pod 0 stops its flow when its lease is lost) and the pod joins the next from the checkpoints."""
+
+    def __init__(
+        self, holder: Callable[[], str | None], leader: str, *, every: float = LEASE_CHECK_S,
+        on_lost: Callable[[], None] = lambda: None,
+    ) -> None:  # fmt: skip
+        self.holder = holder
+        self.leader = leader
+        self.every = every
+        self.on_lost = on_lost
+        self.lost = False
+        self._at = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            if self.lost or time.monotonic() - self._at < self.every:
+                return not self.lost
+            try:
+                owner = self.holder()
+            except TransientError:
+                return True  # the sink's own writes wait for the store
+            self._at = time.monotonic()
+            parts = (owner or "").split("/")
+            if len(parts) >= 3 and parts[0] == "analyzer" and "/".join(parts[1:-1]) == self.leader:
+                return True
+            self.lost = True
+        self.on_lost()
+        return False
 
 
 @dataclass(frozen=True)
@@ -44,6 +166,7 @@ class Spec:
     addresses: tuple[str, ...]
     owner: str
     parent: int
+    leader: str | None = None  # a member pod's process: pod 0's peer address (it writes while that leads)
 
 
 class ProcessGroup:
@@ -52,26 +175,31 @@ class ProcessGroup:
     watcher and waits for (or kills) every process."""
 
     def __init__(
-        self, settings: config.AnalyzerConfig, owner: str, *, on_failure: Callable[[], None] = lambda: None
-    ) -> None:
+        self, settings: config.AnalyzerConfig, owner: str, *, on_failure: Callable[[], None] = lambda: None,
+        where: Layout | None = None,
+    ) -> None:  # fmt: skip
         self.settings = settings
         self.owner = owner
         self.on_failure = on_failure
+        self.where = where if where is not None else layout(settings)
         self.processes = settings.processes
-        self.addresses: list[str] = []
+        self.addresses: list[str] = []  # process 0's, once started (empty: no cluster)
         self.popen: list[subprocess.Popen[bytes]] = []
         self._done = threading.Event()
         self._watcher: threading.Thread | None = None
 
     def start(self) -> None:
+        where = self.where
+        if not where.clustered:
+            return
+        self.addresses = where.addresses(where.first)
         if self.processes < 2:
             return
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("the analyzer's processes are started from the main thread")
-        port = self.settings.process_port
-        self.addresses = [f"127.0.0.1:{port + i}" for i in range(self.processes)]
-        for i in range(1, self.processes):
-            spec = Spec(self.settings, i, tuple(self.addresses), self.owner, os.getpid())
+        leader = where.leader if where.place > 0 else None
+        for i in range(where.first + 1, where.first + self.processes):
+            spec = Spec(self.settings, i, tuple(where.addresses(i)), self.owner, os.getpid(), leader)
             child = subprocess.Popen(  # noqa: S603 - this program, with its settings on stdin
                 [sys.executable, "-m", "faultline", *COMMAND], stdin=subprocess.PIPE
             )  # fmt: skip

@@ -109,6 +109,17 @@ class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields, EvidenceF
         "on (one each: this and the next ones); fixed and below Linux's ephemeral range (32768-60999), so "
         "no outgoing connection can hold one between choosing it and binding it",
     )  # fmt: skip
+    peers: Annotated[tuple[str, ...], Flag("--peer")] = Field(
+        default=(), max_length=64,
+        description="host:port of every pod of an analyzer spread over pods (a StatefulSet's stable names, "
+        "in ordinal order; repeatable): the pod at place 0 holds the lease and reads the feed, each pod "
+        "runs `processes` processes on the ports from its port on; empty: one pod",
+    )  # fmt: skip
+    peer_index: int | None = Field(
+        default=None, ge=0, le=63,
+        description="with peers, this pod's place in them; default: the number that ends the host name (a "
+        "StatefulSet pod's ordinal)",
+    )  # fmt: skip
     anomaly: bool = Field(
         default=False, description="score each GPU's health fields with online models (river: needs the "
         "faultline[anomaly] extra) and raise non-fatal GPU-ANOMALY-<FIELD> faults that never cordon",
@@ -126,6 +137,19 @@ class AnalyzerConfig(Component, StoreFields, KubeFields, WorkerFields, EvidenceF
         default=dt.timedelta(days=7), ge=dt.timedelta(hours=1),
         description="forget a GPU's models once it has sent no sample for this long (duration)",
     )  # fmt: skip
+
+    @field_validator("peers")
+    @classmethod
+    def _peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Each peer is host:port, the port one a process can listen on; no two the same."""
+        for place, peer in enumerate(value):
+            host, sep, port = peer.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 1024 <= int(port) <= 65_000:
+                raise ValueError(f"peer {place} ({peer!r}) is not host:port with a port from 1024 to 65000")
+        twice = sorted({p for p in value if value.count(p) > 1})
+        if twice:
+            raise ValueError(f"peer(s) given twice: {', '.join(twice)}")
+        return value
 
     @field_validator("anomaly_fields", mode="before")
     @classmethod

@@ -85,6 +85,20 @@ class Analyzer(Base):
         """The feed position (a number per writer) every one of the `partitions` has taken in."""
         return self.analyzer_positions(partitions)[0][1] if partitions else {}
 
+    def analyzer_lease(self, item: Mapping[str, Any] | None = None) -> tuple[str, dt.datetime] | None:
+        """Who holds the analyzer's lease and until when (None: nobody, or it ran out); `item`: the lease's
+        work item when already read."""
+        item_id = f"{Stage.ANALYZER}/{ANALYZER_ITEM}"
+        if item is None:
+            item = self.db[Work.QUEUE].find_one({"_id": item_id})
+        stage = (item or {}).get(Stage.ANALYZER) or {}
+        if stage.get("state") != State.CLAIMED:
+            return None
+        lease = self.leases.find_one({"_id": f"{Stage.ANALYZER}/{item_id}/{stage.get('seq', 0)}"}) or {}
+        if lease.get("until") is None or lease["until"] < self.now():
+            return None
+        return str(stage.get("lease_owner")), lease["until"]
+
     def analyzer_status(self, partitions: int) -> AnalyzerStatus | None:
         """None when no analyzer ever ran here."""
         item_id = f"{Stage.ANALYZER}/{ANALYZER_ITEM}"
@@ -92,12 +106,8 @@ class Analyzer(Base):
         saved = list(self.checkpoints.find({}, {"updated_at": 1}))
         if item is None and not saved:
             return None
-        owner = until = None
-        stage = (item or {}).get(Stage.ANALYZER) or {}
-        if stage.get("state") == State.CLAIMED:
-            lease = self.leases.find_one({"_id": f"{Stage.ANALYZER}/{item_id}/{stage.get('seq', 0)}"}) or {}
-            if lease.get("until") is not None and lease["until"] >= self.now():
-                owner, until = stage.get("lease_owner"), lease["until"]
+        held = self.analyzer_lease(item or {})
+        owner, until = held if held is not None else (None, None)
         times = [d["updated_at"] for d in saved if d.get("updated_at") is not None]
         return AnalyzerStatus(owner, until, sum(self.analyzer_position(partitions).values()),
                               sum(int(d.get("n") or 0) for d in self.db[FEED_HEADS].find({}, {"n": 1})),

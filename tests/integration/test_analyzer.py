@@ -9,6 +9,7 @@ import datetime as dt
 import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from devtools import procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube, store
@@ -93,10 +95,11 @@ class Analyzer:
     ) -> None:
         self.log = log.open("a")
         labels = [] if "--kubeconfig" in extra else ["--no-node-labels"]  # no API server: no node labels
+        owner = [] if "--peer" in extra else ["--owner", name]  # pods of a cluster are named by their place
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "faultline", "analyzer", "--mongodb-uri", mongo.uri, "--database", database,
              "--pack", str(pack), "--no-builtin", *labels, "--poll", "100ms",
-             "--checkpoint-interval", "200ms", "--lease", "5s", "--owner", name, *extra],
+             "--checkpoint-interval", "200ms", "--lease", "5s", *owner, *extra],
             stdout=self.log, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         self.path = log
@@ -247,6 +250,62 @@ def test_a_replica_whose_second_process_dies_stops_and_a_standby_takes_over(
     st.record_batch([xid("n2", 10)], [])
     wait("the event after counted", lambda: count(mongo_db, "n2") == 2, standby)
     assert standby.stop() == 0
+
+
+def test_two_pods_are_one_cluster_whose_windows_are_kept_in_both_and_count_once_across_their_loss(
+    analyzers: Any, mongo_db: Any
+) -> None:
+    """An analyzer spread over pods (`--peer` for each pod, as the chart's StatefulSet gives them; here two
+    pods on loopback, each told its place): pod 0 takes the lease and reads, pod 1 joins it; both keep
+    windows (each writes the checkpoints of its partitions) and their faults count every event once. When
+    pod 1 is killed, pod 0 stops (exit 1, said): the cluster cannot go on without it; started again, the
+    two go on from the checkpoints. When pod 0 stops, pod 1's flow ends with it (exit 0)."""
+    st = store.Store(mongo_db)
+    peers = [f"127.0.0.1:{procs.free_port()}", f"127.0.0.1:{procs.free_port()}"]
+    flags = [arg for p in peers for arg in ("--peer", p)]
+    gpus = [f"GPU-{i}" for i in range(12)]  # windows of 12 GPUs: spread over both pods' partitions
+    st.record_batch([xid("n1", i, uuid=g) for i, g in enumerate(gpus)], [])
+
+    def both() -> tuple[Any, Any]:
+        member = analyzers("pod-1", *flags, "--peer-index", "1")  # may start first: it waits for pod 0
+        leader = analyzers("pod-0", *flags, "--peer-index", "0")
+        wait("pod 0 active", lambda: leader.says(f"analyzer: active as analyzer/{peers[0]}/"), leader)
+        wait(
+            "pod 1 joining",
+            lambda: member.says("analyzer: pod 1 of 2 (processes 1 to 1 of 2) joining"),
+            member,
+        )
+        return leader, member
+
+    leader, member = both()
+    st.record_batch([xid("n2", 100 + i, uuid=g, code="XID-95") for i, g in enumerate(gpus)], [])
+    wait("every GPU's derived fault", lambda: all(gpu_count(mongo_db, "n2", g) == 2 for g in gpus), leader)
+    wait("the checkpoints", lambda: caught_up(st), leader)
+    owners = {d["owner"].split("/")[1] for d in mongo_db["analyzer"].find({}, {"owner": 1})}
+    assert owners == {peers[0], socket.gethostname()}  # pod 0's partitions, and pod 1's
+
+    # pod 1 is lost: pod 0 cannot go on and says why; both again, from the checkpoints
+    assert member.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert leader.popen.wait(30) == 1
+    leader.log.close()
+    assert leader.says("analyzer: the cluster's flow failed (a pod of it gone?)")
+    st.record_batch([xid("n3", 200 + i, uuid=g) for i, g in enumerate(gpus)], [])  # while none runs
+    leader, member = both()
+    wait("every third event counted", lambda: all(gpu_count(mongo_db, "n3", g) == 3 for g in gpus), leader)
+    wait("the feed read", lambda: caught_up(st), leader)
+    time.sleep(1)  # a record counted twice would show by now
+    assert [gpu_count(mongo_db, n, g) for n in ("n2", "n3") for g in gpus] == [2] * 12 + [3] * 12
+
+    # pod 0 stops (its lease given back): pod 1's flow ends with the cluster's
+    assert leader.stop() == 0
+    assert member.popen.wait(30) == 0
+    member.log.close()
+    assert member.says("analyzer: the cluster's flow ended: stopped")
+
+
+def gpu_count(db: Any, node: str, gpu: str) -> int | None:
+    doc = db["faults"].find_one({"_id": fault_id(node, "GPU-UUID", gpu, "GPU-REPEATED-FAILURE")})
+    return None if doc is None else int(doc["count"])
 
 
 def test_windows_keyed_by_a_node_label_read_from_the_api_server(

@@ -625,6 +625,52 @@ def _analyzer_values(tmp_path: Path, name: str = "analyzer", **analyzer: Any) ->
     return path
 
 
+def test_the_analyzer_spread_over_pods_is_a_statefulset_whose_pods_know_each_other(tmp_path: Path) -> None:
+    """analyzer.pods: a StatefulSet of that many pods started together, spread over nodes, a headless
+    Service that publishes their names before they are Ready, every pod given every pod's name and port
+    (peers, as the analyzer reads them), each process's port open to the other pods only."""
+    from cli import analyzer_processes, settings  # noqa: PLC0415
+    from faultline import config  # noqa: PLC0415
+
+    values = _analyzer_values(tmp_path, pods=3, processes=2, config={"process_port": 7600})
+    docs = render("networkPolicy.enabled=true", values=values)
+    assert ("Deployment", "fl-analyzer") not in kinds(docs)
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert sts["metadata"]["name"] == "fl-analyzer"
+    spec = sts["spec"]
+    assert (spec["replicas"], spec["serviceName"], spec["podManagementPolicy"]) == (
+        3,
+        "fl-analyzer-peers",
+        "Parallel",
+    )
+    pod = spec["template"]["spec"]
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert [p["containerPort"] for p in pod["containers"][0]["ports"]] == [9400, 7600, 7601]
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "fl-analyzer-peers")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert [p["port"] for p in service["spec"]["ports"]] == [7600, 7601]
+    analyzer_file = settings_files(docs)["analyzer"]
+    assert analyzer_file["peers"] == [f"fl-analyzer-{i}.fl-analyzer-peers:7600" for i in range(3)]
+    path = tmp_path / "analyzer.yaml"
+    path.write_text(yaml.safe_dump(analyzer_file))
+    resolved = settings.resolve(
+        config.AnalyzerConfig, config_file=path, environ={"MONGODB_URI": "mongodb://m"}
+    )
+    where = analyzer_processes.layout(resolved.config, hostname="fl-analyzer-2")  # type: ignore[arg-type]
+    assert (where.place, where.first, len(where.hosts)) == (2, 4, 6)
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "fl-analyzer")
+    selector = {"podSelector": {"matchLabels": spec["selector"]["matchLabels"]}}
+    peer_ports = [{"port": 7600, "protocol": "TCP"}, {"port": 7601, "protocol": "TCP"}]
+    assert {"from": [selector], "ports": peer_ports} in policy["spec"]["ingress"]
+    assert {"to": [selector], "ports": peer_ports} in policy["spec"]["egress"]
+    # one pod (the default): a Deployment, no peers, no peer ports
+    one = render("networkPolicy.enabled=true", values=_analyzer_values(tmp_path, "one"))
+    assert ("Deployment", "fl-analyzer") in kinds(one) and ("Service", "fl-analyzer-peers") not in kinds(one)
+    assert "peers" not in settings_files(one)["analyzer"]
+
+
 def test_the_analyzer_runs_its_packs_from_a_configmap_with_no_more_than_lists_of_nodes_and_pods(
     tmp_path: Path,
 ) -> None:
@@ -919,6 +965,15 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
         ),
         (["analyzer.anomaly.sampleInterval=often"], "at '/analyzer/anomaly/sampleInterval'"),
         (["analyzer.image.digest=sha256:abc"], "at '/analyzer/image/digest'"),
+        (["analyzer.pods=0"], "at '/analyzer/pods'"),
+        (
+            ["analyzer.enabled=true", "analyzer.pods=2", "analyzer.replicas=2"],
+            "analyzer.pods (2) with analyzer.replicas (2)",
+        ),
+        (
+            ["analyzer.enabled=true", "analyzer.pods=2", "analyzer.config.owner=me"],
+            "analyzer.config.owner: not with analyzer.pods > 1",
+        ),
         (["analyzer.image.pullPolicy=Always"], "at '/analyzer/image': additional properties 'pullPolicy'"),
     ],
 )

@@ -179,7 +179,13 @@ the arguments before --config (default: worker <worker>) */}}
 {{ include "faultline.configmap" . }}
 ---
 apiVersion: apps/v1
+{{- /* .statefulSet (the analyzer spread over pods): {serviceName, replicas}: a StatefulSet whose pods
+start together (Parallel: each needs the others to run its flow) */}}
+{{- with .statefulSet }}
+kind: StatefulSet
+{{- else }}
 kind: Deployment
+{{- end }}
 metadata:
   name: {{ $name }}
   namespace: {{ $root.Release.Namespace }}
@@ -187,9 +193,15 @@ metadata:
     {{- include "faultline.labels" $root | nindent 4 }}
     app.kubernetes.io/component: {{ .worker }}
 spec:
+  {{- with .statefulSet }}
+  replicas: {{ .replicas }}
+  serviceName: {{ .serviceName }}
+  podManagementPolicy: Parallel
+  {{- else }}
   replicas: {{ .values.replicas }}
   {{- with .strategy }}
   strategy: {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- end }}
   selector:
     matchLabels:
@@ -253,9 +265,16 @@ spec:
             {{- with .values.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
-          {{- if $root.Values.metrics.port }}
+          {{- if or $root.Values.metrics.port .ports }}
           ports:
+            {{- if $root.Values.metrics.port }}
             - {name: metrics, containerPort: {{ $root.Values.metrics.port }}, protocol: TCP}
+            {{- end }}
+            {{- with .ports }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          {{- end }}
+          {{- if $root.Values.metrics.port }}
           {{- include "faultline.probes" . | nindent 10 }}
           {{- end }}
           securityContext: {{- include "faultline.restrictedContainer" . | nindent 12 }}

@@ -1,0 +1,99 @@
+"""Where the analyzer's processes sit in its Bytewax cluster (`cli.analyzer_processes.layout`): one pod,
+or the pods of a StatefulSet (`peers`), and what a member pod's output asks before it is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli import analyzer_processes as ap
+from faultline import config
+from faultline.errors import ConfigError, TransientError
+
+URI = "mongodb://store:27017/"
+PEERS = ("fl-analyzer-0.fl-analyzer-peers.ns.svc.cluster.local:7410",
+         "fl-analyzer-1.fl-analyzer-peers.ns.svc.cluster.local:7410")  # fmt: skip
+
+
+def settings(**given: object) -> config.AnalyzerConfig:
+    return config.AnalyzerConfig(mongodb_uri=URI, **given)  # type: ignore[arg-type]
+
+
+def test_one_pod_with_one_process_is_no_cluster_and_with_two_talks_on_loopback() -> None:
+    assert not ap.layout(settings()).clustered
+    two = ap.layout(settings(processes=2, process_port=7500))
+    assert two.clustered and two.place == 0 and two.leader is None
+    assert two.addresses(0) == two.addresses(1) == ["127.0.0.1:7500", "127.0.0.1:7501"]
+
+
+def test_pods_of_a_statefulset_take_their_place_from_the_host_name() -> None:
+    where = ap.layout(settings(peers=PEERS, processes=2), hostname="fl-analyzer-1")
+    assert (where.place, where.first, where.processes, where.leader) == (1, 2, 2, PEERS[0])
+    host0, host1 = (p.rpartition(":")[0] for p in PEERS)
+    # its own address is listened on everywhere, its pod's other process on loopback, pod 0's by name
+    assert where.addresses(2) == [f"{host0}:7410", f"{host0}:7411", "0.0.0.0:7410", "127.0.0.1:7411"]
+    assert where.addresses(3) == [f"{host0}:7410", f"{host0}:7411", "127.0.0.1:7410", "0.0.0.0:7411"]
+    first = ap.layout(settings(peers=PEERS), hostname="fl-analyzer-0")
+    assert (first.place, first.first, first.addresses(0)) == (0, 0, ["0.0.0.0:7410", f"{host1}:7410"])
+    assert ap.owner(first, "analyzer/fl-analyzer-0/7").startswith(f"analyzer/{PEERS[0]}/")
+    assert ap.owner(where, "analyzer/fl-analyzer-1/7") == "analyzer/fl-analyzer-1/7"
+    # peer_index given: the host name is not read
+    assert ap.layout(settings(peers=PEERS, peer_index=1), hostname="anything").place == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "hostname", "says"),
+    [
+        ({"peers": PEERS}, "analyzer", "host name 'analyzer' does not end with -<ordinal>"),
+        ({"peers": PEERS}, "fl-analyzer-2", "this pod's place is 2, but 2 peers are given"),
+        ({"peers": PEERS, "owner": "me"}, "fl-analyzer-0", "owner: not with peers"),
+    ],
+)
+def test_pods_whose_settings_do_not_fit_are_told_which(
+    given: dict[str, object], hostname: str, says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says.replace("(", r"\(")):
+        ap.layout(settings(**given), hostname=hostname)
+
+
+@pytest.mark.parametrize(
+    ("peers", "says"),
+    [(("store:7410", "nohost"), "peer 1 ('nohost') is not host:port"),
+     (("a:80",), "peer 0 ('a:80') is not host:port with a port from 1024"),
+     (("a:7410", "a:7410"), "given twice: a:7410")],
+)  # fmt: skip
+def test_bad_peers_are_refused_by_place(peers: tuple[str, ...], says: str) -> None:
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        settings(peers=peers)
+
+
+def test_a_member_writes_while_pod_0_holds_the_lease_and_never_again_once_it_does_not() -> None:
+    holders: list[object] = [f"analyzer/{PEERS[0]}/12", TransientError("store away"), None,
+                             f"analyzer/{PEERS[0]}/12"]  # fmt: skip
+    asked: list[object] = []
+    lost: list[bool] = []
+
+    def holder() -> str | None:
+        h = holders.pop(0)
+        asked.append(h)
+        if isinstance(h, Exception):
+            raise h
+        return h  # type: ignore[return-value]
+
+    guard = ap.LeaseGuard(holder, PEERS[0], every=0, on_lost=lambda: lost.append(True))
+    assert guard() and not lost  # pod 0 holds it
+    assert guard() and not lost  # the store away: the last answer stands
+    assert not guard() and lost == [True]  # nobody holds it: no, for good
+    assert not guard() and len(asked) == 3  # not asked again, even were pod 0 to hold it again
+
+
+def test_a_member_trusts_its_look_at_the_lease_for_a_while() -> None:
+    calls: list[int] = []
+
+    def holder() -> str:
+        calls.append(1)
+        return "analyzer/elsewhere:7410/3"  # another cluster's pod 0
+
+    guard = ap.LeaseGuard(holder, PEERS[0], every=3600)
+    assert not guard()
+    assert not guard() and len(calls) == 1
+    assert ap.LeaseGuard(lambda: f"analyzer/{PEERS[0]}/3", PEERS[0], every=3600)()
