@@ -97,6 +97,26 @@ class RealNodes:
             self.ips[name] = ip
             self._start_node(name, ip)
 
+    def add_node(self, name: str) -> None:
+        """Start one more real node in the set (its own kubelet and containerd, on the set's bridge; a set
+        holds 4 at most): a test that needs pods on two machines. `remove_node` stops it; the set's stop
+        undoes what it left on the machine."""
+        assert self.state is not None, "start() first"
+        if len(self.names) >= 4:
+            raise ConfigError("a set of real nodes holds 4 at most (each takes a quarter of its /24)")
+        self.names.append(name)
+        ip = realnode_host.node_ip(self.state.slot, len(self.names) - 1)
+        realnode_host.add_address(self.state, ip)
+        self.ips[name] = ip
+        self._start_node(name, ip)
+
+    def remove_node(self, name: str) -> None:
+        """Stop a node `add_node` started (its kubelet, then its containerd); its Node object is the
+        caller's to delete. Its pods should be gone first: what containers stay are removed at `stop`."""
+        for proc in [p for p in self.procs if p.name in (f"kubelet-{name}", f"containerd-{name}")]:
+            proc.stop(timeout=5)
+            self.procs.remove(proc)
+
     def expose(self, port: int) -> str:
         """Make 127.0.0.1:port reachable from pods (and the host) as <bridge address>:port."""
         assert self.state is not None, "start() first"
