@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -38,6 +38,7 @@ err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 PRUNE_EVERY_S = 60.0  # between deletions of feed documents the analyzer has read
 CHUNKS_PER_WORKER = 4  # chunks a feed read is cut into, per worker (they go to workers at random)
 STANDBY_LOOP, LEASE_LOOP, FEED_LOOP = "standby", "analyzer-lease", "feed"  # the replica's loops (liveness)
+LEADER_LOOP = "pod-0"  # a member pod's wait for pod 0 (liveness)
 
 
 def _callback(ctx: typer.Context, **values: Any) -> None:
@@ -69,10 +70,9 @@ def run(cfg: config.AnalyzerConfig) -> None:
     if not packs.patterns and not cfg.anomaly:
         raise ConfigError("no cluster patterns loaded (scope: cluster in the packs)")
     _scores(cfg)  # river missing: said before the lease is taken
-    where = analyzer_processes.layout(cfg)
-    owner = cfg.owner or analyzer_processes.owner(where, common.default_owner("analyzer"))
+    where, owner, print_ = _identity(cfg, packs, common.default_owner("analyzer"))
     if where.place > 0:
-        _member(cfg, packs, where, owner)
+        _member(cfg, packs, where, owner, print_)
         return
     m = analyzer_metrics.Metrics()
     # liveness: the standby's wait, then the lease's renewal and the feed's reads; one silent past its
@@ -136,14 +136,7 @@ def _cluster_failed(
 
 def _acquire(leader: Leadership, stop: threading.Event, beat: Callable[[], None]) -> bool:
     """Wait for the lease; SIGTERM or SIGINT while waiting ends the wait."""
-    import signal  # noqa: PLC0415
-
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return bool(leader.acquire(stop, beat=beat))
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return _until_signal(stop, lambda: bool(leader.acquire(stop, beat=beat)))
 
 
 def _active(
@@ -177,14 +170,17 @@ def _active(
 
 
 def _member(
-    cfg: config.AnalyzerConfig, packs: ClusterPacks, where: analyzer_processes.Layout, owner: str
+    cfg: config.AnalyzerConfig, packs: ClusterPacks, where: analyzer_processes.Layout, owner: str, print_: str
 ) -> None:
-    """Pod `where.place` (> 0) of an analyzer spread over pods: its processes join pod 0's cluster (no
-    lease: its output is written while pod 0 holds it) until the flow ends (pod 0 stopped: exit 0, the
-    StatefulSet starts it again to join the next) or a peer is gone (Bytewax fails the cluster: exit 1)."""
+    """Pod `where.place` (> 0) of an analyzer spread over pods: it waits for pod 0 to hold the lease
+    running the same settings, then its processes join pod 0's cluster (no lease: its output is written
+    while pod 0 holds it) until the flow ends (pod 0 stopped: exit 0, the StatefulSet starts it again to
+    join the next), a peer is gone (Bytewax fails the cluster: exit 1), or, at once, the lease is seen
+    elsewhere (exit 1) or a signal comes (exit 0): either fails the cluster's flow in the other pods."""
     from dataflows import runner  # noqa: PLC0415
     from faultline import metrics, store  # noqa: PLC0415
 
+    assert where.leader is not None
     m = analyzer_metrics.Metrics()
     alive = liveness.Liveness()
     stop = threading.Event()
@@ -195,8 +191,14 @@ def _member(
             parts.callback(server.close)
         st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
         parts.callback(st.close)
-        guard = _lease_guard(st, where.leader, stop.set)
-        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set, where=where)
+        pod = f"pod {where.place} of {len(cfg.peers)}"
+        if not _await_pod_0(cfg, st, where, print_, stop, alive):
+            err.print("analyzer: stopped", markup=False)
+            return
+        # the lease seen elsewhere: this pod stops at once (which fails the cluster's flow everywhere) and
+        # nothing more is written
+        guard = _lease_guard(st, where.leader, print_, lambda: _exit_now(1))
+        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set, where=where, print_=print_)
         parts.callback(group.stop)
         flow, labels, _after = _flow(
             cfg, packs, st, stop, reader=False, owner=owner, guard=lambda: not stop.is_set() and guard(),
@@ -206,17 +208,22 @@ def _member(
             parts.callback(labels.close)
         group.start()
         addresses = where.addresses(where.first)
-        err.print(f"analyzer: pod {where.place} of {len(cfg.peers)} (processes {where.first} to "
-                  f"{where.first + where.processes - 1} of {len(addresses)}) joining pod 0 "
-                  f"({where.leader}), listening on {addresses[where.first]}", markup=False)  # fmt: skip
+        err.print(f"analyzer: {pod} (processes {where.first} to {where.first + where.processes - 1} of "
+                  f"{len(addresses)}) joining pod 0 ({where.leader}), listening on {addresses[where.first]}",
+                  markup=False)  # fmt: skip
+        # a signal stops this pod at once, as does losing a pod: its state is in the checkpoints, and the
+        # others' flows fail with its own
+        _exit_on_signal()
         try:
-            runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=where.first,
-                       addresses=addresses)  # fmt: skip
-        except BaseException:  # noqa: BLE001 - Bytewax panics (a BaseException) when a process is gone
-            if stop.is_set():
-                err.print("analyzer: stopped", markup=False)
-                return
-            err.print("analyzer: the cluster lost a process: stopping", markup=False)
+            runner.run(flow, workers=cfg.workers, process_id=where.first, addresses=addresses,
+                       handle_signals=False)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - Bytewax panics (a BaseException) when a process is gone
+            stop.set()
+            failed = group.failed()
+            if failed is not None:
+                err.print(f"analyzer: {failed}: stopping", markup=False)
+            else:
+                err.print(f"analyzer: the cluster's flow failed (a pod of it gone?): {exc}", markup=False)
             raise typer.Exit(1) from None
         finally:
             stop.set()
@@ -227,9 +234,76 @@ def _member(
     err.print("analyzer: the cluster's flow ended: stopped", markup=False)
 
 
-def _lease_guard(st: Store, leader: str | None, on_lost: Callable[[], None]) -> Callable[[], bool]:
-    """A member pod's output check: the analyzer's lease is held by pod 0 (`leader`: its peer address);
-    once it is not, `on_lost` (the pod stops: its processes join the next cluster from the checkpoints)."""
+def _exit_on_signal() -> None:
+    """SIGTERM or SIGINT ends this process at once, even while Bytewax holds its main thread (where
+    Python's handlers run): the signal's number is written to a pipe, and a thread waiting on it ends it."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)  # the wakeup byte is written in C, before this runs (if ever)
+
+    def watch() -> None:
+        os.read(read, 1)
+        _exit_now(0, "analyzer: stopped")
+
+    threading.Thread(target=watch, name="signals", daemon=True).start()
+
+
+def _exit_now(status: int, said: str = "") -> NoReturn:
+    """A member pod's end without waiting for its flow, which holds no state outside the checkpoints (its
+    processes end with it: the kernel kills them)."""
+    import os  # noqa: PLC0415
+
+    if said:
+        err.print(said, markup=False)
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _await_pod_0(
+    cfg: config.AnalyzerConfig, st: Store, where: analyzer_processes.Layout, print_: str,
+    stop: threading.Event, alive: liveness.Liveness,
+) -> bool:  # fmt: skip
+    """A member pod's wait for pod 0 to hold the lease running these settings (False: a signal came
+    first): the checkpoints are read after, once the last cluster's writes are over."""
+    pod = f"pod {where.place} of {len(cfg.peers)}"
+    beat = alive.loop(LEADER_LOOP, cfg.stall_timeout.total_seconds() + analyzer_processes.LEADER_POLL_S)
+    found = _until_signal(stop, lambda: analyzer_processes.wait_for_leader(
+        _holder(st), where.leader or "", print_, stop, beat=beat,
+        say=lambda why: err.print(f"analyzer: {pod}: {why}", markup=False),
+    ))  # fmt: skip
+    alive.forget(LEADER_LOOP)
+    return found
+
+
+def _until_signal(stop: threading.Event, wait: Callable[[], bool]) -> bool:
+    """`wait()` (which ends on `stop`), with SIGTERM and SIGINT setting `stop` meanwhile."""
+    import signal  # noqa: PLC0415
+
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _identity(
+    cfg: config.AnalyzerConfig, packs: ClusterPacks, default: str
+) -> tuple[analyzer_processes.Layout, str, str]:
+    """This pod's place in the analyzer's cluster, its name in the lease and its settings' fingerprint."""
+    where = analyzer_processes.layout(cfg)
+    patterns = {i: lp.pattern.model_dump(mode="json") for i, lp in packs.packs.cluster.items()}
+    print_ = analyzer_processes.fingerprint(cfg, patterns)
+    return where, cfg.owner or analyzer_processes.owner(where, default, print_), print_
+
+
+def _holder(st: Store) -> Callable[[], str | None]:
+    """Who holds the analyzer's lease (TransientError while the store is away)."""
     from faultline import store  # noqa: PLC0415
 
     def holder() -> str | None:
@@ -237,11 +311,21 @@ def _lease_guard(st: Store, leader: str | None, on_lost: Callable[[], None]) -> 
             held = st.analyzer_lease()
         return held[0] if held else None
 
+    return holder
+
+
+def _lease_guard(
+    st: Store, leader: str | None, print_: str, on_lost: Callable[[], None]
+) -> analyzer_processes.LeaseGuard:
+    """A member pod's output check: the analyzer's lease is held by pod 0 (`leader`: its peer address)
+    running these settings; once it is not, `on_lost`."""
+
     def lost() -> None:
-        err.print(f"analyzer: the lease is no longer held by pod 0 ({leader}): stopping", markup=False)
+        err.print(f"analyzer: the lease is no longer held by pod 0 ({leader}) running these settings: "
+                  "stopping", markup=False)  # fmt: skip
         on_lost()
 
-    return analyzer_processes.LeaseGuard(holder, leader or "", on_lost=lost)
+    return analyzer_processes.LeaseGuard(_holder(st), leader or "", print_, on_lost=lost)
 
 
 def _flow(
@@ -277,7 +361,7 @@ def _flow(
     ]
     watermark = max((float(s["watermark"]) for s in behind if s.get("watermark") is not None),
                     default=float("-inf"))  # fmt: skip
-    workers = cfg.workers * cfg.processes
+    workers = cfg.workers * cfg.processes * max(1, len(cfg.peers))  # the whole cluster's
     source = FeedSource(
         lambda: store.connect(uri, db), marks, poll=cfg.poll, batch=cfg.batch, stop=stop, on_lost=on_lost,
         watermark=watermark, reader=reader, chunks=1 if workers == 1 else workers * CHUNKS_PER_WORKER,
@@ -307,9 +391,11 @@ def process() -> None:
     stop = threading.Event()
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
-        lease = _lease_guard(st, spec.leader, stop.set) if spec.leader is not None else lambda: True
-        flow, labels, _after = _flow(cfg, packs, st, stop, reader=False, owner=spec.owner,
-                                     guard=lambda: not stop.is_set() and lease())  # fmt: skip
+        lease = None if spec.leader is None else _lease_guard(st, spec.leader, spec.print_, stop.set)
+        flow, labels, _after = _flow(
+            cfg, packs, st, stop, reader=False, owner=spec.owner,
+            guard=lambda: not stop.is_set() and (lease is None or lease()),
+        )  # fmt: skip
         err.print(f"analyzer: process {spec.index} of {len(spec.addresses)} of {spec.owner} joining",
                   markup=False)  # fmt: skip
         try:

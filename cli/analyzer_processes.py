@@ -13,7 +13,8 @@ p x `processes` to (p + 1) x `processes` - 1 on the ports from its peer's port o
 are the ones above (pod 0 holds the lease and reads). Each process is given every address, with its own
 as 0.0.0.0 (it listens there) and its pod's others on loopback; Bytewax (timely) connects a process to
 each lower one, retrying every second until it answers, so the pods may start in any order. The pods
-other than 0 hold no lease: their output is written while the lease's holder is pod 0 (`LeaseGuard`).
+other than 0 hold no lease: they join once pod 0 holds it running the same settings (`fingerprint`: a
+pod of an update half done waits for the rest), and their output is written while it does (`LeaseGuard`).
 
 Ownership: the kernel ends each of them when process 0 ends (`PR_SET_PDEATHSIG` with SIGKILL, set in the
 child before it does anything), so nothing polls for orphans. When one of them fails, the group's watcher
@@ -24,6 +25,8 @@ is gone, and a flow that stops neither way stops making progress, which fails `/
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import os
 import pickle
 import re
@@ -33,9 +36,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from faultline import config
 from faultline.errors import ConfigError, TransientError
@@ -47,6 +50,10 @@ COMMAND = ("analyzer", "process")  # the hidden command a process runs (after `p
 
 ORDINAL = re.compile(r"-(\d+)$")  # a StatefulSet pod's name ends with its ordinal
 LEASE_CHECK_S = 5.0  # how long a member pod trusts its last look at the lease's holder
+LEADER_POLL_S = 1.0  # how often a member pod looks for pod 0 holding the lease before it joins
+# the settings that shape the flow, which every pod of the cluster must run alike (with the patterns)
+SHAPE = ("workers", "processes", "peers", "checkpoint_interval", "node_labels", "anomaly", "anomaly_fields",
+         "anomaly_warmup", "anomaly_expire")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -112,28 +119,76 @@ def layout(settings: config.AnalyzerConfig, hostname: str | None = None) -> Layo
     return Layout(tuple(hosts), place * n, n, settings.peers[0])
 
 
-def owner(where: Layout, default: str) -> str:
+def fingerprint(settings: config.AnalyzerConfig, patterns: Mapping[str, Any]) -> str:
+    """What the pods of one cluster must run alike, in short: the settings that shape the flow (SHAPE)
+    and the cluster patterns (`patterns`: by id, as JSON data). Pods of a StatefulSet being updated run
+    two versions of it for a while; a member joins pod 0 only when theirs are the same."""
+    shape = settings.model_dump(mode="json", include=set(SHAPE))
+    shape["patterns"] = dict(patterns)
+    text = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def owner(where: Layout, default: str, print_: str = "") -> str:
     """This pod's name in the analyzer's lease: pod 0 of several is named by its peer address, which
-    every pod is given (so the others know whose lease lets them write); otherwise `default`."""
+    every pod is given (so the others know whose lease lets them write), and its settings' fingerprint
+    (`print_`: so they know it runs theirs); otherwise `default`."""
     if where.leader is not None and where.place == 0:
-        return f"analyzer/{where.leader}/{os.getpid()}"
+        return f"analyzer/{where.leader}/{print_}/{os.getpid()}"
     return default
 
 
+def led_by(holder: str | None, leader: str, print_: str) -> bool | None:
+    """Whether the lease's `holder` is pod 0 (`leader`: its peer address) running the settings whose
+    fingerprint is `print_` (True), pod 0 running others (False: the pods are being updated), or
+    another owner or none (None)."""
+    parts = (holder or "").split("/")
+    if len(parts) != 4 or parts[0] != "analyzer" or parts[1] != leader:
+        return None
+    return parts[2] == print_
+
+
+def wait_for_leader(
+    holder: Callable[[], str | None], leader: str, print_: str, stop: threading.Event, *,
+    say: Callable[[str], None], beat: Callable[[], None] = lambda: None, poll: float = LEADER_POLL_S,
+) -> bool:  # fmt: skip
+    """A member pod's wait, before it reads the checkpoints and joins: until pod 0 holds the lease running
+    the same settings (True), or `stop` (False). `holder()` raises TransientError while the store is
+    away; `say` is told each new reason to wait once."""
+    said = ""
+    while not stop.is_set():
+        try:
+            found = led_by(holder(), leader, print_)
+            why = ("pod 0 holds the lease running other settings (the pods being updated?)" if found is False
+                   else f"waiting for pod 0 ({leader}) to hold the lease")  # fmt: skip
+        except TransientError as exc:
+            found, why = None, f"the store: {exc}"
+        if found:
+            return True
+        if why != said:
+            say(why)
+            said = why
+        beat()
+        stop.wait(poll)
+    return False
+
+
 class LeaseGuard:
-    """Whether the analyzer's lease is still held by pod 0 (its owner `analyzer/<leader>/<pid>`), as a
-    member pod's output asks before each batch; the holder (`holder()`, raising TransientError while the
-    store is away: the last answer stands) is read at most every `every` seconds. Once the lease is seen
-    held by another owner or by none, the answer is no for good and `on_lost` is called: no output
-    dropped may be followed by a later checkpoint, so nothing is written until the cluster's flow ends
-    (pod 0 stops its flow when its lease is lost) and the pod joins the next from the checkpoints."""
+    """Whether the analyzer's lease is still held by pod 0 running this pod's settings (its owner
+    `analyzer/<leader>/<print_>/<pid>`), as a member pod's output asks before each batch; the holder
+    (`holder()`, raising TransientError while the store is away: the last answer stands) is read at most
+    every `every` seconds. Once the lease is seen held otherwise, the answer is no for good and
+    `on_lost` is called (the member pod stops, which fails the cluster's flow): no output dropped may be
+    followed by a later checkpoint, so nothing more is written, and the pods join the next cluster from
+    the checkpoints."""
 
     def __init__(
-        self, holder: Callable[[], str | None], leader: str, *, every: float = LEASE_CHECK_S,
+        self, holder: Callable[[], str | None], leader: str, print_: str, *, every: float = LEASE_CHECK_S,
         on_lost: Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
         self.holder = holder
         self.leader = leader
+        self.print_ = print_
         self.every = every
         self.on_lost = on_lost
         self.lost = False
@@ -149,8 +204,7 @@ class LeaseGuard:
             except TransientError:
                 return True  # the sink's own writes wait for the store
             self._at = time.monotonic()
-            parts = (owner or "").split("/")
-            if len(parts) >= 3 and parts[0] == "analyzer" and "/".join(parts[1:-1]) == self.leader:
+            if led_by(owner, self.leader, self.print_):
                 return True
             self.lost = True
         self.on_lost()
@@ -167,6 +221,7 @@ class Spec:
     owner: str
     parent: int
     leader: str | None = None  # a member pod's process: pod 0's peer address (it writes while that leads)
+    print_: str = ""  # with `leader`: the settings' fingerprint pod 0 must run
 
 
 class ProcessGroup:
@@ -176,10 +231,11 @@ class ProcessGroup:
 
     def __init__(
         self, settings: config.AnalyzerConfig, owner: str, *, on_failure: Callable[[], None] = lambda: None,
-        where: Layout | None = None,
+        where: Layout | None = None, print_: str = "",
     ) -> None:  # fmt: skip
         self.settings = settings
         self.owner = owner
+        self.print_ = print_  # a member pod's: the settings' fingerprint its processes check pod 0 runs
         self.on_failure = on_failure
         self.where = where if where is not None else layout(settings)
         self.processes = settings.processes
@@ -199,7 +255,8 @@ class ProcessGroup:
             raise RuntimeError("the analyzer's processes are started from the main thread")
         leader = where.leader if where.place > 0 else None
         for i in range(where.first + 1, where.first + self.processes):
-            spec = Spec(self.settings, i, tuple(where.addresses(i)), self.owner, os.getpid(), leader)
+            spec = Spec(self.settings, i, tuple(where.addresses(i)), self.owner, os.getpid(), leader,
+                        self.print_)  # fmt: skip
             child = subprocess.Popen(  # noqa: S603 - this program, with its settings on stdin
                 [sys.executable, "-m", "faultline", *COMMAND], stdin=subprocess.PIPE
             )  # fmt: skip

@@ -53,7 +53,7 @@ class RealNodes:
         self.dir = workdir
         self.server = server
         self.pki = pki
-        self.names = names
+        self.names = list(names)  # its own: `add_node` adds to it, not to the caller's
         self.project_image = project_image
         self.registry = LocalRegistry(workdir / "registry")
         self.state: realnode_host.HostState | None = None

@@ -257,18 +257,29 @@ def test_two_pods_are_one_cluster_whose_windows_are_kept_in_both_and_count_once_
 ) -> None:
     """An analyzer spread over pods (`--peer` for each pod, as the chart's StatefulSet gives them; here two
     pods on loopback, each told its place): pod 0 takes the lease and reads, pod 1 joins it; both keep
-    windows (each writes the checkpoints of its partitions) and their faults count every event once. When
-    pod 1 is killed, pod 0 stops (exit 1, said): the cluster cannot go on without it; started again, the
-    two go on from the checkpoints. When pod 0 stops, pod 1's flow ends with it (exit 0)."""
+    windows (each writes the checkpoints of its partitions) and their faults count every event once. A pod
+    running other settings (an update half done) waits instead of joining. When pod 1 is killed, pod 0
+    stops (exit 1, said): the cluster cannot go on without it; started again, the two go on from the
+    checkpoints. Pod 1 stopped by a signal stops at once (exit 0) and pod 0 with it (exit 1); when pod 0
+    stops, pod 1's flow ends with it (exit 0)."""
     st = store.Store(mongo_db)
     peers = [f"127.0.0.1:{procs.free_port()}", f"127.0.0.1:{procs.free_port()}"]
     flags = [arg for p in peers for arg in ("--peer", p)]
     gpus = [f"GPU-{i}" for i in range(12)]  # windows of 12 GPUs: spread over both pods' partitions
     st.record_batch([xid("n1", i, uuid=g) for i, g in enumerate(gpus)], [])
 
-    def both() -> tuple[Any, Any]:
-        member = analyzers("pod-1", *flags, "--peer-index", "1")  # may start first: it waits for pod 0
-        leader = analyzers("pod-0", *flags, "--peer-index", "0")
+    rounds = iter(range(100))
+
+    def both(leader: Any = None) -> tuple[Any, Any]:
+        n = next(rounds)  # a log of its own each time: what it says is this start's
+        member = analyzers(f"pod-1-{n}", *flags, "--peer-index", "1")  # may start first: it waits for pod 0
+        if leader is None:  # no lease held: pod 1 waits for it
+            wait(
+                "pod 1 waiting",
+                lambda: member.says(f"analyzer: pod 1 of 2: waiting for pod 0 ({peers[0]})"),
+                member,
+            )
+            leader = analyzers(f"pod-0-{n}", *flags, "--peer-index", "0")
         wait("pod 0 active", lambda: leader.says(f"analyzer: active as analyzer/{peers[0]}/"), leader)
         wait(
             "pod 1 joining",
@@ -277,7 +288,16 @@ def test_two_pods_are_one_cluster_whose_windows_are_kept_in_both_and_count_once_
         )
         return leader, member
 
-    leader, member = both()
+    # a pod 1 of other settings (the checkpoints' interval) does not join pod 0: it waits, and stops on a signal
+    leader = analyzers("pod-0-first", *flags, "--peer-index", "0")
+    odd = analyzers("pod-1-old", *flags, "--peer-index", "1", "--checkpoint-interval", "300ms")
+    wait(
+        "pod 1 of other settings waiting",
+        lambda: odd.says("pod 0 holds the lease running other settings"),
+        odd,
+    )
+    assert odd.stop() == 0 and odd.says("analyzer: stopped") and not odd.says("joining")
+    leader, member = both(leader)
     st.record_batch([xid("n2", 100 + i, uuid=g, code="XID-95") for i, g in enumerate(gpus)], [])
     wait("every GPU's derived fault", lambda: all(gpu_count(mongo_db, "n2", g) == 2 for g in gpus), leader)
     wait("the checkpoints", lambda: caught_up(st), leader)
@@ -295,6 +315,12 @@ def test_two_pods_are_one_cluster_whose_windows_are_kept_in_both_and_count_once_
     wait("the feed read", lambda: caught_up(st), leader)
     time.sleep(1)  # a record counted twice would show by now
     assert [gpu_count(mongo_db, n, g) for n in ("n2", "n3") for g in gpus] == [2] * 12 + [3] * 12
+
+    # pod 1 stopped by a signal: at once, and pod 0's flow fails with it
+    assert member.stop() == 0 and member.says("analyzer: stopped")
+    assert leader.popen.wait(30) == 1
+    leader.log.close()
+    leader, member = both()
 
     # pod 0 stops (its lease given back): pod 1's flow ends with the cluster's
     assert leader.stop() == 0

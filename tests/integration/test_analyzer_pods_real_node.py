@@ -170,7 +170,7 @@ def test_the_analyzer_runs_as_one_cluster_of_pods_on_two_real_nodes(
         core.delete_namespaced_pod(second, ns, grace_period_seconds=0)
         wait(
             "pod 0's container started again",
-            lambda: chartutil.restarts(pods().get(first) or {"status": {}}) == [1],
+            lambda: sum(chartutil.restarts(pods().get(first) or {"status": {}})) >= 1,
         )
         st.record_batch([xid("n3", 200 + i, g) for i, g in enumerate(GPUS)], [])
         wait("both pods Ready again", both_running, 180)

@@ -665,6 +665,18 @@ def test_the_analyzer_spread_over_pods_is_a_statefulset_whose_pods_know_each_oth
     peer_ports = [{"port": 7600, "protocol": "TCP"}, {"port": 7601, "protocol": "TCP"}]
     assert {"from": [selector], "ports": peer_ports} in policy["spec"]["ingress"]
     assert {"to": [selector], "ports": peer_ports} in policy["spec"]["egress"]
+    # its processes given in analyzer.config: the ports follow them; analyzer.replicas 0 stops every pod
+    values = _analyzer_values(tmp_path, "cfg", pods=2, replicas=0, config={"processes": 3})
+    docs = render("networkPolicy.enabled=true", values=values)
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert sts["spec"]["replicas"] == 0
+    assert [p["containerPort"] for p in sts["spec"]["template"]["spec"]["containers"][0]["ports"]] == [
+        9400, 7410, 7411, 7412,
+    ]  # fmt: skip
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "fl-analyzer")
+    assert {"from": [selector], "ports": [{"port": 7410 + i, "protocol": "TCP"} for i in range(3)]} in policy[
+        "spec"
+    ]["ingress"]
     # one pod (the default): a Deployment, no peers, no peer ports
     one = render("networkPolicy.enabled=true", values=_analyzer_values(tmp_path, "one"))
     assert ("Deployment", "fl-analyzer") in kinds(one) and ("Service", "fl-analyzer-peers") not in kinds(one)
@@ -973,6 +985,14 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
         (
             ["analyzer.enabled=true", "analyzer.pods=2", "analyzer.config.owner=me"],
             "analyzer.config.owner: not with analyzer.pods > 1",
+        ),
+        (
+            ["analyzer.enabled=true", "analyzer.config.peers[0]=a:7410"],
+            "analyzer.config.peers: set by the chart from analyzer.pods",
+        ),
+        (
+            ["analyzer.enabled=true", "analyzer.pods=2", "analyzer.config.peer_index=1"],
+            "analyzer.config.peer_index: set by the chart from analyzer.pods",
         ),
         (["analyzer.image.pullPolicy=Always"], "at '/analyzer/image': additional properties 'pullPolicy'"),
     ],

@@ -3,6 +3,8 @@ or the pods of a StatefulSet (`peers`), and what a member pod's output asks befo
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from cli import analyzer_processes as ap
@@ -34,8 +36,8 @@ def test_pods_of_a_statefulset_take_their_place_from_the_host_name() -> None:
     assert where.addresses(3) == [f"{host0}:7410", f"{host0}:7411", "127.0.0.1:7410", "0.0.0.0:7411"]
     first = ap.layout(settings(peers=PEERS), hostname="fl-analyzer-0")
     assert (first.place, first.first, first.addresses(0)) == (0, 0, ["0.0.0.0:7410", f"{host1}:7410"])
-    assert ap.owner(first, "analyzer/fl-analyzer-0/7").startswith(f"analyzer/{PEERS[0]}/")
-    assert ap.owner(where, "analyzer/fl-analyzer-1/7") == "analyzer/fl-analyzer-1/7"
+    assert ap.owner(first, "analyzer/fl-analyzer-0/7", "abc").startswith(f"analyzer/{PEERS[0]}/abc/")
+    assert ap.owner(where, "analyzer/fl-analyzer-1/7", "abc") == "analyzer/fl-analyzer-1/7"
     # peer_index given: the host name is not read
     assert ap.layout(settings(peers=PEERS, peer_index=1), hostname="anything").place == 1
 
@@ -67,8 +69,8 @@ def test_bad_peers_are_refused_by_place(peers: tuple[str, ...], says: str) -> No
 
 
 def test_a_member_writes_while_pod_0_holds_the_lease_and_never_again_once_it_does_not() -> None:
-    holders: list[object] = [f"analyzer/{PEERS[0]}/12", TransientError("store away"), None,
-                             f"analyzer/{PEERS[0]}/12"]  # fmt: skip
+    holders: list[object] = [f"analyzer/{PEERS[0]}/abc/12", TransientError("store away"), None,
+                             f"analyzer/{PEERS[0]}/abc/12"]  # fmt: skip
     asked: list[object] = []
     lost: list[bool] = []
 
@@ -79,7 +81,7 @@ def test_a_member_writes_while_pod_0_holds_the_lease_and_never_again_once_it_doe
             raise h
         return h  # type: ignore[return-value]
 
-    guard = ap.LeaseGuard(holder, PEERS[0], every=0, on_lost=lambda: lost.append(True))
+    guard = ap.LeaseGuard(holder, PEERS[0], "abc", every=0, on_lost=lambda: lost.append(True))
     assert guard() and not lost  # pod 0 holds it
     assert guard() and not lost  # the store away: the last answer stands
     assert not guard() and lost == [True]  # nobody holds it: no, for good
@@ -91,9 +93,48 @@ def test_a_member_trusts_its_look_at_the_lease_for_a_while() -> None:
 
     def holder() -> str:
         calls.append(1)
-        return "analyzer/elsewhere:7410/3"  # another cluster's pod 0
+        return "analyzer/elsewhere:7410/abc/3"  # another cluster's pod 0
 
-    guard = ap.LeaseGuard(holder, PEERS[0], every=3600)
+    guard = ap.LeaseGuard(holder, PEERS[0], "abc", every=3600)
     assert not guard()
     assert not guard() and len(calls) == 1
-    assert ap.LeaseGuard(lambda: f"analyzer/{PEERS[0]}/3", PEERS[0], every=3600)()
+    assert ap.LeaseGuard(lambda: f"analyzer/{PEERS[0]}/abc/3", PEERS[0], "abc", every=3600)()
+    # pod 0 running other settings (an update half done): not this pod's cluster
+    assert not ap.LeaseGuard(lambda: f"analyzer/{PEERS[0]}/def/3", PEERS[0], "abc", every=3600)()
+
+
+def test_the_fingerprint_changes_with_what_shapes_the_flow_and_not_with_the_rest() -> None:
+    base = ap.fingerprint(settings(peers=PEERS), {"p": {"window": "10m"}})
+    assert (
+        ap.fingerprint(settings(peers=PEERS, peer_index=1, batch=7, poll=3), {"p": {"window": "10m"}}) == base
+    )
+    changed = [
+        ap.fingerprint(settings(peers=PEERS, workers=2), {"p": {"window": "10m"}}),
+        ap.fingerprint(settings(peers=PEERS, checkpoint_interval=9), {"p": {"window": "10m"}}),
+        ap.fingerprint(settings(peers=(*PEERS, "fl-analyzer-2.x:7410")), {"p": {"window": "10m"}}),
+        ap.fingerprint(settings(peers=PEERS), {"p": {"window": "20m"}}),
+        ap.fingerprint(settings(peers=PEERS), {"p": {"window": "10m"}, "q": {}}),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_a_member_joins_once_pod_0_holds_the_lease_running_its_settings() -> None:
+    holders: list[object] = [None, None, TransientError("store away"), f"analyzer/{PEERS[0]}/old/1",
+                             f"analyzer/{PEERS[0]}/old/1", f"analyzer/{PEERS[0]}/abc/1"]  # fmt: skip
+    said: list[str] = []
+    beats: list[int] = []
+
+    def holder() -> str | None:
+        h = holders.pop(0)
+        if isinstance(h, Exception):
+            raise h
+        return h  # type: ignore[return-value]
+
+    assert ap.wait_for_leader(holder, PEERS[0], "abc", threading.Event(), say=said.append,
+                              beat=lambda: beats.append(1), poll=0)  # fmt: skip
+    assert not holders and len(beats) == 5
+    assert said == [f"waiting for pod 0 ({PEERS[0]}) to hold the lease", "the store: store away",
+                    "pod 0 holds the lease running other settings (the pods being updated?)"]  # fmt: skip
+    stop = threading.Event()
+    stop.set()
+    assert not ap.wait_for_leader(lambda: None, PEERS[0], "abc", stop, say=said.append)

@@ -379,3 +379,10 @@ subjects:
   - {kind: ServiceAccount, name: {{ $name }}, namespace: {{ $root.Release.Namespace }}}
 {{- end }}
 {{- end -}}
+
+{{- /* the analyzer's processes per pod: analyzer.config.processes where given, else analyzer.processes */ -}}
+{{- define "faultline.analyzerProcesses" -}}
+{{- $a := .Values.analyzer -}}
+{{- $c := $a.config | default dict -}}
+{{- if hasKey $c "processes" }}{{ int $c.processes }}{{ else }}{{ int ($a.processes | default 1) }}{{ end -}}
+{{- end -}}
