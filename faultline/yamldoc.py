@@ -13,10 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
 
 class YamlError(ValueError):
     """The text is not a YAML document faultline can read; the message says why (and where, when the
@@ -24,9 +20,14 @@ class YamlError(ValueError):
 
 
 def parse(text: str) -> Any:
-    """The document in `text` (None when it is empty), with a safe loader (libyaml's when available)."""
+    """The document in `text` (None when it is empty), with a safe loader (libyaml's when available).
+    PyYAML is imported here, at the first document: `faultline replay` with the built-in packs reads
+    none (their parse is in patterns/packs.json) and does not import it."""
+    import yaml  # noqa: PLC0415
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise YamlError(f"invalid YAML: {exc}") from exc
     except RecursionError as exc:
