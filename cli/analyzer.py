@@ -39,6 +39,8 @@ PRUNE_EVERY_S = 60.0  # between deletions of feed documents the analyzer has rea
 CHUNKS_PER_WORKER = 4  # chunks a feed read is cut into, per worker (they go to workers at random)
 STANDBY_LOOP, LEASE_LOOP, FEED_LOOP = "standby", "analyzer-lease", "feed"  # the replica's loops (liveness)
 LEADER_LOOP = "pod-0"  # a member pod's wait for pod 0 (liveness)
+OTHER_SETTINGS_S = 600.0  # how long a member pod waits while pod 0 runs other settings, then starts again
+STOP_GRACE_S = 20.0  # how long pod 0's flow may take to end after SIGTERM (the pod's grace period is 30 s)
 
 
 def _callback(ctx: typer.Context, **values: Any) -> None:
@@ -147,10 +149,29 @@ def _active(
     processes), prune the feed. `beat`: at every read of the feed (the flow's liveness)."""
     from dataflows import runner  # noqa: PLC0415
 
+    flowing, formed, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def on_signal() -> None:
+        """A stop asked for: the flow ends in order, unless it has not within STOP_GRACE_S (Bytewax does
+        not see signals while its cluster forms): then at once, the lease given back when nothing ran."""
+        stop.set()
+        if not flowing.is_set() or ended.wait(STOP_GRACE_S):
+            return
+        if not formed.is_set():  # no batch read: nothing was written under this lease
+            leader.release()
+            _exit_now(0, "analyzer: stopped before its cluster formed (the lease given back)")
+        _exit_now(0, f"analyzer: its flow had not ended {STOP_GRACE_S:.0f} s after the signal: stopped (the "
+                     "lease runs out by itself)")  # fmt: skip
+
+    def read() -> None:  # each read of the feed
+        formed.set()
+        beat()
+
+    _Signals(on_signal)
     uri, db = cfg.mongodb_uri.get_secret_value(), cfg.database
     flow, labels, after = _flow(cfg, packs, st, stop, reader=True, owner=leader.owner, guard=leader.holding,
                                 on_fault=lambda d: m.derived.labels(pattern=d.pattern).inc(),
-                                on_lost=m.lost.inc, beat=beat)  # fmt: skip
+                                on_lost=m.lost.inc, beat=read)  # fmt: skip
     pruner = threading.Thread(target=_prune, args=(uri, db, cfg, stop), name="feed-prune", daemon=True)
     pruner.start()
     err.print(f"analyzer: active as {leader.owner}, reading the feed after {sum(after.values())} documents "
@@ -160,9 +181,11 @@ def _active(
         if group.addresses:
             err.print(f"analyzer: process 0 of {len(group.addresses)} (pod 0 of "
                       f"{len(cfg.peers) or 1}) listening on {group.addresses[0]}", markup=False)  # fmt: skip
+        flowing.set()
         runner.run(flow, workers=cfg.workers, on_stop=stop.set, process_id=0 if group.addresses else None,
                    addresses=group.addresses or None)  # fmt: skip
     finally:
+        ended.set()
         stop.set()
         pruner.join()
         if labels is not None:
@@ -174,16 +197,26 @@ def _member(
 ) -> None:
     """Pod `where.place` (> 0) of an analyzer spread over pods: it waits for pod 0 to hold the lease
     running the same settings, then its processes join pod 0's cluster (no lease: its output is written
-    while pod 0 holds it) until the flow ends (pod 0 stopped: exit 0, the StatefulSet starts it again to
-    join the next), a peer is gone (Bytewax fails the cluster: exit 1), or, at once, the lease is seen
-    elsewhere (exit 1) or a signal comes (exit 0): either fails the cluster's flow in the other pods."""
-    from dataflows import runner  # noqa: PLC0415
+    while that start of pod 0 holds it) until the flow ends (pod 0 stopped: exit 0, the StatefulSet starts
+    it again to join the next), a peer is gone (Bytewax fails the cluster: exit 1), or, at once, the lease
+    is seen elsewhere (exit 1) or a signal comes (exit 0): either fails the cluster's flow in the other
+    pods."""
     from faultline import metrics, store  # noqa: PLC0415
 
-    assert where.leader is not None
     m = analyzer_metrics.Metrics()
     alive = liveness.Liveness()
     stop = threading.Event()
+    joining = threading.Lock()
+    joined: list[str] = []  # pod 0's owner, once this pod joins its cluster
+
+    def on_signal() -> None:
+        """Before joining, the wait ends; after, the pod stops at once (its state is in the checkpoints)."""
+        with joining:
+            if joined:
+                _exit_now(0, "analyzer: stopped")
+            stop.set()
+
+    _Signals(on_signal)
     with contextlib.ExitStack() as parts:
         if cfg.metrics_port:
             server = metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry,
@@ -191,14 +224,14 @@ def _member(
             parts.callback(server.close)
         st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
         parts.callback(st.close)
-        pod = f"pod {where.place} of {len(cfg.peers)}"
-        if not _await_pod_0(cfg, st, where, print_, stop, alive):
+        leader = _await_pod_0(cfg, st, where, print_, stop, alive)
+        if leader is None:
             err.print("analyzer: stopped", markup=False)
             return
-        # the lease seen elsewhere: this pod stops at once (which fails the cluster's flow everywhere) and
-        # nothing more is written
-        guard = _lease_guard(st, where.leader, print_, lambda: _exit_now(1))
-        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set, where=where, print_=print_)
+        # the lease seen held otherwise: this pod stops at once (which fails the cluster's flow everywhere)
+        # and nothing more is written; looked at before each batch and every few seconds
+        guard = _lease_guard(st, leader, lambda: _exit_now(1))
+        group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set, where=where, joined=leader)
         parts.callback(group.stop)
         flow, labels, _after = _flow(
             cfg, packs, st, stop, reader=False, owner=owner, guard=lambda: not stop.is_set() and guard(),
@@ -206,27 +239,40 @@ def _member(
         )  # fmt: skip
         if labels is not None:
             parts.callback(labels.close)
+        with joining:
+            if stop.is_set():
+                err.print("analyzer: stopped", markup=False)
+                return
+            joined.append(leader)
         group.start()
-        addresses = where.addresses(where.first)
-        err.print(f"analyzer: {pod} (processes {where.first} to {where.first + where.processes - 1} of "
-                  f"{len(addresses)}) joining pod 0 ({where.leader}), listening on {addresses[where.first]}",
-                  markup=False)  # fmt: skip
-        # a signal stops this pod at once, as does losing a pod: its state is in the checkpoints, and the
-        # others' flows fail with its own
-        _exit_on_signal()
-        try:
-            runner.run(flow, workers=cfg.workers, process_id=where.first, addresses=addresses,
-                       handle_signals=False)  # fmt: skip
-        except BaseException as exc:  # noqa: BLE001 - Bytewax panics (a BaseException) when a process is gone
-            stop.set()
-            failed = group.failed()
-            if failed is not None:
-                err.print(f"analyzer: {failed}: stopping", markup=False)
-            else:
-                err.print(f"analyzer: the cluster's flow failed (a pod of it gone?): {exc}", markup=False)
-            raise typer.Exit(1) from None
-        finally:
-            stop.set()
+        threading.Thread(target=_watch_lease, args=(guard, stop), name="lease-watch", daemon=True).start()
+        _join(cfg, where, flow, group, stop)
+
+
+def _join(
+    cfg: config.AnalyzerConfig, where: analyzer_processes.Layout, flow: Any,
+    group: analyzer_processes.ProcessGroup, stop: threading.Event,
+) -> None:  # fmt: skip
+    """A member pod's part of the cluster's flow, until it ends (said, as the exit status)."""
+    from dataflows import runner  # noqa: PLC0415
+
+    addresses = where.addresses(where.first)
+    err.print(f"analyzer: pod {where.place} of {len(cfg.peers)} (processes {where.first} to "
+              f"{where.first + where.processes - 1} of {len(addresses)}) joining pod 0 ({where.leader}), "
+              f"listening on {addresses[where.first]}", markup=False)  # fmt: skip
+    try:
+        runner.run(flow, workers=cfg.workers, process_id=where.first, addresses=addresses,
+                   handle_signals=False)  # fmt: skip
+    except BaseException as exc:  # noqa: BLE001 - Bytewax panics (a BaseException) when a process is gone
+        stop.set()
+        failed = group.failed()
+        if failed is not None:
+            err.print(f"analyzer: {failed}: stopping", markup=False)
+        else:
+            err.print(f"analyzer: the cluster's flow failed (a pod of it gone?): {exc}", markup=False)
+        raise typer.Exit(1) from None
+    finally:
+        stop.set()
     failed = group.failed(wait=0)
     if failed is not None:
         err.print(f"analyzer: {failed}: stopping", markup=False)
@@ -234,23 +280,53 @@ def _member(
     err.print("analyzer: the cluster's flow ended: stopped", markup=False)
 
 
-def _exit_on_signal() -> None:
-    """SIGTERM or SIGINT ends this process at once, even while Bytewax holds its main thread (where
-    Python's handlers run): the signal's number is written to a pipe, and a thread waiting on it ends it."""
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
+def _watch_lease(guard: Callable[[], bool], stop: threading.Event) -> None:
+    """A member pod's look at the lease every few seconds, also while it writes nothing."""
+    while not stop.wait(analyzer_processes.LEASE_CHECK_S):
+        guard()
 
-    read, write = os.pipe()
-    os.set_blocking(write, False)
-    signal.set_wakeup_fd(write)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)  # the wakeup byte is written in C, before this runs (if ever)
 
-    def watch() -> None:
-        os.read(read, 1)
-        _exit_now(0, "analyzer: stopped")
+def _await_pod_0(
+    cfg: config.AnalyzerConfig, st: Store, where: analyzer_processes.Layout, print_: str,
+    stop: threading.Event, alive: liveness.Liveness,
+) -> str | None:  # fmt: skip
+    """A member pod's wait for pod 0 to hold the lease running these settings: its owner (None: a signal
+    came first). Pod 0 running other settings for OTHER_SETTINGS_S: exit 1, to read them again."""
+    pod = f"pod {where.place} of {len(cfg.peers)}"
+    beat = alive.loop(LEADER_LOOP, cfg.stall_timeout.total_seconds() + analyzer_processes.LEADER_POLL_S)
+    try:
+        found = analyzer_processes.wait_for_leader(
+            _holder(st), where.leader or "", print_, stop, beat=beat, other_for=OTHER_SETTINGS_S,
+            say=lambda why: err.print(f"analyzer: {pod}: {why}", markup=False),
+        )  # fmt: skip
+    except analyzer_processes.OtherSettingsError as exc:
+        err.print(f"analyzer: {pod}: {exc}: starting again (its settings and packs read again)", markup=False)
+        raise typer.Exit(1) from None
+    alive.forget(LEADER_LOOP)
+    return found
 
-    threading.Thread(target=watch, name="signals", daemon=True).start()
+
+class _Signals:
+    """SIGTERM and SIGINT seen even while Bytewax holds the main thread (where Python runs its handlers:
+    not while a cluster forms): the interpreter's C handler writes each signal to a pipe
+    (`signal.set_wakeup_fd`), and a thread calls `on_signal` for each. Python's own handlers (this one's
+    do nothing; `runner.run` installs its own for a while) still run when they can."""
+
+    def __init__(self, on_signal: Callable[[], None]) -> None:
+        import os  # noqa: PLC0415
+        import signal  # noqa: PLC0415
+
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+
+        def watch() -> None:
+            while os.read(read, 1):
+                on_signal()
+
+        threading.Thread(target=watch, name="signals", daemon=True).start()
 
 
 def _exit_now(status: int, said: str = "") -> NoReturn:
@@ -262,22 +338,6 @@ def _exit_now(status: int, said: str = "") -> NoReturn:
         err.print(said, markup=False)
     sys.stderr.flush()
     os._exit(status)
-
-
-def _await_pod_0(
-    cfg: config.AnalyzerConfig, st: Store, where: analyzer_processes.Layout, print_: str,
-    stop: threading.Event, alive: liveness.Liveness,
-) -> bool:  # fmt: skip
-    """A member pod's wait for pod 0 to hold the lease running these settings (False: a signal came
-    first): the checkpoints are read after, once the last cluster's writes are over."""
-    pod = f"pod {where.place} of {len(cfg.peers)}"
-    beat = alive.loop(LEADER_LOOP, cfg.stall_timeout.total_seconds() + analyzer_processes.LEADER_POLL_S)
-    found = _until_signal(stop, lambda: analyzer_processes.wait_for_leader(
-        _holder(st), where.leader or "", print_, stop, beat=beat,
-        say=lambda why: err.print(f"analyzer: {pod}: {why}", markup=False),
-    ))  # fmt: skip
-    alive.forget(LEADER_LOOP)
-    return found
 
 
 def _until_signal(stop: threading.Event, wait: Callable[[], bool]) -> bool:
@@ -298,7 +358,8 @@ def _identity(
     """This pod's place in the analyzer's cluster, its name in the lease and its settings' fingerprint."""
     where = analyzer_processes.layout(cfg)
     patterns = {i: lp.pattern.model_dump(mode="json") for i, lp in packs.packs.cluster.items()}
-    print_ = analyzer_processes.fingerprint(cfg, patterns)
+    code = analyzer_processes.code_identity() if cfg.peers else ""
+    print_ = analyzer_processes.fingerprint(cfg, patterns, code)
     return where, cfg.owner or analyzer_processes.owner(where, default, print_), print_
 
 
@@ -314,18 +375,16 @@ def _holder(st: Store) -> Callable[[], str | None]:
     return holder
 
 
-def _lease_guard(
-    st: Store, leader: str | None, print_: str, on_lost: Callable[[], None]
-) -> analyzer_processes.LeaseGuard:
-    """A member pod's output check: the analyzer's lease is held by pod 0 (`leader`: its peer address)
-    running these settings; once it is not, `on_lost`."""
+def _lease_guard(st: Store, joined: str, on_lost: Callable[[], None]) -> analyzer_processes.LeaseGuard:
+    """A member pod's output check: the analyzer's lease is held by the start of pod 0 it joined (`joined`:
+    its owner); once it is not, `on_lost`."""
 
     def lost() -> None:
-        err.print(f"analyzer: the lease is no longer held by pod 0 ({leader}) running these settings: "
-                  "stopping", markup=False)  # fmt: skip
+        err.print(f"analyzer: the lease is no longer held by the pod 0 this pod joined ({joined}): stopping",
+                  markup=False)  # fmt: skip
         on_lost()
 
-    return analyzer_processes.LeaseGuard(_holder(st), leader or "", print_, on_lost=lost)
+    return analyzer_processes.LeaseGuard(_holder(st), joined, on_lost=lost)
 
 
 def _flow(
@@ -391,7 +450,7 @@ def process() -> None:
     stop = threading.Event()
     st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
     try:
-        lease = None if spec.leader is None else _lease_guard(st, spec.leader, spec.print_, stop.set)
+        lease = None if spec.joined is None else _lease_guard(st, spec.joined, stop.set)
         flow, labels, _after = _flow(
             cfg, packs, st, stop, reader=False, owner=spec.owner,
             guard=lambda: not stop.is_set() and (lease is None or lease()),

@@ -30,6 +30,7 @@ import json
 import os
 import pickle
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -38,10 +39,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from faultline import config
-from faultline.errors import ConfigError, TransientError
+from faultline.errors import ConfigError, FaultlineError, TransientError
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent thread ends
 WATCH_S = 0.5  # how often the watcher looks at the processes
@@ -54,6 +56,7 @@ LEADER_POLL_S = 1.0  # how often a member pod looks for pod 0 holding the lease 
 # the settings that shape the flow, which every pod of the cluster must run alike (with the patterns)
 SHAPE = ("workers", "processes", "peers", "checkpoint_interval", "node_labels", "anomaly", "anomaly_fields",
          "anomaly_warmup", "anomaly_expire")  # fmt: skip
+CODE = ("cli", "dataflows", "faultline", "patterns", "sinks", "sources")  # the packages the flow's code is in
 
 
 @dataclass(frozen=True)
@@ -119,22 +122,38 @@ def layout(settings: config.AnalyzerConfig, hostname: str | None = None) -> Layo
     return Layout(tuple(hosts), place * n, n, settings.peers[0])
 
 
-def fingerprint(settings: config.AnalyzerConfig, patterns: Mapping[str, Any]) -> str:
-    """What the pods of one cluster must run alike, in short: the settings that shape the flow (SHAPE)
-    and the cluster patterns (`patterns`: by id, as JSON data). Pods of a StatefulSet being updated run
-    two versions of it for a while; a member joins pod 0 only when theirs are the same."""
+def fingerprint(settings: config.AnalyzerConfig, patterns: Mapping[str, Any], code: str = "") -> str:
+    """What the pods of one cluster must run alike, in short: the settings that shape the flow (SHAPE),
+    the cluster patterns (`patterns`: by id, as JSON data) and the code (`code`: `code_identity()`). Pods
+    of a StatefulSet being updated run two versions for a while; a member joins pod 0 only when theirs
+    are the same."""
     shape = settings.model_dump(mode="json", include=set(SHAPE))
     shape["patterns"] = dict(patterns)
+    shape["code"] = code
     text = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def code_identity() -> str:
+    """The code a pod runs: a digest of this project's Python files and Bytewax's version (an image
+    update that changes no setting still changes this)."""
+    from importlib import metadata  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(metadata.version("bytewax").encode())
+    for package in CODE:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def owner(where: Layout, default: str, print_: str = "") -> str:
     """This pod's name in the analyzer's lease: pod 0 of several is named by its peer address, which
-    every pod is given (so the others know whose lease lets them write), and its settings' fingerprint
-    (`print_`: so they know it runs theirs); otherwise `default`."""
+    every pod is given (so the others know whose lease lets them write), its settings' fingerprint
+    (`print_`: so they know it runs theirs) and this start of it (pid and a random part: a container's
+    pid is the same at each start); otherwise `default`."""
     if where.leader is not None and where.place == 0:
-        return f"analyzer/{where.leader}/{print_}/{os.getpid()}"
+        return f"analyzer/{where.leader}/{print_}/{os.getpid()}.{secrets.token_hex(4)}"
     return default
 
 
@@ -148,47 +167,59 @@ def led_by(holder: str | None, leader: str, print_: str) -> bool | None:
     return parts[2] == print_
 
 
+class OtherSettingsError(FaultlineError):
+    """Pod 0 has held the lease running other settings for longer than a member waits."""
+
+
 def wait_for_leader(
     holder: Callable[[], str | None], leader: str, print_: str, stop: threading.Event, *,
     say: Callable[[str], None], beat: Callable[[], None] = lambda: None, poll: float = LEADER_POLL_S,
-) -> bool:  # fmt: skip
+    other_for: float = float("inf"),
+) -> str | None:  # fmt: skip
     """A member pod's wait, before it reads the checkpoints and joins: until pod 0 holds the lease running
-    the same settings (True), or `stop` (False). `holder()` raises TransientError while the store is
-    away; `say` is told each new reason to wait once."""
+    the same settings (its owner, which the member then holds to), or `stop` (None). `holder()` raises
+    TransientError while the store is away; `say` is told each new reason to wait once. Pod 0 running
+    other settings for `other_for` seconds on end raises OtherSettingsError: the member starts again and
+    reads its settings and packs again (a ConfigMap of packs changes under a running pod)."""
     said = ""
+    other_since: float | None = None
     while not stop.is_set():
         try:
-            found = led_by(holder(), leader, print_)
+            owner = holder()
+            found = led_by(owner, leader, print_)
             why = ("pod 0 holds the lease running other settings (the pods being updated?)" if found is False
                    else f"waiting for pod 0 ({leader}) to hold the lease")  # fmt: skip
         except TransientError as exc:
-            found, why = None, f"the store: {exc}"
+            owner, found, why = None, None, f"the store: {exc}"
         if found:
-            return True
+            return owner
+        other_since = (other_since or time.monotonic()) if found is False else None
+        if other_since is not None and time.monotonic() - other_since >= other_for:
+            raise OtherSettingsError(f"pod 0 has held the lease running other settings for {other_for:.0f} s")
         if why != said:
             say(why)
             said = why
         beat()
         stop.wait(poll)
-    return False
+    return None
 
 
 class LeaseGuard:
-    """Whether the analyzer's lease is still held by pod 0 running this pod's settings (its owner
-    `analyzer/<leader>/<print_>/<pid>`), as a member pod's output asks before each batch; the holder
-    (`holder()`, raising TransientError while the store is away: the last answer stands) is read at most
-    every `every` seconds. Once the lease is seen held otherwise, the answer is no for good and
-    `on_lost` is called (the member pod stops, which fails the cluster's flow): no output dropped may be
-    followed by a later checkpoint, so nothing more is written, and the pods join the next cluster from
-    the checkpoints."""
+    """Whether the analyzer's lease is still held by the start of pod 0 this member joined (`joined`: its
+    owner, `analyzer/<leader>/<fingerprint>/<pid>.<random>`), as a member pod's output asks before each
+    batch and its watch every `every` seconds; the holder (`holder()`, raising TransientError while the
+    store is away: the last answer stands) is read at most every `every` seconds. Once the lease is seen
+    held otherwise, the answer is no for good and `on_lost` is called (the member pod's main process
+    stops, which fails the cluster's flow; its other processes write nothing more and end with it): no
+    output dropped may be followed by a later checkpoint, and the pods join the next cluster from the
+    checkpoints."""
 
     def __init__(
-        self, holder: Callable[[], str | None], leader: str, print_: str, *, every: float = LEASE_CHECK_S,
+        self, holder: Callable[[], str | None], joined: str, *, every: float = LEASE_CHECK_S,
         on_lost: Callable[[], None] = lambda: None,
     ) -> None:  # fmt: skip
         self.holder = holder
-        self.leader = leader
-        self.print_ = print_
+        self.joined = joined
         self.every = every
         self.on_lost = on_lost
         self.lost = False
@@ -204,7 +235,7 @@ class LeaseGuard:
             except TransientError:
                 return True  # the sink's own writes wait for the store
             self._at = time.monotonic()
-            if led_by(owner, self.leader, self.print_):
+            if owner == self.joined:
                 return True
             self.lost = True
         self.on_lost()
@@ -220,8 +251,9 @@ class Spec:
     addresses: tuple[str, ...]
     owner: str
     parent: int
-    leader: str | None = None  # a member pod's process: pod 0's peer address (it writes while that leads)
-    print_: str = ""  # with `leader`: the settings' fingerprint pod 0 must run
+    joined: str | None = (
+        None  # a member pod's process: pod 0's owner in the lease (it writes while that holds)
+    )
 
 
 class ProcessGroup:
@@ -231,11 +263,11 @@ class ProcessGroup:
 
     def __init__(
         self, settings: config.AnalyzerConfig, owner: str, *, on_failure: Callable[[], None] = lambda: None,
-        where: Layout | None = None, print_: str = "",
+        where: Layout | None = None, joined: str | None = None,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.owner = owner
-        self.print_ = print_  # a member pod's: the settings' fingerprint its processes check pod 0 runs
+        self.joined = joined  # a member pod's: the owner of the lease its processes write while it holds
         self.on_failure = on_failure
         self.where = where if where is not None else layout(settings)
         self.processes = settings.processes
@@ -253,10 +285,8 @@ class ProcessGroup:
             return
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("the analyzer's processes are started from the main thread")
-        leader = where.leader if where.place > 0 else None
         for i in range(where.first + 1, where.first + self.processes):
-            spec = Spec(self.settings, i, tuple(where.addresses(i)), self.owner, os.getpid(), leader,
-                        self.print_)  # fmt: skip
+            spec = Spec(self.settings, i, tuple(where.addresses(i)), self.owner, os.getpid(), self.joined)
             child = subprocess.Popen(  # noqa: S603 - this program, with its settings on stdin
                 [sys.executable, "-m", "faultline", *COMMAND], stdin=subprocess.PIPE
             )  # fmt: skip

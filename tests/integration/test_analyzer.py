@@ -258,10 +258,11 @@ def test_two_pods_are_one_cluster_whose_windows_are_kept_in_both_and_count_once_
     """An analyzer spread over pods (`--peer` for each pod, as the chart's StatefulSet gives them; here two
     pods on loopback, each told its place): pod 0 takes the lease and reads, pod 1 joins it; both keep
     windows (each writes the checkpoints of its partitions) and their faults count every event once. A pod
-    running other settings (an update half done) waits instead of joining. When pod 1 is killed, pod 0
-    stops (exit 1, said): the cluster cannot go on without it; started again, the two go on from the
-    checkpoints. Pod 1 stopped by a signal stops at once (exit 0) and pod 0 with it (exit 1); when pod 0
-    stops, pod 1's flow ends with it (exit 0)."""
+    running other settings (an update half done) waits instead of joining, and pod 0 waiting for it still
+    stops on SIGTERM, giving the lease back. When pod 1 is killed, pod 0 stops (exit 1, said): the cluster
+    cannot go on without it; started again, the two go on from the checkpoints. Pod 1 stopped by a signal
+    stops at once (exit 0) and pod 0 with it (exit 1); when pod 0 stops, pod 1's flow ends with it (exit
+    0)."""
     st = store.Store(mongo_db)
     peers = [f"127.0.0.1:{procs.free_port()}", f"127.0.0.1:{procs.free_port()}"]
     flags = [arg for p in peers for arg in ("--peer", p)]
@@ -297,7 +298,15 @@ def test_two_pods_are_one_cluster_whose_windows_are_kept_in_both_and_count_once_
         odd,
     )
     assert odd.stop() == 0 and odd.says("analyzer: stopped") and not odd.says("joining")
-    leader, member = both(leader)
+    # pod 0, whose cluster never formed, stops on SIGTERM all the same and gives the lease back
+    wait(
+        "pod 0 forming its cluster",
+        lambda: leader.says("analyzer: process 0 of 2 (pod 0 of 2) listening"),
+        leader,
+    )
+    assert leader.stop() == 0 and leader.says("stopped before its cluster formed (the lease given back)")
+    assert st.analyzer_lease() is None
+    leader, member = both()
     st.record_batch([xid("n2", 100 + i, uuid=g, code="XID-95") for i, g in enumerate(gpus)], [])
     wait("every GPU's derived fault", lambda: all(gpu_count(mongo_db, "n2", g) == 2 for g in gpus), leader)
     wait("the checkpoints", lambda: caught_up(st), leader)

@@ -68,9 +68,14 @@ def test_bad_peers_are_refused_by_place(peers: tuple[str, ...], says: str) -> No
         settings(peers=peers)
 
 
-def test_a_member_writes_while_pod_0_holds_the_lease_and_never_again_once_it_does_not() -> None:
-    holders: list[object] = [f"analyzer/{PEERS[0]}/abc/12", TransientError("store away"), None,
-                             f"analyzer/{PEERS[0]}/abc/12"]  # fmt: skip
+def test_a_member_writes_while_the_pod_0_it_joined_holds_the_lease_and_never_again_once_it_does_not() -> None:
+    joined = f"analyzer/{PEERS[0]}/abc/1.0a1b2c3d"
+    holders: list[object] = [
+        joined,
+        TransientError("store away"),
+        f"analyzer/{PEERS[0]}/abc/1.99999999",
+        joined,
+    ]
     asked: list[object] = []
     lost: list[bool] = []
 
@@ -81,11 +86,11 @@ def test_a_member_writes_while_pod_0_holds_the_lease_and_never_again_once_it_doe
             raise h
         return h  # type: ignore[return-value]
 
-    guard = ap.LeaseGuard(holder, PEERS[0], "abc", every=0, on_lost=lambda: lost.append(True))
-    assert guard() and not lost  # pod 0 holds it
+    guard = ap.LeaseGuard(holder, joined, every=0, on_lost=lambda: lost.append(True))
+    assert guard() and not lost  # the pod 0 it joined holds it
     assert guard() and not lost  # the store away: the last answer stands
-    assert not guard() and lost == [True]  # nobody holds it: no, for good
-    assert not guard() and len(asked) == 3  # not asked again, even were pod 0 to hold it again
+    assert not guard() and lost == [True]  # a later start of pod 0 (same pid in its container): no, for good
+    assert not guard() and len(asked) == 3  # not asked again, even were the first to hold it again
 
 
 def test_a_member_trusts_its_look_at_the_lease_for_a_while() -> None:
@@ -93,34 +98,47 @@ def test_a_member_trusts_its_look_at_the_lease_for_a_while() -> None:
 
     def holder() -> str:
         calls.append(1)
-        return "analyzer/elsewhere:7410/abc/3"  # another cluster's pod 0
+        return "analyzer/elsewhere:7410/abc/3.00000000"  # another cluster's pod 0
 
-    guard = ap.LeaseGuard(holder, PEERS[0], "abc", every=3600)
+    guard = ap.LeaseGuard(holder, f"analyzer/{PEERS[0]}/abc/3.00000000", every=3600)
     assert not guard()
     assert not guard() and len(calls) == 1
-    assert ap.LeaseGuard(lambda: f"analyzer/{PEERS[0]}/abc/3", PEERS[0], "abc", every=3600)()
-    # pod 0 running other settings (an update half done): not this pod's cluster
-    assert not ap.LeaseGuard(lambda: f"analyzer/{PEERS[0]}/def/3", PEERS[0], "abc", every=3600)()
+
+
+def test_pod_0_is_named_by_its_peer_its_settings_and_this_start() -> None:
+    first = ap.layout(settings(peers=PEERS), hostname="fl-analyzer-0")
+    one, two = ap.owner(first, "x", "abc"), ap.owner(first, "x", "abc")
+    assert one != two and one.rsplit(".", 1)[0] == two.rsplit(".", 1)[0]  # pid.random: each start its own
+    assert ap.led_by(one, PEERS[0], "abc") is True
+    assert ap.led_by(one, PEERS[0], "def") is False  # pod 0 running other settings
+    assert ap.led_by(one, PEERS[1], "abc") is None and ap.led_by(None, PEERS[0], "abc") is None
 
 
 def test_the_fingerprint_changes_with_what_shapes_the_flow_and_not_with_the_rest() -> None:
-    base = ap.fingerprint(settings(peers=PEERS), {"p": {"window": "10m"}})
+    base = ap.fingerprint(settings(peers=PEERS), {"p": {"window": "10m"}}, "code1")
     assert (
-        ap.fingerprint(settings(peers=PEERS, peer_index=1, batch=7, poll=3), {"p": {"window": "10m"}}) == base
+        ap.fingerprint(
+            settings(peers=PEERS, peer_index=1, batch=7, poll=3), {"p": {"window": "10m"}}, "code1"
+        )
+        == base
     )
     changed = [
-        ap.fingerprint(settings(peers=PEERS, workers=2), {"p": {"window": "10m"}}),
-        ap.fingerprint(settings(peers=PEERS, checkpoint_interval=9), {"p": {"window": "10m"}}),
-        ap.fingerprint(settings(peers=(*PEERS, "fl-analyzer-2.x:7410")), {"p": {"window": "10m"}}),
-        ap.fingerprint(settings(peers=PEERS), {"p": {"window": "20m"}}),
-        ap.fingerprint(settings(peers=PEERS), {"p": {"window": "10m"}, "q": {}}),
+        ap.fingerprint(settings(peers=PEERS, workers=2), {"p": {"window": "10m"}}, "code1"),
+        ap.fingerprint(settings(peers=PEERS, checkpoint_interval=9), {"p": {"window": "10m"}}, "code1"),
+        ap.fingerprint(settings(peers=(*PEERS, "fl-analyzer-2.x:7410")), {"p": {"window": "10m"}}, "code1"),
+        ap.fingerprint(settings(peers=PEERS), {"p": {"window": "20m"}}, "code1"),
+        ap.fingerprint(settings(peers=PEERS), {"p": {"window": "10m"}, "q": {}}, "code1"),
+        ap.fingerprint(settings(peers=PEERS), {"p": {"window": "10m"}}, "code2"),  # an image update alone
     ]
     assert base not in changed and len(set(changed)) == len(changed)
+    code = ap.code_identity()
+    assert len(code) == 12 and code == ap.code_identity()
 
 
 def test_a_member_joins_once_pod_0_holds_the_lease_running_its_settings() -> None:
-    holders: list[object] = [None, None, TransientError("store away"), f"analyzer/{PEERS[0]}/old/1",
-                             f"analyzer/{PEERS[0]}/old/1", f"analyzer/{PEERS[0]}/abc/1"]  # fmt: skip
+    mine = f"analyzer/{PEERS[0]}/abc/1.0a1b2c3d"
+    holders: list[object] = [None, None, TransientError("store away"), f"analyzer/{PEERS[0]}/old/1.1",
+                             f"analyzer/{PEERS[0]}/old/1.1", mine]  # fmt: skip
     said: list[str] = []
     beats: list[int] = []
 
@@ -130,11 +148,30 @@ def test_a_member_joins_once_pod_0_holds_the_lease_running_its_settings() -> Non
             raise h
         return h  # type: ignore[return-value]
 
-    assert ap.wait_for_leader(holder, PEERS[0], "abc", threading.Event(), say=said.append,
-                              beat=lambda: beats.append(1), poll=0)  # fmt: skip
-    assert not holders and len(beats) == 5
+    found = ap.wait_for_leader(holder, PEERS[0], "abc", threading.Event(), say=said.append,
+                               beat=lambda: beats.append(1), poll=0)  # fmt: skip
+    assert found == mine and not holders and len(beats) == 5
     assert said == [f"waiting for pod 0 ({PEERS[0]}) to hold the lease", "the store: store away",
                     "pod 0 holds the lease running other settings (the pods being updated?)"]  # fmt: skip
     stop = threading.Event()
     stop.set()
-    assert not ap.wait_for_leader(lambda: None, PEERS[0], "abc", stop, say=said.append)
+    assert ap.wait_for_leader(lambda: None, PEERS[0], "abc", stop, say=said.append) is None
+
+
+def test_a_member_that_finds_pod_0_running_other_settings_for_long_starts_again() -> None:
+    seen: list[str] = []
+    with pytest.raises(ap.OtherSettingsError, match="running other settings for 0 s"):
+        ap.wait_for_leader(lambda: f"analyzer/{PEERS[0]}/old/1.1", PEERS[0], "abc", threading.Event(),
+                           say=seen.append, poll=0, other_for=0)  # fmt: skip
+    # the store away or nobody holding it is not other settings: the wait goes on
+    stop = threading.Event()
+    looks = iter([None, None, None])
+
+    def holder() -> str | None:
+        try:
+            return next(looks)
+        except StopIteration:
+            stop.set()
+            return None
+
+    assert ap.wait_for_leader(holder, PEERS[0], "abc", stop, say=seen.append, poll=0, other_for=0) is None
