@@ -64,7 +64,6 @@ def run(cfg: config.AnalyzerConfig) -> None:
     """Take the analyzer's lease (waiting while another replica holds it), then run the dataflow until a
     signal, or until the lease is lost (exit 1: the replica starts again as a standby)."""
     from dataflows import cluster as cluster_flow  # noqa: PLC0415 - keep `--help` fast
-    from faultline import metrics, store  # noqa: PLC0415
     from patterns import cluster  # noqa: PLC0415
     from workers import common  # noqa: PLC0415
 
@@ -83,12 +82,7 @@ def run(cfg: config.AnalyzerConfig) -> None:
     stall = cfg.stall_timeout.total_seconds()
     stop = threading.Event()
     with contextlib.ExitStack() as parts:  # closed in reverse: processes, lease, store, then the server
-        if cfg.metrics_port:
-            server = metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry,
-                                   health=alive)  # fmt: skip
-            parts.callback(server.close)
-        st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
-        parts.callback(st.close)
+        st = _serve_and_connect(cfg, parts, m, alive)
         leader = cluster_flow.Leadership(st, owner, cfg.lease, beat=lambda: alive.beat(LEASE_LOOP))
         parts.callback(leader.release)
         group = analyzer_processes.ProcessGroup(cfg, owner, on_failure=stop.set, where=where)
@@ -121,6 +115,22 @@ def run(cfg: config.AnalyzerConfig) -> None:
         err.print("analyzer: lease lost to another replica: stopped", markup=False)
         raise typer.Exit(1)
     err.print("analyzer: stopped", markup=False)
+
+
+def _serve_and_connect(
+    cfg: config.AnalyzerConfig, parts: contextlib.ExitStack, m: analyzer_metrics.Metrics,
+    alive: liveness.Liveness,
+) -> Store:  # fmt: skip
+    """The pod's metrics and /healthz server (unless `metrics_port` is 0), then its store client; both
+    closed with `parts`."""
+    from faultline import metrics, store  # noqa: PLC0415
+
+    if cfg.metrics_port:
+        server = metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry, health=alive)
+        parts.callback(server.close)
+    st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
+    parts.callback(st.close)
+    return st
 
 
 def _cluster_failed(
@@ -201,7 +211,6 @@ def _member(
     it again to join the next), a peer is gone (Bytewax fails the cluster: exit 1), or, at once, the lease
     is seen elsewhere (exit 1) or a signal comes (exit 0): either fails the cluster's flow in the other
     pods."""
-    from faultline import metrics, store  # noqa: PLC0415
 
     m = analyzer_metrics.Metrics()
     alive = liveness.Liveness()
@@ -218,12 +227,7 @@ def _member(
 
     _Signals(on_signal)
     with contextlib.ExitStack() as parts:
-        if cfg.metrics_port:
-            server = metrics.serve(cfg.metrics_port, host=cfg.metrics_address, registry=m.registry,
-                                   health=alive)  # fmt: skip
-            parts.callback(server.close)
-        st = store.connect(cfg.mongodb_uri.get_secret_value(), cfg.database)
-        parts.callback(st.close)
+        st = _serve_and_connect(cfg, parts, m, alive)
         leader = _await_pod_0(cfg, st, where, print_, stop, alive)
         if leader is None:
             err.print("analyzer: stopped", markup=False)

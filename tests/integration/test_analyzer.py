@@ -31,31 +31,7 @@ pytestmark = pytest.mark.integration
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
 ZONE = "topology.kubernetes.io/zone"
 
-PACK = """
-pack: test-cluster
-patterns:
-  - id: gpu-repeat
-    scope: cluster
-    description: the same GPU (by UUID) fails again, whichever node it is in
-    match: {codes: [XID-79, XID-95]}
-    window: {key: [gpu], within: 24h, count: 2}
-    fault:
-      code: GPU-REPEATED-FAILURE
-      component: GPU
-      entity: {type: GPU-UUID, id: "{gpu}"}
-      fatal: true
-      action: CONTACT_SUPPORT
-    examples:
-      match:
-        - records:
-            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
-            - {at: 1h, node: n2, code: XID-95, metadata: {gpu_uuid: GPU-1}}
-          expect: {nodes: [n2], entity_id: GPU-1, count: 2}
-      no_match:
-        - records:
-            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
-            - {at: 1h, node: n2, code: XID-79, metadata: {gpu_uuid: GPU-2}}
-"""
+PACK = analyzerutil.gpu_repeat_pack("test-cluster")
 
 
 ZONE_PATTERN = """

@@ -30,7 +30,7 @@ from devtools.cluster import LocalCluster
 from faultline import kube, store
 from faultline.errors import NotFoundError, TransientError
 from faultline.models import Action, Component, Entity, HealthEvent, event_id, fault_id
-from tests.integration import chartutil
+from tests.integration import analyzerutil, chartutil
 from tests.integration.chartutil import NODE
 
 pytestmark = [
@@ -41,31 +41,7 @@ pytestmark = [
 RELEASE = "flp"
 SECOND = "real-node-02"
 GPUS = [f"GPU-{i}" for i in range(16)]  # windows of 16 GPUs: spread over both pods' partitions
-PACK = """
-pack: pods
-patterns:
-  - id: gpu-repeat
-    scope: cluster
-    description: the same GPU (by UUID) fails again, whichever node it is in
-    match: {codes: [XID-79, XID-95]}
-    window: {key: [gpu], within: 24h, count: 2}
-    fault:
-      code: GPU-REPEATED-FAILURE
-      component: GPU
-      entity: {type: GPU-UUID, id: "{gpu}"}
-      fatal: true
-      action: CONTACT_SUPPORT
-    examples:
-      match:
-        - records:
-            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
-            - {at: 1h, node: n2, code: XID-95, metadata: {gpu_uuid: GPU-1}}
-          expect: {nodes: [n2], entity_id: GPU-1, count: 2}
-      no_match:
-        - records:
-            - {node: n1, code: XID-79, metadata: {gpu_uuid: GPU-1}}
-            - {at: 1h, node: n2, code: XID-79, metadata: {gpu_uuid: GPU-2}}
-"""
+PACK = analyzerutil.gpu_repeat_pack("pods")
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
 
 
