@@ -104,8 +104,9 @@ class QuarantineWorker:
         self.gpu_nodes: tuple[float, int] = (-1e9, 0)
         self.breaker_view: _BreakerView | None = None
         self.full_resync_at = 0.0
-        self.prefetched: dict[str, list[store.FaultRecord]] = {}  # node -> its faults, read once
-        self.prefetched_at = 0.0  # when (time.monotonic())
+        # when the candidates' nodes' faults were read (time.monotonic(), taken before the read) and what
+        # was read (node -> its faults): one tuple, replaced whole once a read is done (see `_prefetch`)
+        self.prefetched: tuple[float, dict[str, list[store.FaultRecord]]] = (0.0, {})
         self.reconciled_at: dict[str, float] = {}  # node -> when its last reconcile ended (monotonic)
         self.state = fleet_state.QuarantineState(st, self.metrics.registry)
         self.loop = common.ClaimLoop(
@@ -178,14 +179,19 @@ class QuarantineWorker:
     def _prefetch(self, candidates: list[dict[str, Any]]) -> None:
         """The candidates' nodes' faults, read right after the candidates themselves, so each is at least
         as new as the claimed fault. A fault that changes after this read has its own claim or resync
-        pass to come, which reads again: the node still converges."""
-        self.prefetched_at = time.monotonic()
-        self.prefetched = self.store.faults_of({str(d["node"]) for d in candidates}, STAGE)
+        pass to come, which reads again: the node still converges. The read's time and its documents are
+        replaced together, once the read is done: other threads handle claims meanwhile, and a claim that
+        took the new time with the documents of the read before (long before, after an outage) would
+        count them as newer than the node's last reconcile and cordon a released node again (the chaos
+        suite's store outage on a loaded machine: one node cordoned twice)."""
+        at = time.monotonic()  # before the read: its documents are at least this new
+        self.prefetched = (at, self.store.faults_of({str(d["node"]) for d in candidates}, STAGE))
 
     def _handle(self, claim: store.Claim) -> store.State:
         item = store.WorkItem.from_doc(claim.doc)  # the fault's work item in `queue`
         node = item.node
-        docs, read_at = self.prefetched.get(node), self.prefetched_at
+        read_at, prefetched = self.prefetched  # the two of one read (see `_prefetch`)
+        docs = prefetched.get(node)
         if docs is None or not any(d.id == item.key for d in docs):
             read_at = time.monotonic()
             docs = self.store.faults_of({node}, STAGE)[node]  # not read with the candidates: read it now

@@ -41,6 +41,8 @@ class Actions:
     jobs: Counter[str] = field(default_factory=Counter)  # node -> repair Jobs created
     requests: Counter[str] = field(default_factory=Counter)  # RemediationRequest name -> created
     unreadable: int = 0
+    # node -> its turns in resourceVersion order: (when, "cordon" | "uncordon", who: user and user agent)
+    turns: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
 
 
 def offset(path: Path) -> int:
@@ -56,7 +58,7 @@ def repair_node(name: str) -> str:
 def read(path: Path, start: int, cordoned: dict[str, bool]) -> Actions:
     """The actions logged since `start`; `cordoned`: each node's state at `start`."""
     out = Actions()
-    nodes: dict[str, list[tuple[int, bool]]] = {}
+    nodes: dict[str, list[tuple[int, bool, str, str]]] = {}
     with path.open("rb") as fh:
         fh.seek(start)
         for raw in fh:
@@ -77,7 +79,9 @@ def read(path: Path, start: int, cordoned: dict[str, bool]) -> Actions:
                 version = (obj.get("metadata") or {}).get("resourceVersion")
                 if version is not None:
                     state = bool((obj.get("spec") or {}).get("unschedulable"))
-                    nodes.setdefault(str(ref.get("name")), []).append((int(version), state))
+                    who = f"{(event.get('user') or {}).get('username', '?')} ({event.get('userAgent', '?')})"
+                    at = str(event.get("stageTimestamp", "?"))
+                    nodes.setdefault(str(ref.get("name")), []).append((int(version), state, at, who))
             elif resource == "pods" and sub == "eviction":
                 out.evictions[f"{ref.get('namespace')}/{ref.get('name')}"] += 1
             elif resource == "jobs" and event.get("verb") == "create":
@@ -86,10 +90,12 @@ def read(path: Path, start: int, cordoned: dict[str, bool]) -> Actions:
                 out.requests[str(ref.get("name"))] += 1
     for node, writes in nodes.items():
         state = cordoned.get(node, False)
-        for _, now in sorted(writes):
+        for _, now, at, who in sorted(writes):
             if now and not state:
                 out.cordons[node] += 1
+                out.turns.setdefault(node, []).append((at, "cordon", who))
             elif state and not now:
                 out.uncordons[node] += 1
+                out.turns.setdefault(node, []).append((at, "uncordon", who))
             state = now
     return out

@@ -225,6 +225,7 @@ def _measure(
     lost = len(sent.ids - stored)
     details.update(
         duplicates=counts.details, missing_actions=truth.missing_actions(world, actions, calls),
+        cordon_turns=counts.turns,
         fatal_events_lost=len(sent.fatal_ids - stored), audit_unreadable=actions.unreadable,
         cloud_calls=len(calls), jobs=sum(actions.jobs.values()),
         evictions=sum(actions.evictions.values()), cordons=sum(actions.cordons.values()),

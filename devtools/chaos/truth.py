@@ -135,6 +135,7 @@ class Counts:
     cloud: int = 0
     requests: int = 0
     details: dict[str, dict[str, int]] = field(default_factory=dict)
+    turns: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # of nodes cordoned too often
 
 
 def duplicates(world: World, actions: audit.Actions, cloud_calls: list[tuple[str, str, str]]) -> Counts:
@@ -151,6 +152,7 @@ def duplicates(world: World, actions: audit.Actions, cloud_calls: list[tuple[str
         return sum(over.values())
 
     out.cordons = extra("cordons", actions.cordons, dict.fromkeys(fatal, 1))
+    out.turns = {node: actions.turns.get(node, []) for node in out.details.get("cordons", {})}
     out.evictions = extra("evictions", actions.evictions, {p: 1 for p, n in world.pods.items() if n in fatal})
     out.jobs = extra("jobs", actions.jobs, {n: 1 for n in fatal if n not in world.cloud_nodes})
     out.cloud = extra("cloud calls", cloud, {n: 1 for n in fatal if n in world.cloud_nodes})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -538,3 +539,44 @@ def test_a_reconcile_holding_an_older_read_of_the_faults_reads_them_again(
     assert not node_view(api, name)["cordoned"]
     fresh_at = time.monotonic()  # a read after the last reconcile is used as it is
     assert w.reconcile(name, docs=stale, read_at=fresh_at) == "quarantined"
+
+
+def test_a_claim_handled_while_the_faults_are_read_again_keeps_the_time_of_the_read_it_uses(
+    mongo_db: Any, api: Any, nodes: Any
+) -> None:
+    """Found by the chaos suite's store outage on a loaded machine: a claim handled while another thread
+    read the candidates' faults again took the new read's time with the documents of the read before, so
+    a node released since that older read was cordoned again from it."""
+    (name,) = nodes(1)
+    w = worker(mongo_db, api, hold_down=dt.timedelta(0))
+    w.store.write_fault(fault(name), 1)
+    w.store.write_fault(fault(name, "XID-13", fatal=False), 1)  # a minor fault: its item is claimed below
+    assert w.reconcile(name) == "quarantined"
+    w._prefetch([{"node": name}])  # the older read: the fatal fault open
+    w.store.write_fault(fault(name, resolved=True), 2)
+    assert w.reconcile(name) == "released" and not node_view(api, name)["cordoned"]
+
+    reading, finish = threading.Event(), threading.Event()
+    faults_of = w.store.faults_of
+
+    def slow_faults_of(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "prefetch":  # the new read, held until the claim is handled
+            reading.set()
+            assert finish.wait(30)
+        return faults_of(*args, **kwargs)
+
+    w.store.faults_of = slow_faults_of  # type: ignore[method-assign]
+    reader = threading.Thread(target=w._prefetch, args=([{"node": name}],), name="prefetch")
+    reader.start()
+    try:
+        assert reading.wait(30)
+        doc = next(d for d in w.store.pending(quarantine.STAGE, 10, collection=store.Work.QUEUE)
+                   if d["key"] == fault(name, "XID-13").id)  # fmt: skip
+        claim = w.store.try_claim(quarantine.STAGE, doc, w.owner, dt.timedelta(seconds=30),
+                                  collection=store.Work.QUEUE)  # fmt: skip
+        assert claim is not None
+        w._handle(claim)
+        assert not node_view(api, name)["cordoned"]  # the fault read again: resolved
+    finally:
+        finish.set()
+        reader.join()
