@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli import analyzer, config_cmd, demo, options, preflight, replay_cmd
+from cli.consoles import err, out
 from cli.log_options import log_options
 from cli.replay_cmd import compile_packs as _compile
-from cli.replay_cmd import err, out
 from cli.replay_cmd import error as _error
 from faultline import config
 from faultline.errors import FaultlineError, PackError

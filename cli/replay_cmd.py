@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from faultline.errors import PackError
 
@@ -25,9 +24,13 @@ if TYPE_CHECKING:
     from patterns.compiler import CompiledPacks
     from sources.files import FileInfo
 
-# Not a terminal (a pipe, CI): lay tables out wide instead of folding them into 80 columns.
-out = Console(highlight=False, soft_wrap=True, emoji=False, width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+
+def say(line: str, *, stderr: bool = False) -> None:
+    """One line of plain text (notes, warnings, errors, the summary): what the consoles of `cli.consoles`
+    print for it with markup off, without importing rich."""
+    stream = sys.stderr if stderr else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 class OutputFormat(StrEnum):
@@ -125,21 +128,23 @@ def replay(
     for problem in inputs.errors:
         error(problem)
     for note in inputs.notes:
-        err.print(f"note: {note}", markup=False)
+        say(f"note: {note}", stderr=True)
     if not inputs.files and inputs.errors:
         error("no readable input files")
         raise typer.Exit(1)
     show_progress = sys.stdout.isatty() if progress is None else progress
     # the compiled packs and their tables live for the whole run: out of the cyclic collector's scans
+    # (`cli.main` starts a replay with the collector off: the imports make no cycles worth its passes)
     gc.collect()
     gc.freeze()
+    gc.enable()
     with _progress(inputs.files, enabled=show_progress) as advance:
         if processes > 1:
             from dataflows import replay_processes  # noqa: PLC0415
 
             result = replay_processes.run(
                 inputs.groups(), compiled, processes=processes, node_override=node, progress=advance,
-                on_diag=lambda d: err.print(f"warning: {d}", markup=False),
+                on_diag=lambda d: say(f"warning: {d}", stderr=True),
             )  # fmt: skip
         else:
             result = replay_flow.run(
@@ -148,25 +153,25 @@ def replay(
                 workers=workers,
                 node_override=node,
                 progress=advance,
-                on_diag=lambda d: err.print(f"warning: {d}", markup=False),
+                on_diag=lambda d: say(f"warning: {d}", stderr=True),
             )
     if output is OutputFormat.jsonl:
         for line in render.jsonl_lines(result.faults):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
-        summary_console = err
     else:
+        from cli.consoles import out  # noqa: PLC0415 - rich for the table only
+
         render.print_table(out, result.faults)
-        summary_console = out
     line = render.summary(
         result.stats, result.faults, result.seconds,
         regex_timeouts=result.regex_timeouts, unreadable=len(inputs.errors),
     )  # fmt: skip
-    summary_console.print(line, markup=False, soft_wrap=True)
+    say(line, stderr=output is OutputFormat.jsonl)  # beside the table, or out of the JSON lines' way
 
 
 def error(message: str) -> None:
-    err.print(f"error: {message}", markup=False)
+    say(f"error: {message}", stderr=True)
 
 
 @contextlib.contextmanager
@@ -177,6 +182,7 @@ def _progress(infos: list[FileInfo], *, enabled: bool) -> Iterator[Callable[[int
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
+    from cli.consoles import err  # noqa: PLC0415
     from sources import files  # noqa: PLC0415
 
     total = None if any(files.is_gzip(i.path) for i in infos) else sum(i.size for i in infos)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from faultline.models import Fault
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 
 def _iso(dt: datetime | None) -> str | None:
@@ -46,6 +47,8 @@ def _short(dt: datetime) -> str:
 
 
 def fault_table(faults: list[Fault]) -> Table:
+    from rich.table import Table  # noqa: PLC0415 - the JSON lines' replays start without rich
+
     table = Table(title=f"{len(faults)} fault(s)", title_justify="left", show_lines=False)
     for name, style in (
         ("node", "bold"),
