@@ -133,6 +133,7 @@ def replay(
         error("no readable input files")
         raise typer.Exit(1)
     show_progress = sys.stdout.isatty() if progress is None else progress
+    warn = _warn_beside_bar if show_progress else (lambda d: say(f"warning: {d}", stderr=True))
     # the compiled packs and their tables live for the whole run: out of the cyclic collector's scans
     # (`cli.main` starts a replay with the collector off: the imports make no cycles worth its passes)
     gc.collect()
@@ -144,7 +145,7 @@ def replay(
 
             result = replay_processes.run(
                 inputs.groups(), compiled, processes=processes, node_override=node, progress=advance,
-                on_diag=lambda d: say(f"warning: {d}", stderr=True),
+                on_diag=warn,
             )  # fmt: skip
         else:
             result = replay_flow.run(
@@ -153,7 +154,7 @@ def replay(
                 workers=workers,
                 node_override=node,
                 progress=advance,
-                on_diag=lambda d: say(f"warning: {d}", stderr=True),
+                on_diag=warn,
             )
     if output is OutputFormat.jsonl:
         for line in render.jsonl_lines(result.faults):
@@ -172,6 +173,13 @@ def replay(
 
 def error(message: str) -> None:
     say(f"error: {message}", stderr=True)
+
+
+def _warn_beside_bar(diag: str) -> None:
+    """A warning printed above the progress bar (rich's console: a plain line would cut through it)."""
+    from cli.consoles import err  # noqa: PLC0415
+
+    err.print(f"warning: {diag}", markup=False)
 
 
 @contextlib.contextmanager
