@@ -12,10 +12,11 @@ Goals (issue 2): >= 1,000,000 lines/s on one core, within 10x grep's time, flat 
 
 `--startup`: the whole command on a 1,000-line file as installed (the project's modules byte-compiled
 first, as the image ships them; a checkout run with PYTHONDONTWRITEBYTECODE set would compile them at each
-start), best of 15 or `--runs`, beside the Python interpreter starting alone (goal: <= 0.3 s). `--processes`: the
-same corpus of `--processes-lines` lines replayed by one process and by `--processes-n` (`--processes`),
-alternated, best of `--runs` each: the whole command's seconds and the scan-and-detect seconds the summary
-line gives (goal: >= 1.8x on 2 cores), and the faults of both compared (they must be the same).
+start), best of 15 or `--runs`, beside the Python interpreter starting alone (goal: <= 0.3 s).
+`--processes`: the same corpus of `--processes-lines` lines replayed by one process and by
+`--processes-n` (`--processes`), alternated, best of `--runs` each: the whole command's seconds and the
+scan-and-detect seconds the summary line gives (goal: >= 1.8x on 2 cores), and the faults of both
+compared (they must be the same).
 """
 
 from __future__ import annotations
@@ -102,10 +103,10 @@ def byte_compile() -> None:
 def startup(path: Path | None) -> tuple[float]:
     """Wall seconds of the whole `faultline replay` command on `path`, timed directly (no wrapper process
     for the peak RSS, whose own start would count); None: the interpreter starting alone (`-c pass`)."""
-    cmd = [sys.executable, "-m", "faultline", "replay", str(path), "--output", "jsonl", "--year", "2026",
-           "--no-progress"]  # fmt: skip
-    if path is None:
-        cmd = [sys.executable, "-c", "pass"]
+    cmd = [sys.executable, "-c", "pass"] if path is None else [
+        sys.executable, "-m", "faultline", "replay", str(path), "--output", "jsonl", "--year", "2026",
+        "--no-progress",
+    ]  # fmt: skip
     started = time.perf_counter()
     subprocess.run(cmd, capture_output=True, check=True)
     return (time.perf_counter() - started,)
