@@ -102,6 +102,31 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
     return 0.0
 
 
+def rss_by_owner(pid: int) -> dict[str, float]:
+    """The process's resident MiB by what its pages belong to (from /proc/PID/smaps): "anonymous" (its own
+    heap, thread stacks and malloc arenas), a Python package under site-packages (its native modules'
+    mapped code), or a file's name (the interpreter, the C and TLS libraries)."""
+    owners: dict[str, float] = {}
+    owner = "anonymous"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if not head:
+            continue
+        if "-" in head[0] and not head[0].endswith(
+            ":"
+        ):  # a mapping's first line: range perms offset dev inode [path]
+            path = " ".join(head[5:])
+            if not path or (path.startswith("[") and path not in ("[vdso]", "[vvar]", "[vsyscall]")):
+                owner = "anonymous"
+            elif "site-packages/" in path:
+                owner = path.split("site-packages/", 1)[1].split("/", 1)[0]
+            else:
+                owner = path.rsplit("/", 1)[-1]
+        elif head[0] == "Rss:":
+            owners[owner] = owners.get(owner, 0.0) + int(head[1]) / 1024
+    return owners
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -150,6 +175,7 @@ def main() -> None:
                 steady_anon.append(rss_mib(agent.pid, "RssAnon"))
                 time.sleep(1.0)
             window = time.monotonic() - t0
+            owners = rss_by_owner(agent.pid)
             steady = (
                 (cpu_seconds(pids) - cpu0) / window * 100,
                 (cpu_seconds([agent.pid]) - own0) / window * 100,
@@ -204,6 +230,11 @@ def main() -> None:
     print(f"  {'':40} {'measured':>10} {'goal':>8} {'NVSentinel requests':>20}")
     for label, value, goal, context in rows:
         print(f"  {label:40} {value:>10} {goal:>8} {context:>20}")
+    print(
+        f"\nthe agent's resident MiB by owner, at the end of the steady window ({sum(owners.values()):.1f} in all):"
+    )
+    for name, mib in sorted(owners.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {name:40} {mib:>10.1f}")
 
 
 if __name__ == "__main__":
