@@ -92,6 +92,9 @@ from workers import common
 OUT = Path(__file__).resolve().parent / "out" / "fleet.json"
 GPUS = 8
 AGENTS_PER_PROCESS = 1000
+# the share of the machine's cores a size's steady load may take for it to be run: the agents' start and
+# the storm come on top of it (at 10,000 nodes on 2 cores the steady load alone was past the machine)
+CORES_USABLE = 0.75
 REPAIR_READ_S = 30.0  # the agent's repair_idle_poll_interval
 SAMPLE_S = 60.0  # health samples (the chart's setting with analyzer.anomaly.enabled)
 RESEND_S = 60.0  # the detector re-sends the node's state to the Kubernetes sink
@@ -565,21 +568,55 @@ def _accepting(port: int) -> bool:
         return True
 
 
+def cores_needed(measured: dict[str, Any], size: int) -> float:
+    """The cores a fleet of `size` nodes keeps busy in its steady window, from a run's CPU per node (every
+    component's): a floor, as the agents' start and the storm cost more."""
+    per_node_ms_min = sum(v for k, v in measured["per_node"].items() if k.startswith("CPU ms/min "))
+    return per_node_ms_min * size / 60_000
+
+
+def too_big(runs: list[dict[str, Any]], size: int, cores: int) -> str | None:
+    """Why a fleet of `size` nodes is not run on a machine of `cores` cores (None: it is run): its steady
+    load alone, from the CPU per node of the largest size run so far, would take more than CORES_USABLE of
+    them, and the run would measure the machine (a load in the thousands, the API server timing out), not
+    the fleet. Nothing is known before the first size has run."""
+    measured = [r for r in runs if "per_node" in r]
+    if not measured:
+        return None
+    base = max(measured, key=lambda r: r["size"])
+    need = cores_needed(base, size)
+    if need <= CORES_USABLE * cores:
+        return None
+    return (
+        f"its steady load alone needs {need:.2f} cores (the CPU per node of every component at "
+        f"{base['size']:,} nodes, times {size:,}); this machine has {cores}, and a load past "
+        f"{CORES_USABLE:.0%} of them measures the machine, not the fleet (--force runs it anyway)"
+    )
+
+
 def _table(runs: list[dict[str, Any]]) -> str:
     sizes = [r["size"] for r in runs]
+    done = [r for r in runs if "per_node" in r]
     width = 44
+
+    def row(label: str, cell: Any) -> str:
+        return f"  {label:{width}}" + "".join(
+            f"{cell(r):>12}" if "per_node" in r else f"{'-':>12}" for r in runs
+        )
+
     lines = [f"  {'per node':{width}}" + "".join(f"{s:>12,}" for s in sizes)]
-    for key in runs[0]["per_node"]:
-        lines.append(f"  {key:{width}}" + "".join(f"{r['per_node'][key]:>12.4g}" for r in runs))
+    for key in done[0]["per_node"] if done else []:
+        lines.append(row(key, lambda r, k=key: f"{r['per_node'][k]:.4g}"))
     lines.append(f"  {'the whole':{width}}")
-    for key, value in runs[0]["whole"].items():
+    for key, value in done[0]["whole"].items() if done else []:
         if isinstance(value, dict):
             for sub in value:
-                lines.append(
-                    f"  {'cores ' + sub:{width}}" + "".join(f"{r['whole'][key][sub]:>12.3f}" for r in runs)
-                )
+                lines.append(row("cores " + sub, lambda r, k=key, c=sub: f"{r['whole'][k][c]:.3f}"))
         else:
-            lines.append(f"  {key:{width}}" + "".join(f"{r['whole'][key]:>12.4g}" for r in runs))
+            lines.append(row(key, lambda r, k=key: f"{r['whole'][k]:.4g}"))
+    for r in runs:
+        if "not_run" in r:
+            lines.append(f"  {r['size']:,} nodes not run: {r['not_run']}")
     return "\n".join(lines)
 
 
@@ -597,10 +634,20 @@ def main() -> None:
     )
     parser.add_argument("--fault-every", type=float, default=0.5, help="seconds between single faults")
     parser.add_argument("--agent-threads", type=int, default=8, help="threads of each agent process")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="run every size, even one whose steady load alone needs more cores than the machine has",
+    )
     args = parser.parse_args()
     tools.ensure("etcd", "kubernetes", "ferretdb")
-    runs = []
+    runs: list[dict[str, Any]] = []
     for size in (int(s) for s in args.sizes.split(",")):
+        reason = None if args.force else too_big(runs, size, os.cpu_count() or 1)
+        if reason:
+            runs.append({"size": size, "not_run": reason})
+            print(f"\nfleet of {size:,} nodes: not run: {reason}", file=sys.stderr)
+            continue
         runs.append(run_size(size, args))
         print(f"\nfleet of {size:,} nodes:\n" + _table(runs[-1:]), file=sys.stderr)
     OUT.parent.mkdir(parents=True, exist_ok=True)
