@@ -36,6 +36,12 @@ growth), API requests per minute (the agents' own, and the API server's whole co
 and CPU of each component (from /proc: agents, FerretDB, PostgreSQL, kube-apiserver, etcd, quarantine).
 The table gives them at each size side by side; flat is the goal. JSON in benchmarks/out/fleet.json.
 
+A size whose every agent the machine cannot carry (their steady load alone, from the CPU per node of every
+component at the largest size run whole before it, past three quarters of the cores: 10,000 nodes on 2
+cores) is run with the agents that fit, in whole processes of 1,000, and its other Nodes in the API server
+only: its fault -> cordon latency and its storm (from nodes with agents) are measured with every Node
+there, its per-node costs left out (`-`), and the table says why. `--force` runs every agent.
+
 What the simulation changes: a store client's two threads (its monitor and pymongo's cursor reaper) wake
 every 0.5 s to look for work, and the reaper works every second; here they look every 5 s and the reaper
 works once a minute. Four wake-ups a second cost one agent nothing measurable, but a thousand clients in
@@ -69,6 +75,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -355,10 +362,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 # -- one size ----------------------------------------------------------------------------------------------
-def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
-
+def run_size(size: int, args: argparse.Namespace, agents: int | None = None) -> dict[str, Any]:
+    """One size; `agents`: simulate the agents of only the first `agents` nodes (the rest are Nodes in the
+    API server only), for a size whose every agent the machine cannot run: its faults and its storm come
+    from nodes with agents, and only what the whole cluster does is reported (per node: nothing)."""
+    n_agents = size if agents is None else min(size, agents)
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    front_ends = max(1, math.ceil((size * 2 + 200) / (limit * 0.9)))
+    front_ends = max(1, math.ceil((n_agents * 2 + 200) / (limit * 0.9)))
     work = Path(tempfile.mkdtemp(prefix="faultline-fleet-"))
     database = "fleet"
     with LocalCluster(nodes=0) as cluster, LocalMongo(backend="postgresql") as mongo:
@@ -391,7 +401,8 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         hosts = []
-        chunks = [names[i : i + AGENTS_PER_PROCESS] for i in range(0, size, AGENTS_PER_PROCESS)]
+        with_agents = names[:n_agents]  # a prefix: a node's host is its index // AGENTS_PER_PROCESS
+        chunks = [with_agents[i : i + AGENTS_PER_PROCESS] for i in range(0, n_agents, AGENTS_PER_PROCESS)]
         for i, chunk in enumerate(chunks):
             spec = HostSpec(i, chunk, uris[i % len(uris)], database, str(cluster.kubeconfig), str(work / "agents"),
                             args.agent_threads, args.warmup)  # fmt: skip
@@ -405,7 +416,7 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
             kind, *rest = results.get(timeout=600)
             if kind == "ready":
                 ready += 1
-        print(f"[{size}] {size} agents in {len(hosts)} processes, started in {time.monotonic() - t0:.0f} s",
+        print(f"[{size}] {n_agents} agents in {len(hosts)} processes, started in {time.monotonic() - t0:.0f} s",
               file=sys.stderr)  # fmt: skip
         # the quarantine worker, as the chart runs it
         config = work / "quarantine.yaml"
@@ -488,7 +499,7 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
         bytes1 = _store_bytes(uris[0], database)
         accepted = sum(sockets.accepted_on(p) for p in ports)
         # single faults, one every `fault_every` seconds, each on another node (of the fleet's second half)
-        injected = names[size // 2 :][: args.faults]
+        injected = with_agents[n_agents // 2 :][: args.faults]
         for node in injected:
             hosts[names.index(node) // AGENTS_PER_PROCESS][1].put(("fault", [node]))
             time.sleep(args.fault_every)
@@ -503,6 +514,7 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
 
         # the storm: 5 % of the fleet at once, from every agent process
         storm = names[: max(1, size // 20)]
+        assert len(storm) <= n_agents, "the storm's nodes have agents"
         by_host: dict[int, list[str]] = {}
         for node in storm:
             by_host.setdefault(names.index(node) // AGENTS_PER_PROCESS, []).append(node)
@@ -536,7 +548,7 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
         for _, p in extra:
             p.stop()
     minutes = took / 60
-    per_node = {
+    per_node: dict[str, float | None] = {
         "store connections (agents)": max(conns) / size,
         "store connections (all, accepted)": accepted / size,
         **{f"store {k}/s": (calls1.get(k, 0) - calls0.get(k, 0)) / took / size for k in STORE_KINDS},
@@ -545,7 +557,10 @@ def run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
         "API requests/min (all)": (api1 - api0) / minutes / size,
         **{f"CPU ms/min {k}": (cpu1[k] - cpu0[k]) * 1000 / minutes / size for k in components},
     }
+    if n_agents < size:  # a node's cost needs every node's agent: the cluster's figures only
+        per_node = dict.fromkeys(per_node)
     whole = {
+        "agents": n_agents,
         "agent errors": errors1 - errors0,
         "faults": len(latencies),
         "fault -> cordon p50 ms": statistics.median(latencies) * 1000,
@@ -575,23 +590,34 @@ def cores_needed(measured: dict[str, Any], size: int) -> float:
     return per_node_ms_min * size / 60_000
 
 
-def too_big(runs: list[dict[str, Any]], size: int, cores: int) -> str | None:
-    """Why a fleet of `size` nodes is not run on a machine of `cores` cores (None: it is run): its steady
-    load alone, from the CPU per node of the largest size run so far, would take more than CORES_USABLE of
-    them, and the run would measure the machine (a load in the thousands, the API server timing out), not
-    the fleet. Nothing is known before the first size has run."""
-    measured = [r for r in runs if "per_node" in r]
+def plan(runs: list[dict[str, Any]], size: int, cores: int) -> tuple[int, str | None]:
+    """How many of a `size`-node fleet's agents to simulate on a machine of `cores` cores, and why not all
+    (None: all). Every one, unless their steady load alone, from the CPU per node of the largest size run
+    whole so far, would take more than CORES_USABLE of the cores: that run would measure the machine (a load
+    in the thousands, the API server timing out), not the fleet. Then as many as fit, in whole agent
+    processes, and at least the storm's nodes; 0 when not even those fit (the size is not run). Nothing is
+    known before the first size has run: it is run whole."""
+    measured = [r for r in runs if "per_node" in r and r["whole"]["agents"] == r["size"]]
     if not measured:
-        return None
+        return size, None
     base = max(measured, key=lambda r: r["size"])
     need = cores_needed(base, size)
     if need <= CORES_USABLE * cores:
-        return None
-    return (
-        f"its steady load alone needs {need:.2f} cores (the CPU per node of every component at "
+        return size, None
+    fit = int(size * CORES_USABLE * cores / need) // AGENTS_PER_PROCESS * AGENTS_PER_PROCESS
+    storm = max(1, size // 20)
+    agents = fit if fit >= storm else 0
+    why = (
+        f"its steady load with every agent needs {need:.2f} cores (the CPU per node of every component at "
         f"{base['size']:,} nodes, times {size:,}); this machine has {cores}, and a load past "
-        f"{CORES_USABLE:.0%} of them measures the machine, not the fleet (--force runs it anyway)"
+        f"{CORES_USABLE:.0%} of them measures the machine, not the fleet"
     )
+    if agents:
+        return agents, (
+            f"{agents:,} agents simulated, the other Nodes in the API server only: {why} (--force runs "
+            "every agent); its per-node figures are left out, the cluster's measured with every Node"
+        )
+    return 0, f"not run: {why} (--force runs it anyway)"
 
 
 def _table(runs: list[dict[str, Any]]) -> str:
@@ -599,24 +625,23 @@ def _table(runs: list[dict[str, Any]]) -> str:
     done = [r for r in runs if "per_node" in r]
     width = 44
 
-    def row(label: str, cell: Any) -> str:
-        return f"  {label:{width}}" + "".join(
-            f"{cell(r):>12}" if "per_node" in r else f"{'-':>12}" for r in runs
-        )
+    def row(label: str, value: Callable[[dict[str, Any]], Any], spec: str) -> str:
+        cells = (value(r) if "per_node" in r else None for r in runs)
+        return f"  {label:{width}}" + "".join(f"{'-':>12}" if v is None else f"{v:>12{spec}}" for v in cells)
 
     lines = [f"  {'per node':{width}}" + "".join(f"{s:>12,}" for s in sizes)]
     for key in done[0]["per_node"] if done else []:
-        lines.append(row(key, lambda r, k=key: f"{r['per_node'][k]:.4g}"))
+        lines.append(row(key, lambda r, k=key: r["per_node"][k], ".4g"))
     lines.append(f"  {'the whole':{width}}")
     for key, value in done[0]["whole"].items() if done else []:
         if isinstance(value, dict):
             for sub in value:
-                lines.append(row("cores " + sub, lambda r, k=key, c=sub: f"{r['whole'][k][c]:.3f}"))
+                lines.append(row("cores " + sub, lambda r, k=key, c=sub: r["whole"][k][c], ".3f"))
         else:
-            lines.append(row(key, lambda r, k=key: f"{r['whole'][k]:.4g}"))
+            lines.append(row(key, lambda r, k=key: r["whole"][k], ".4g"))
     for r in runs:
-        if "not_run" in r:
-            lines.append(f"  {r['size']:,} nodes not run: {r['not_run']}")
+        if r.get("note"):
+            lines.append(f"  {r['size']:,} nodes: {r['note']}")
     return "\n".join(lines)
 
 
@@ -637,18 +662,18 @@ def main() -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="run every size, even one whose steady load alone needs more cores than the machine has",
+        help="every agent of every size, even where their steady load alone needs more cores than there are",
     )
     args = parser.parse_args()
     tools.ensure("etcd", "kubernetes", "ferretdb")
     runs: list[dict[str, Any]] = []
     for size in (int(s) for s in args.sizes.split(",")):
-        reason = None if args.force else too_big(runs, size, os.cpu_count() or 1)
-        if reason:
-            runs.append({"size": size, "not_run": reason})
-            print(f"\nfleet of {size:,} nodes: not run: {reason}", file=sys.stderr)
-            continue
-        runs.append(run_size(size, args))
+        agents, note = (size, None) if args.force else plan(runs, size, os.cpu_count() or 1)
+        if note:
+            print(f"\nfleet of {size:,} nodes: {note}", file=sys.stderr)
+        runs.append(
+            {**run_size(size, args, agents), "note": note} if agents else {"size": size, "note": note}
+        )
         print(f"\nfleet of {size:,} nodes:\n" + _table(runs[-1:]), file=sys.stderr)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(runs, indent=2))
