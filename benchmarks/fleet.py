@@ -660,6 +660,10 @@ def main() -> None:
     parser.add_argument("--fault-every", type=float, default=0.5, help="seconds between single faults")
     parser.add_argument("--agent-threads", type=int, default=8, help="threads of each agent process")
     parser.add_argument(
+        "--agents", type=int, default=None,
+        help="simulate at most this many agents at each size (the other nodes: Nodes only)",
+    )  # fmt: skip
+    parser.add_argument(
         "--force",
         action="store_true",
         help="every agent of every size, even where their steady load alone needs more cores than there are",
@@ -669,6 +673,8 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for size in (int(s) for s in args.sizes.split(",")):
         agents, note = (size, None) if args.force else plan(runs, size, os.cpu_count() or 1)
+        if args.agents is not None and args.agents < agents:
+            agents, note = args.agents, f"{args.agents:,} agents simulated (--agents), the other Nodes only"
         if note:
             print(f"\nfleet of {size:,} nodes: {note}", file=sys.stderr)
         runs.append(

@@ -22,7 +22,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.config import incluster_config
 
-from faultline.errors import ConfigError, FaultlineError
+from faultline.errors import ApiError, ConfigError, FaultlineError
 from faultline.kube import translate
 
 ApiClient = client.ApiClient
@@ -94,6 +94,43 @@ def read_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kw
     with translated(verb, what):
         response = method(*args, _preload_content=False, **kwargs)
         return json.loads(response.data)
+
+
+LIST_PAGE = 500  # objects per page of a list read in pages
+
+
+def read_items(
+    verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """A list call's items as plain JSON, read in pages of LIST_PAGE (`limit` and `continue`): a fleet's
+    Nodes or Pods are tens of megabytes, whose parse in one piece would hold the interpreter's lock for
+    the better part of a second (10,000 simulated Nodes: 15 MB, 0.42 s), stalling the process's other
+    threads; page by page the parse lets them run in between. The pages are one consistent snapshot; a
+    continue token that expired (HTTP 410, the API server having compacted past it) starts the list
+    again. An object is kept once (by its uid): the API server (1.37) answers an all-namespaces list with
+    a `metadata.namespace=` field selector with a first continue token that starts the list over, its
+    first page coming twice."""
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    token = None
+    while True:
+        page_args = {**kwargs, "limit": LIST_PAGE, **({"_continue": token} if token else {})}
+        try:
+            page = read_json(verb, what, method, *args, **page_args)
+        except ApiError as exc:
+            if exc.status == 410 and token:
+                items, seen, token = [], set(), None
+                continue
+            raise
+        for item in page.get("items") or []:
+            uid = (item.get("metadata") or {}).get("uid")
+            if uid is None or uid not in seen:
+                items.append(item)
+                if uid is not None:
+                    seen.add(uid)
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return items
 
 
 def send_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

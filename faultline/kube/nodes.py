@@ -9,7 +9,7 @@ from typing import Any
 
 from faultline import conditions as conds
 from faultline.kube import bodies
-from faultline.kube.client import ApiClient, core, read_json, send_json
+from faultline.kube.client import ApiClient, core, read_items, read_json, send_json
 
 
 def read(api: ApiClient, name: str) -> dict[str, Any]:
@@ -19,10 +19,9 @@ def read(api: ApiClient, name: str) -> dict[str, Any]:
 
 
 def list_all(api: ApiClient, *, label_selector: str | None = None) -> list[dict[str, Any]]:
-    """Every Node (optionally only those matching `label_selector`) as plain JSON."""
+    """Every Node (optionally only those matching `label_selector`) as plain JSON, read in pages."""
     kwargs = {"label_selector": label_selector} if label_selector else {}
-    items: list[dict[str, Any]] = read_json("list", "Nodes", core(api).list_node, **kwargs)["items"]
-    return items
+    return read_items("list", "Nodes", core(api).list_node, **kwargs)
 
 
 def patch(api: ApiClient, name: str, body: dict[str, Any], *, resource_version: str | None = None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from faultline.kube.client import ApiClient, core, read_json, send_json
+from faultline.kube.client import ApiClient, core, read_items, read_json, send_json
 
 
 def on_node(api: ApiClient, node: str) -> list[dict[str, Any]]:
@@ -23,14 +23,11 @@ def list_all(
     namespace: str | None = None, what: str = "pods",
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Pods of every namespace, or of `namespace`, optionally by field and label selectors, as plain
-    JSON."""
+    JSON, read in pages."""
     kwargs = {k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v}
     if namespace is not None:
-        found = read_json("list", what, core(api).list_namespaced_pod, namespace, **kwargs)
-    else:
-        found = read_json("list", what, core(api).list_pod_for_all_namespaces, **kwargs)
-    items: list[dict[str, Any]] = found["items"]
-    return items
+        return read_items("list", what, core(api).list_namespaced_pod, namespace, **kwargs)
+    return read_items("list", what, core(api).list_pod_for_all_namespaces, **kwargs)
 
 
 def read(api: ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -1,0 +1,85 @@
+"""Lists read in pages against the real API server: every Node and Pod once, in as many calls as the
+pages take, and a continue token that expired starts the list again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from faultline import kube
+from faultline.kube import client as kclient
+from faultline.kube import translate
+
+pytestmark = pytest.mark.integration
+
+
+def _calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[dict[str, Any]]:
+    """The keyword arguments of every call of CoreV1Api.`name` from now on (the call itself goes through)."""
+    seen: list[dict[str, Any]] = []
+    real = getattr(k8s.CoreV1Api, name)
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s.CoreV1Api, name, counted)
+    return seen
+
+
+def test_every_node_comes_once_in_as_many_calls_as_its_pages(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = {n["metadata"]["name"] for n in kube.nodes.list_all(api)}  # one page of 500
+    assert len(whole) >= 5
+    monkeypatch.setattr(kclient, "LIST_PAGE", 2)
+    calls = _calls(monkeypatch, "list_node")
+    paged = [n["metadata"]["name"] for n in kube.nodes.list_all(api)]
+    assert sorted(paged) == sorted(whole)  # none twice, none left out
+    assert len(calls) == -(-len(whole) // 2)  # ceil: the last page has no continue token
+    assert [c["limit"] for c in calls] == [2] * len(calls)
+    assert "_continue" not in calls[0] and all(c["_continue"] for c in calls[1:])
+
+
+def test_a_continue_token_that_expired_starts_the_list_again(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kclient, "LIST_PAGE", 2)
+    real = k8s.CoreV1Api.list_node
+    calls: list[dict[str, Any]] = []
+
+    def expires_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if kwargs.get("_continue") and len(calls) == 2:  # the API server compacted past the token
+            raise translate.error(410, "list", "Nodes", body='{"reason": "Expired", "message": "too old"}')
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s.CoreV1Api, "list_node", expires_once)
+    names = [n["metadata"]["name"] for n in kube.nodes.list_all(api)]
+    assert "_continue" not in calls[2]  # after the 410, from the first page again
+    assert len(calls) == 2 + -(-len(names) // 2)
+    monkeypatch.setattr(k8s.CoreV1Api, "list_node", real)
+    assert sorted(names) == sorted(n["metadata"]["name"] for n in kube.nodes.list_all(api))  # each once
+
+
+def test_pods_of_a_namespace_are_read_in_pages(
+    api: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core = kube.core(api)
+    for i in range(5):
+        core.create_namespaced_pod(namespace, {
+            "metadata": {"name": f"p{i}"},
+            "spec": {"containers": [{"name": "c", "image": "pause"}], "nodeName": "nowhere"},
+        })  # fmt: skip
+    monkeypatch.setattr(kclient, "LIST_PAGE", 2)
+    calls = _calls(monkeypatch, "list_namespaced_pod")
+    pods = kube.pods.list_all(api, namespace=namespace)
+    assert sorted(p["metadata"]["name"] for p in pods) == [f"p{i}" for i in range(5)]
+    assert len(calls) == 3
+    # every namespace, selected by field: the API server's first continue token starts this list over
+    # (its first page comes twice); each pod is kept once
+    everywhere_calls = _calls(monkeypatch, "list_pod_for_all_namespaces")
+    everywhere = kube.pods.list_all(api, field_selector=f"metadata.namespace={namespace}")
+    assert sorted(p["metadata"]["name"] for p in everywhere) == [f"p{i}" for i in range(5)]
+    assert len(everywhere_calls) >= 3
