@@ -112,9 +112,8 @@ def rss_by_owner(pid: int) -> dict[str, float]:
         head = line.split()
         if not head:
             continue
-        if "-" in head[0] and not head[0].endswith(
-            ":"
-        ):  # a mapping's first line: range perms offset dev inode [path]
+        # a mapping's first line: range perms offset dev inode [path]; then its fields ("Rss:", ...)
+        if "-" in head[0] and not head[0].endswith(":"):
             path = " ".join(head[5:])
             if not path or (path.startswith("[") and path not in ("[vdso]", "[vvar]", "[vsyscall]")):
                 owner = "anonymous"

@@ -97,6 +97,7 @@ def read_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kw
 
 
 LIST_PAGE = 500  # objects per page of a list read in pages
+LIST_RESTARTS = 3  # a list whose continue token expires again and again fails after this many restarts
 
 
 def read_items(
@@ -107,19 +108,20 @@ def read_items(
     the better part of a second (10,000 simulated Nodes: 15 MB, 0.42 s), stalling the process's other
     threads; page by page the parse lets them run in between. The pages are one consistent snapshot; a
     continue token that expired (HTTP 410, the API server having compacted past it) starts the list
-    again. An object is kept once (by its uid): the API server (1.37) answers an all-namespaces list with
-    a `metadata.namespace=` field selector with a first continue token that starts the list over, its
-    first page coming twice."""
+    again, up to LIST_RESTARTS times. An object is kept once (by its uid): the API server (1.37) answers
+    an all-namespaces list with a `metadata.namespace=` field selector with a first continue token that
+    starts the list over, its first page coming twice."""
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     token = None
+    restarts = 0
     while True:
         page_args = {**kwargs, "limit": LIST_PAGE, **({"_continue": token} if token else {})}
         try:
             page = read_json(verb, what, method, *args, **page_args)
         except ApiError as exc:
-            if exc.status == 410 and token:
-                items, seen, token = [], set(), None
+            if exc.status == 410 and token and restarts < LIST_RESTARTS:
+                items, seen, token, restarts = [], set(), None, restarts + 1
                 continue
             raise
         for item in page.get("items") or []:

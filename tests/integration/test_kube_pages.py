@@ -9,6 +9,7 @@ import pytest
 from kubernetes import client as k8s
 
 from faultline import kube
+from faultline.errors import ApiError
 from faultline.kube import client as kclient
 from faultline.kube import translate
 
@@ -83,3 +84,23 @@ def test_pods_of_a_namespace_are_read_in_pages(
     everywhere = kube.pods.list_all(api, field_selector=f"metadata.namespace={namespace}")
     assert sorted(p["metadata"]["name"] for p in everywhere) == [f"p{i}" for i in range(5)]
     assert len(everywhere_calls) >= 3
+
+
+def test_a_list_whose_token_keeps_expiring_fails_naming_the_list(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kclient, "LIST_PAGE", 2)
+    real = k8s.CoreV1Api.list_node
+    calls: list[dict[str, Any]] = []
+
+    def always_expires(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if kwargs.get("_continue"):
+            raise translate.error(410, "list", "Nodes", body='{"reason": "Expired", "message": "too old"}')
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s.CoreV1Api, "list_node", always_expires)
+    with pytest.raises(ApiError) as caught:
+        kube.nodes.list_all(api)
+    assert caught.value.status == 410 and "Nodes" in str(caught.value)
+    assert len(calls) == 2 * (kclient.LIST_RESTARTS + 1)  # each try: its first page, then the expired token
