@@ -124,15 +124,23 @@ def read_items(
                 items, seen, token, restarts = [], set(), None, restarts + 1
                 continue
             raise
-        for item in page.get("items") or []:
-            uid = (item.get("metadata") or {}).get("uid")
-            if uid is None or uid not in seen:
-                items.append(item)
-                if uid is not None:
-                    seen.add(uid)
+        items += unseen(page.get("items") or [], seen)
         token = (page.get("metadata") or {}).get("continue")
         if not token:
             return items
+
+
+def unseen(items: list[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]:
+    """The items whose uid is not in `seen` (added to it): a list read in pages keeps each object once
+    (see read_items); an item without a uid is kept."""
+    out = []
+    for item in items:
+        uid = (item.get("metadata") or {}).get("uid")
+        if uid is None or uid not in seen:
+            out.append(item)
+            if uid is not None:
+                seen.add(uid)
+    return out
 
 
 def send_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from faultline import bounds
 from faultline.errors import ApiError, FaultlineError, PermanentError, TransientError
 from faultline.kube import translate
-from faultline.kube.client import ApiClient, translated
+from faultline.kube.client import ApiClient, translated, unseen
 
 log = logging.getLogger(__name__)
 PAGE = 500  # objects per list page
@@ -177,6 +177,7 @@ class Informer:
         """Every object, page by page, handed over as one `replace`; the list's resourceVersion."""
         assert self._path is not None
         items: list[dict[str, Any]] = []
+        seen: set[str] = set()  # each object once (the API server may hand a first page twice: read_items)
         token = ""
         while True:
             query = [*self._selectors(), ("limit", str(self.page))] + ([("continue", token)] if token else [])
@@ -184,11 +185,12 @@ class Informer:
                 page = _get_json(self.api, self._path, query, f"list {self.target}")
             except ApiError as exc:
                 if exc.status == 410 and token:  # the continue token expired: start the list again
-                    items, token = [], ""
+                    items, seen, token = [], set(), ""
                     continue
                 raise
             kind, api_version = self.target.kind, self.target.api_version
-            items += [{"kind": kind, "apiVersion": api_version, **item} for item in page.get("items") or []]
+            fresh = unseen(page.get("items") or [], seen)
+            items += [{"kind": kind, "apiVersion": api_version, **item} for item in fresh]
             meta = page.get("metadata") or {}
             token = str(meta.get("continue") or "")
             if not token:

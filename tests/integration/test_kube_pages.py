@@ -104,3 +104,24 @@ def test_a_list_whose_token_keeps_expiring_fails_naming_the_list(
         kube.nodes.list_all(api)
     assert caught.value.status == 410 and "Nodes" in str(caught.value)
     assert len(calls) == 2 * (kclient.LIST_RESTARTS + 1)  # each try: its first page, then the expired token
+
+
+def test_an_informer_listing_pods_of_every_namespace_by_a_namespace_field_delivers_each_once(
+    api: Any, namespace: str
+) -> None:
+    core = kube.core(api)
+    for i in range(5):
+        core.create_namespaced_pod(namespace, {
+            "metadata": {"name": f"p{i}"},
+            "spec": {"containers": [{"name": "c", "image": "pause"}], "nodeName": "nowhere"},
+        })  # fmt: skip
+    changes: list[kube.watch.Change] = []
+    target = kube.watch.Target("v1", "Pod", field_selector=f"metadata.namespace={namespace}")
+    informer = kube.watch.Informer(api, target, changes.append, timeout=5, page=2).start()
+    try:
+        assert informer.synced.wait(30), informer.stats
+    finally:
+        informer.halt()
+    assert changes[0].kind == "replace"
+    assert sorted(o["metadata"]["name"] for o in changes[0].objects) == [f"p{i}" for i in range(5)]
+    assert informer.stats.lists == 1
