@@ -522,6 +522,28 @@ def test_a_silent_agents_conditions_turn_unknown_and_its_next_report_sets_them_b
     assert kube.nodes.conditions(api, silent)["GpuHealthy"]["status"] == "True"
 
 
+def test_the_read_of_every_node_for_silent_agents_also_counts_the_gpu_nodes(
+    mongo_db: Any, api: Any, nodes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes(2)
+    w = worker(mongo_db, api)
+    reads = []
+    real = kube.nodes.list_all
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kube.nodes, "list_all", counted)
+    w.mark_silent_agents()
+    assert len(reads) == 1
+    want = sum(quarantine._gpus(n) > 0 for n in real(api))
+    assert want >= 2
+    assert w._gpu_node_count() == want and len(reads) == 1  # within gpu_count_ttl of that read: no other
+    w.gpu_nodes = (w.gpu_nodes[0] - w.settings.gpu_count_ttl.total_seconds() - 1, w.gpu_nodes[1])
+    assert w._gpu_node_count() == want and len(reads) == 2  # past it: read again
+
+
 def test_a_reconcile_holding_an_older_read_of_the_faults_reads_them_again(
     mongo_db: Any, api: Any, nodes: Any
 ) -> None:
