@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from faultline.kube.client import ApiClient, core, read_items, read_json, send_json
+from faultline.kube.client import ApiClient, core, pinned_namespace, read_items, read_json, send_json
 
 
 def on_node(api: ApiClient, node: str) -> list[dict[str, Any]]:
@@ -23,7 +23,9 @@ def list_all(
     namespace: str | None = None, what: str = "pods",
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Pods of every namespace, or of `namespace`, optionally by field and label selectors, as plain
-    JSON, read in pages."""
+    JSON, read in pages (a field selector pinning one namespace is sent to that namespace's path)."""
+    if namespace is None:
+        namespace, field_selector = pinned_namespace(field_selector)
     kwargs = {k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v}
     if namespace is not None:
         return read_items("list", what, core(api).list_namespaced_pod, namespace, **kwargs)

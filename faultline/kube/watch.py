@@ -17,6 +17,7 @@ after the first complete list.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -28,7 +29,7 @@ from typing import Any, Literal
 from faultline import bounds
 from faultline.errors import ApiError, FaultlineError, PermanentError, TransientError
 from faultline.kube import translate
-from faultline.kube.client import ApiClient, translated, unseen
+from faultline.kube.client import ApiClient, pinned_namespace, translated, unseen
 
 log = logging.getLogger(__name__)
 PAGE = 500  # objects per list page
@@ -110,6 +111,9 @@ class Informer:
         timeout: float = 300.0, retry_max: float = 30.0, page: int = PAGE,
         beat: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
+        namespace, fields = pinned_namespace(target.field_selector)
+        if target.namespace is None and namespace is not None:  # listed in pages: its namespace's path
+            target = dataclasses.replace(target, namespace=namespace, field_selector=fields)
         self.api, self.target, self.deliver = api, target, deliver
         self.beat = beat or (lambda: None)
         self.timeout, self.retry_max, self.page = timeout, retry_max, page
@@ -177,7 +181,7 @@ class Informer:
         """Every object, page by page, handed over as one `replace`; the list's resourceVersion."""
         assert self._path is not None
         items: list[dict[str, Any]] = []
-        seen: set[str] = set()  # each object once (the API server may hand a first page twice: read_items)
+        seen: set[str] = set()  # each object once, as read_items keeps them
         token = ""
         while True:
             query = [*self._selectors(), ("limit", str(self.page))] + ([("continue", token)] if token else [])

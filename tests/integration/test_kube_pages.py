@@ -3,6 +3,7 @@ pages take, and a continue token that expired starts the list again."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ def _calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[dict[str, Any]]:
     real = getattr(k8s.CoreV1Api, name)
 
     def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(kwargs)
+        seen.append({**kwargs, "args": args})
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(k8s.CoreV1Api, name, counted)
@@ -64,26 +65,60 @@ def test_a_continue_token_that_expired_starts_the_list_again(
     assert sorted(names) == sorted(n["metadata"]["name"] for n in kube.nodes.list_all(api))  # each once
 
 
-def test_pods_of_a_namespace_are_read_in_pages(
-    api: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    core = kube.core(api)
-    for i in range(5):
-        core.create_namespaced_pod(namespace, {
-            "metadata": {"name": f"p{i}"},
+def _pods(api: Any, namespace: str, names: list[str]) -> None:
+    for name in names:
+        kube.core(api).create_namespaced_pod(namespace, {
+            "metadata": {"name": name},
             "spec": {"containers": [{"name": "c", "image": "pause"}], "nodeName": "nowhere"},
         })  # fmt: skip
+
+
+# the test's namespace is named t-...: pods named a* sort before it, z* after it; read in pages from the
+# top of every namespace, the API server (1.37) would hand the a* pods' first page twice and skip the z*
+# pods after their first page, without an error
+@pytest.mark.parametrize("prefix", ["a", "z"])
+def test_pods_of_a_namespace_are_read_in_pages_whether_named_by_path_or_by_field(
+    api: Any, namespace: str, monkeypatch: pytest.MonkeyPatch, prefix: str
+) -> None:
+    names = [f"{prefix}{i}" for i in range(5)]
+    _pods(api, namespace, names)
     monkeypatch.setattr(kclient, "LIST_PAGE", 2)
-    calls = _calls(monkeypatch, "list_namespaced_pod")
+    # (the simulated kubelets list pods too, from their threads: only this test's calls are counted)
+    namespaced = _calls(monkeypatch, "list_namespaced_pod")
+    everywhere = _calls(monkeypatch, "list_pod_for_all_namespaces")
+
+    def ours() -> list[dict[str, Any]]:
+        return [c for c in namespaced if c["args"] == (namespace,)]
+
     pods = kube.pods.list_all(api, namespace=namespace)
-    assert sorted(p["metadata"]["name"] for p in pods) == [f"p{i}" for i in range(5)]
-    assert len(calls) == 3
-    # every namespace, selected by field: the API server's first continue token starts this list over
-    # (its first page comes twice); each pod is kept once
-    everywhere_calls = _calls(monkeypatch, "list_pod_for_all_namespaces")
-    everywhere = kube.pods.list_all(api, field_selector=f"metadata.namespace={namespace}")
-    assert sorted(p["metadata"]["name"] for p in everywhere) == [f"p{i}" for i in range(5)]
-    assert len(everywhere_calls) >= 3
+    assert sorted(p["metadata"]["name"] for p in pods) == names
+    assert len(ours()) == 3
+    by_field = kube.pods.list_all(api, field_selector=f"metadata.namespace={namespace},status.phase!=Failed")
+    assert sorted(p["metadata"]["name"] for p in by_field) == names
+    assert len(ours()) == 6 and ours()[-1]["field_selector"] == "status.phase!=Failed"
+    assert not [c for c in everywhere if namespace in str(c.get("field_selector"))]  # the namespace's path
+
+
+def test_a_continue_token_handed_twice_fails_the_list(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kclient, "LIST_PAGE", 2)
+    real = k8s.CoreV1Api.list_node
+    first: list[str] = []
+
+    def same_token(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_continue"):  # the server answers every later page with the first page's token
+            kwargs["_continue"] = first[0]
+        response = real(self, *args, **kwargs)
+        first.append(json.loads(response.data)["metadata"].get("continue", ""))
+        return _Answer(response.data)
+
+    monkeypatch.setattr(k8s.CoreV1Api, "list_node", same_token)
+    with pytest.raises(ApiError, match="the same continue token twice"):
+        kube.nodes.list_all(api)
+
+
+class _Answer:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 def test_a_list_whose_token_keeps_expiring_fails_naming_the_list(
@@ -106,15 +141,12 @@ def test_a_list_whose_token_keeps_expiring_fails_naming_the_list(
     assert len(calls) == 2 * (kclient.LIST_RESTARTS + 1)  # each try: its first page, then the expired token
 
 
-def test_an_informer_listing_pods_of_every_namespace_by_a_namespace_field_delivers_each_once(
-    api: Any, namespace: str
+@pytest.mark.parametrize("prefix", ["a", "z"])
+def test_an_informer_of_every_namespace_by_a_namespace_field_lists_each_pod_once(
+    api: Any, namespace: str, prefix: str
 ) -> None:
-    core = kube.core(api)
-    for i in range(5):
-        core.create_namespaced_pod(namespace, {
-            "metadata": {"name": f"p{i}"},
-            "spec": {"containers": [{"name": "c", "image": "pause"}], "nodeName": "nowhere"},
-        })  # fmt: skip
+    names = [f"{prefix}{i}" for i in range(5)]
+    _pods(api, namespace, names)
     changes: list[kube.watch.Change] = []
     target = kube.watch.Target("v1", "Pod", field_selector=f"metadata.namespace={namespace}")
     informer = kube.watch.Informer(api, target, changes.append, timeout=5, page=2).start()
@@ -123,5 +155,6 @@ def test_an_informer_listing_pods_of_every_namespace_by_a_namespace_field_delive
     finally:
         informer.halt()
     assert changes[0].kind == "replace"
-    assert sorted(o["metadata"]["name"] for o in changes[0].objects) == [f"p{i}" for i in range(5)]
+    assert sorted(o["metadata"]["name"] for o in changes[0].objects) == names
     assert informer.stats.lists == 1
+    assert informer.stats.paths == [f"/api/v1/namespaces/{namespace}/pods"]

@@ -34,7 +34,8 @@ def _run(size: int, cpu_ms_per_min: dict[str, float], agents: int | None = None)
     return {"size": size, "per_node": per_node, "whole": whole, "note": None}
 
 
-# the CPU per node a minute measured at 5,000 nodes on 2 cores (the sizing page's 1.08 cores in all)
+# the CPU per node a minute at 5,000 nodes on 2 cores, as the benchmarks page's 2026-12-06 run measured it
+# (0.46 + 0.29 + 0.26 + 0.07 = 1.08 cores in all)
 CPU_5K = {"agents": 5.52, "FerretDB": 3.48, "PostgreSQL": 0.0, "kube-apiserver": 3.12, "quarantine": 0.84}
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from faultline.kube import client as kube_client
 from faultline.kube import watch
 
 
@@ -63,3 +65,20 @@ def test_a_410_event_means_list_again_and_a_bookmark_moves_the_version() -> None
 def test_collection_paths(target: watch.Target, namespaced: bool, path: str) -> None:
     plural = target.resource or f"{target.kind.lower()}s"
     assert watch.collection_path(target, plural, namespaced) == path
+
+
+@pytest.mark.parametrize(
+    ("selector", "want"),
+    [
+        (None, (None, None)),
+        ("", (None, "")),
+        ("metadata.namespace=team-a", ("team-a", None)),
+        ("metadata.namespace==team-a,status.phase=Running", ("team-a", "status.phase=Running")),
+        (" metadata.namespace = team-a ,spec.nodeName=n1", ("team-a", "spec.nodeName=n1")),
+        ("metadata.namespace!=team-a", (None, "metadata.namespace!=team-a")),
+        ("metadata.namespace=a,metadata.namespace=b", (None, "metadata.namespace=a,metadata.namespace=b")),
+        ("metadata.name=x", (None, "metadata.name=x")),
+    ],
+)
+def test_a_field_selector_pinning_one_namespace_names_it(selector: str | None, want: tuple[Any, Any]) -> None:
+    assert kube_client.pinned_namespace(selector) == want
