@@ -4,6 +4,7 @@ pages take, and a continue token that expired starts the list again."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,20 +45,30 @@ def test_every_node_comes_once_in_as_many_calls_as_its_pages(
     assert "_continue" not in calls[0] and all(c["_continue"] for c in calls[1:])
 
 
-def test_a_continue_token_that_expired_starts_the_list_again(
-    api: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _expiring(
+    monkeypatch: pytest.MonkeyPatch, when: Callable[[list[dict[str, Any]]], bool]
+) -> list[dict[str, Any]]:
+    """Node lists in pages of 2 whose continue token the API server has compacted past (410) where
+    `when(the calls so far)` says; the calls' keyword arguments."""
     monkeypatch.setattr(kclient, "LIST_PAGE", 2)
     real = k8s.CoreV1Api.list_node
     calls: list[dict[str, Any]] = []
 
-    def expires_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def expires(self: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(kwargs)
-        if kwargs.get("_continue") and len(calls) == 2:  # the API server compacted past the token
+        if kwargs.get("_continue") and when(calls):
             raise translate.error(410, "list", "Nodes", body='{"reason": "Expired", "message": "too old"}')
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(k8s.CoreV1Api, "list_node", expires_once)
+    monkeypatch.setattr(k8s.CoreV1Api, "list_node", expires)
+    return calls
+
+
+def test_a_continue_token_that_expired_starts_the_list_again(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = k8s.CoreV1Api.list_node
+    calls = _expiring(monkeypatch, lambda calls: len(calls) == 2)  # once: the second call
     names = [n["metadata"]["name"] for n in kube.nodes.list_all(api)]
     assert "_continue" not in calls[2]  # after the 410, from the first page again
     assert len(calls) == 2 + -(-len(names) // 2)
@@ -124,17 +135,7 @@ class _Answer:
 def test_a_list_whose_token_keeps_expiring_fails_naming_the_list(
     api: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kclient, "LIST_PAGE", 2)
-    real = k8s.CoreV1Api.list_node
-    calls: list[dict[str, Any]] = []
-
-    def always_expires(self: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        if kwargs.get("_continue"):
-            raise translate.error(410, "list", "Nodes", body='{"reason": "Expired", "message": "too old"}')
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(k8s.CoreV1Api, "list_node", always_expires)
+    calls = _expiring(monkeypatch, lambda calls: True)  # every time
     with pytest.raises(ApiError) as caught:
         kube.nodes.list_all(api)
     assert caught.value.status == 410 and "Nodes" in str(caught.value)
