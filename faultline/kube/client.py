@@ -135,7 +135,7 @@ def read_items(
         tokens.add(token)
 
 
-_NAMESPACE_TERM = re.compile(r"^\s*metadata\.namespace\s*==?\s*(\S*)\s*$")
+_NAMESPACE_TERM = re.compile(r"^\s*metadata\.namespace\s*==?\s*(\S+)\s*$")
 
 
 def pinned_namespace(field_selector: str | None) -> tuple[str | None, str | None]:

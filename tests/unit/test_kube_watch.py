@@ -78,6 +78,7 @@ def test_collection_paths(target: watch.Target, namespaced: bool, path: str) -> 
         ("metadata.namespace!=team-a", (None, "metadata.namespace!=team-a")),
         ("metadata.namespace=a,metadata.namespace=b", (None, "metadata.namespace=a,metadata.namespace=b")),
         ("metadata.name=x", (None, "metadata.name=x")),
+        ("metadata.namespace=", (None, "metadata.namespace=")),  # no namespace's objects: left to the server
     ],
 )
 def test_a_field_selector_pinning_one_namespace_names_it(selector: str | None, want: tuple[Any, Any]) -> None:
