@@ -109,11 +109,10 @@ def read_items(
     the better part of a second (10,000 simulated Nodes: 15 MB, 0.42 s), stalling the process's other
     threads; page by page the parse lets them run in between. The pages are one consistent snapshot; a
     continue token that expired (HTTP 410, the API server having compacted past it) starts the list
-    again, up to LIST_RESTARTS times. An object is kept once (by its uid), and a continue token handed
-    twice fails the list rather than reading on forever. An all-namespaces list must not pin one
-    namespace by field selector (see `pinned_namespace`)."""
+    again, up to LIST_RESTARTS times; a continue token handed twice fails the list rather than reading
+    on forever. An all-namespaces list must not pin one namespace by field selector (see
+    `pinned_namespace`)."""
     items: list[dict[str, Any]] = []
-    seen: set[str] = set()
     tokens: set[str] = set()
     token = None
     restarts = 0
@@ -123,10 +122,10 @@ def read_items(
             page = read_json(verb, what, method, *args, **page_args)
         except ApiError as exc:
             if exc.status == 410 and token and restarts < LIST_RESTARTS:
-                items, seen, tokens, token, restarts = [], set(), set(), None, restarts + 1
+                items, tokens, token, restarts = [], set(), None, restarts + 1
                 continue
             raise
-        items += unseen(page.get("items") or [], seen)
+        items += page.get("items") or []
         token = (page.get("metadata") or {}).get("continue")
         if not token:
             return items
@@ -158,19 +157,6 @@ def pinned_namespace(field_selector: str | None) -> tuple[str | None, str | None
     if len(pinned) != 1:  # none, or two different ones (nothing matches: the server says so itself)
         return None, field_selector
     return pinned.pop(), ",".join(rest) or None
-
-
-def unseen(items: list[dict[str, Any]], seen: set[str]) -> list[dict[str, Any]]:
-    """The items whose uid is not in `seen` (added to it): a list read in pages keeps each object once
-    (see read_items); an item without a uid is kept."""
-    out = []
-    for item in items:
-        uid = (item.get("metadata") or {}).get("uid")
-        if uid is None or uid not in seen:
-            out.append(item)
-            if uid is not None:
-                seen.add(uid)
-    return out
 
 
 def send_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

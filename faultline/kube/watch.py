@@ -29,7 +29,7 @@ from typing import Any, Literal
 from faultline import bounds
 from faultline.errors import ApiError, FaultlineError, PermanentError, TransientError
 from faultline.kube import translate
-from faultline.kube.client import ApiClient, pinned_namespace, translated, unseen
+from faultline.kube.client import ApiClient, pinned_namespace, translated
 
 log = logging.getLogger(__name__)
 PAGE = 500  # objects per list page
@@ -181,7 +181,6 @@ class Informer:
         """Every object, page by page, handed over as one `replace`; the list's resourceVersion."""
         assert self._path is not None
         items: list[dict[str, Any]] = []
-        seen: set[str] = set()  # each object once, as read_items keeps them
         token = ""
         while True:
             query = [*self._selectors(), ("limit", str(self.page))] + ([("continue", token)] if token else [])
@@ -189,12 +188,11 @@ class Informer:
                 page = _get_json(self.api, self._path, query, f"list {self.target}")
             except ApiError as exc:
                 if exc.status == 410 and token:  # the continue token expired: start the list again
-                    items, seen, token = [], set(), ""
+                    items, token = [], ""
                     continue
                 raise
             kind, api_version = self.target.kind, self.target.api_version
-            fresh = unseen(page.get("items") or [], seen)
-            items += [{"kind": kind, "apiVersion": api_version, **item} for item in fresh]
+            items += [{"kind": kind, "apiVersion": api_version, **item} for item in page.get("items") or []]
             meta = page.get("metadata") or {}
             token = str(meta.get("continue") or "")
             if not token:

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 
 def _calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[dict[str, Any]]:
-    """The keyword arguments of every call of CoreV1Api.`name` from now on (the call itself goes through)."""
+    """The keyword arguments (and, as `args`, the positional ones) of every call of CoreV1Api.`name` from
+    now on (the call itself goes through)."""
     seen: list[dict[str, Any]] = []
     real = getattr(k8s.CoreV1Api, name)
 
