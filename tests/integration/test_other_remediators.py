@@ -81,7 +81,11 @@ def test_no_repair_while_another_system_acts_on_the_node(
         kube.nodes.patch_status(api, node, {"conditions": [{
             "type": "AcceleratedHardwareReady", "status": "True", "reason": "Ok", "message": "x"}]})  # fmt: skip
         procs.wait_for("then faultline repairs", lambda: len(_requests(api, node)) == 1, 15)
-        assert len(st.repairs.find_one({"_id": key}).get("rounds") or []) == 1
+        # the request is created before its round is recorded: wait for the round, then check there is one
+        procs.wait_for(
+            "the round recorded", lambda: bool(st.repairs.find_one({"_id": key}).get("rounds")), 15
+        )
+        assert len(st.repairs.find_one({"_id": key})["rounds"]) == 1 and len(_requests(api, node)) == 1
     finally:
         worker.halt()
 
