@@ -40,13 +40,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
+from faultline import ed25519
 from faultline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 KEY_ANNOTATION = "faultline.io/agent-key"
 ED25519 = "ed25519:"
@@ -90,13 +90,13 @@ def payload(key: str, fields: Mapping[str, Any]) -> bytes:
 
 
 class NodeKey:
-    """A node agent's signing key (Ed25519), kept in its state directory across restarts."""
+    """A node agent's signing key (Ed25519), kept in its state directory across restarts. It signs through
+    the interpreter's own libcrypto (`faultline.ed25519`): the agent never loads `cryptography`."""
 
-    def __init__(self, private: Ed25519PrivateKey, node: str) -> None:
-        self._private = private
+    def __init__(self, seed: bytes, node: str) -> None:
+        self._private = ed25519.private_key(seed)
         self.node = node
-        raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        self.public = ED25519 + base64.b64encode(raw).decode()  # what the Node's annotation carries
+        self.public = ED25519 + base64.b64encode(self._private.public).decode()  # the Node's annotation
 
     @classmethod
     def load_or_create(cls, state_dir: Path, node: str) -> NodeKey:
@@ -104,24 +104,19 @@ class NodeKey:
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            private = Ed25519PrivateKey.generate()
-            pem = private.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
+            seed = os.urandom(ed25519.SEED_BYTES)  # any 32 random bytes are an Ed25519 key (RFC 8032 5.1.5)
             state_dir.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(pem)
+                fh.write(ed25519.to_pem(seed))
             tmp.replace(path)
-            return cls(private, node)
+            return cls(seed, node)
         try:
-            loaded = serialization.load_pem_private_key(data, password=None)
-        except ValueError as exc:
-            raise ConfigError(f"{path}: not a PEM private key ({exc}); remove it to make a new one") from exc
-        if not isinstance(loaded, Ed25519PrivateKey):
-            raise ConfigError(f"{path}: not an Ed25519 key; remove it to make a new one")
-        return cls(loaded, node)
+            seed = ed25519.from_pem(data)
+        except ed25519.KeyFormatError as exc:
+            raise ConfigError(f"{path}: {exc}; remove it to make a new one") from exc
+        return cls(seed, node)
 
     @property
     def signer(self) -> str:
@@ -185,6 +180,8 @@ def public_key(annotation: str | None) -> Ed25519PublicKey | None:
     """The key a Node's `faultline.io/agent-key` annotation publishes (None: none, or not one)."""
     if not annotation or not annotation.startswith(ED25519):
         return None
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey  # noqa: PLC0415 - not in the agent
+
     try:
         raw = base64.b64decode(annotation[len(ED25519) :], validate=True)
         return Ed25519PublicKey.from_public_bytes(raw)
@@ -235,6 +232,8 @@ class Verifier:
             return Verdict(False, who, "a signature that is not base64")
         kind, _, name = who.partition(":")
         if kind == "node":
+            from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - the agent only signs
+
             if name != node:
                 return Verdict(False, who, f"written for node {node} by node {name}'s agent")
             annotation = self._annotation(node)
