@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli import analyzer_processes, options, settings
+from cli import analyzer_processes, flags, options, settings
 from dataflows import analyzer_metrics
 from faultline import config, liveness
 from faultline.errors import ConfigError, FaultlineError
@@ -47,8 +47,8 @@ def _callback(ctx: typer.Context, **values: Any) -> None:
     if ctx.invoked_subcommand is not None:
         return
     config_file = values.pop("config", None)
-    flags = options.flags_given(config.AnalyzerConfig, values)
-    resolved = settings.resolve(config.AnalyzerConfig, config_file=config_file, flags=flags)
+    given = flags.flags_given(config.AnalyzerConfig, values)
+    resolved = settings.resolve(config.AnalyzerConfig, config_file=config_file, flags=given)
     run(resolved.config)  # type: ignore[arg-type]  # resolve returns the model it was given
 
 

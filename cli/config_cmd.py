@@ -13,7 +13,7 @@ import yaml
 from pydantic import SecretStr
 from pydantic_core import to_jsonable_python
 
-from cli import options, settings
+from cli import flags, options, settings
 from faultline import config
 
 app = typer.Typer(help="Inspect faultline's settings.", no_args_is_help=True)
@@ -29,7 +29,7 @@ def render(resolved: settings.Resolved) -> list[str]:
     """`field  value  source` lines, aligned; secrets masked, durations written as durations."""
     cfg = resolved.config
     rows = [
-        (name, options.format_value(getattr(cfg, name)), resolved.sources[name])
+        (name, flags.format_value(getattr(cfg, name)), resolved.sources[name])
         for name in type(cfg).model_fields
     ]
     width = max(len(r[0]) for r in rows)
@@ -43,7 +43,7 @@ def as_file(resolved: settings.Resolved) -> dict[str, Any]:
     for name in type(resolved.config).model_fields:
         raw = getattr(resolved.config, name)
         written = isinstance(raw, dt.timedelta | SecretStr)  # as 30s / 10m, and masked
-        out[name] = options.format_value(raw) if written else to_jsonable_python(raw)
+        out[name] = flags.format_value(raw) if written else to_jsonable_python(raw)
     return out
 
 

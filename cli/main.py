@@ -1,5 +1,7 @@
 """The `faultline` entry point: `faultline replay ...` runs from `cli.replay_cmd` alone (no settings
-models, no other command built: it starts in about half the time); everything else from `cli.app`."""
+models, no other command built: it starts in about half the time); `faultline agent ...` from `cli.agent`
+(no CLI framework in the process that runs on every GPU node: see `cli.flags`); everything else, and the
+help of every command, from `cli.app`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import os
 import sys
 
 from faultline.errors import FaultlineError
+
+HELP_FLAGS = frozenset({"--help", "-h"})  # a command's help is printed by the full command line
 
 
 def main() -> None:
@@ -24,6 +28,15 @@ def main() -> None:
             replay_cmd.standalone()()
         except FaultlineError as exc:
             replay_cmd.error(str(exc))
+            sys.exit(2)
+        return
+    if sys.argv[1:2] == ["agent"] and not HELP_FLAGS & set(sys.argv[2:]):
+        from cli import agent  # noqa: PLC0415
+
+        try:
+            agent.main(sys.argv[2:])
+        except FaultlineError as exc:
+            sys.stderr.write(f"error: {exc}\n")
             sys.exit(2)
         return
     from cli import app  # noqa: PLC0415

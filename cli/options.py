@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
-import json
 import logging
 import typing
 from collections.abc import Callable
@@ -14,13 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import typer
-from pydantic import BaseModel, SecretStr
+from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
 from cli import settings
+from cli.flags import base_type, flags_given, format_value, summary
 from faultline import config
 from faultline.config import Component
-from faultline.errors import ConfigError
 
 C = TypeVar("C", bound=Component)
 log = logging.getLogger(__name__)
@@ -28,26 +27,16 @@ log = logging.getLogger(__name__)
 CONFIG_HELP = "YAML file of settings (field: value); the environment and flags override it."
 
 
-def _base(annotation: Any) -> Any:
-    """`X | None` -> X; `Annotated[X, ...]` -> X."""
-    while typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, type(int | None)) and len(args) == 1:
-        return _base(args[0])
-    return annotation
-
-
 def _is_duration(info: FieldInfo) -> bool:
     """A `Duration` (a timedelta) or `Seconds` (float seconds written as a duration), also optional."""
     inner = [m for a in typing.get_args(info.annotation) for m in getattr(a, "__metadata__", ())]
-    return _base(info.annotation) is dt.timedelta or any(
+    return base_type(info.annotation) is dt.timedelta or any(
         getattr(m, "func", None) is config.parse_seconds for m in [*info.metadata, *inner]
     )
 
 
 def metavar(info: FieldInfo) -> str:
-    base = _base(info.annotation)
+    base = base_type(info.annotation)
     if _is_duration(info):
         return "DURATION"
     if typing.get_origin(base) is Literal:
@@ -62,26 +51,6 @@ def metavar(info: FieldInfo) -> str:
     return names.get(base, "TEXT")
 
 
-def format_value(value: Any) -> str:
-    """A value as a person writes it in a file or a flag (durations as 30s/10m/7d, secrets masked)."""
-    if isinstance(value, dt.timedelta):
-        return format_duration(value.total_seconds())
-    if isinstance(value, SecretStr):
-        return str(value)  # pydantic's mask
-    if isinstance(value, tuple | list | dict):  # a part's model inside (anomaly_fields) as its fields
-        return json.dumps(value, default=lambda v: v.model_dump() if isinstance(v, BaseModel) else str(v))
-    if value is None:
-        return "-"
-    return str(value)
-
-
-def format_duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds * 1000)}ms" if seconds < 1 and (seconds * 1000) % 1 == 0 else f"{seconds:g}s"
-
-
 def _help(model: type[Component], name: str, info: FieldInfo) -> str:
     text = (info.description or name).rstrip(".")
     text = text[:1].upper() + text[1:]
@@ -93,7 +62,7 @@ def _help(model: type[Component], name: str, info: FieldInfo) -> str:
 
 
 def _parameter(model: type[Component], name: str, info: FieldInfo) -> inspect.Parameter:
-    base = _base(info.annotation)
+    base = base_type(info.annotation)
     flag = settings.flag_name(name, info)
     option: Any
     if base is bool:
@@ -108,23 +77,6 @@ def _parameter(model: type[Component], name: str, info: FieldInfo) -> inspect.Pa
         option = typer.Option(flag, help=_help(model, name, info), metavar=metavar(info), show_default=False)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[annotation, option])  # fmt: skip
-
-
-def flags_given(model: type[Component], values: dict[str, Any]) -> dict[str, Any]:
-    """The options given on the command line (typer passes None, or [] for repeatables, for the others)."""
-    given = {}
-    for name, value in values.items():
-        if value is None or value == []:
-            continue
-        if typing.get_origin(_base(model.model_fields[name].annotation)) is dict:
-            try:
-                given[name] = json.loads(value)
-            except ValueError as exc:
-                flag = settings.flag_name(name, model.model_fields[name])
-                raise ConfigError(f"{name}: not JSON: {value!r} [flag {flag}]") from exc
-        else:
-            given[name] = value
-    return given
 
 
 def parameters(model: type[Component]) -> list[inspect.Parameter]:
@@ -155,13 +107,6 @@ def register(
     callback.__signature__ = inspect.Signature([*parameters(model), *extra])  # type: ignore[attr-defined]
     callback.__doc__ = help_text
     group.command(name)(callback)
-
-
-def summary(resolved: settings.Resolved) -> dict[str, Any]:
-    """For the start-up log line: the settings that are not defaults (secrets masked) and their sources."""
-    given = {n: src for n, src in resolved.sources.items() if src != settings.DEFAULT}
-    values = {n: format_value(getattr(resolved.config, n)) for n in given}
-    return {"settings": values, "sources": given}
 
 
 Body = Callable[[C], None]

@@ -87,7 +87,7 @@ class Fleet:
         key = f"agent-{node}"
         n = self.starts[key] = self.starts.get(key, 0) + 1
         argv = [
-            sys.executable, "-m", "faultline", "--log-format", "json", "agent", "--node", node,
+            sys.executable, "-m", "faultline", "agent", "--node", node,
             "--mongodb-uri", self.agent_uri, "--database", self.database,
             "--kubeconfig", str(self.kubeconfig), "--sim-dir", str(self.sim_dir),
             "--state-dir", str(self.work / "agents" / node),
@@ -95,7 +95,9 @@ class Fleet:
             "--repair-poll-interval", f"{self.knobs.repair_poll_s}s",
             "--repair-idle-poll-interval", f"{self.knobs.repair_idle_poll_s}s",
         ]  # fmt: skip
-        proc = procs.Proc(key, argv, self.work / "logs" / f"{key}.{n}.log")
+        # the log format from the environment: the agent starts without the CLI framework (`cli.agent`)
+        log = self.work / "logs" / f"{key}.{n}.log"
+        proc = procs.Proc(key, argv, log, env={"FAULTLINE_LOG_FORMAT": "json"})
         self.agents[node] = proc
         self.pids.append(proc.pid)
 

@@ -4,6 +4,7 @@ MongoDB and a False GpuHealthy condition on the node within a second; a reset re
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from devtools import procs
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
-from faultline import kube
+from faultline import evidence, kube
 from faultline.models import fault_id
 from sources import simulator
 from tests.integration.test_journal import append
@@ -448,3 +449,46 @@ def test_a_monitor_outage_is_not_a_node_fault_but_a_hung_driver_call_is(
         sim(tmp_path, node, "--gpu", "0", "--hang", "5")  # the agent's own driver call hangs
         poll("GPU-DRIVER-UNRESPONSIVE", lambda: faults.find_one({"code": "GPU-DRIVER-UNRESPONSIVE"}), 15)
         assert faults.find_one({"code": "GPU-DRIVER-UNRESPONSIVE"})["fatal"] is True
+
+
+def test_the_agent_process_loads_no_cli_framework_and_signs_through_libcrypto(
+    cluster: LocalCluster, mongo: LocalMongo, api: Any, tmp_path: Path
+) -> None:
+    """What runs on every GPU node imports no typer, click, rich or cryptography (`cli.agent`, `cli.flags`,
+    `faultline.ed25519`), its debug log names where each setting came from, and a fault it signs verifies
+    against the key its Node publishes, as the workers check it."""
+    node = cluster.node_names[1]
+    database = f"agent_lean_{os.getpid()}"
+    fid = fault_id(node, "GPU", "0000:18:00", "XID-31")  # GPU 0 of a simulated node
+    imports = tmp_path / "stderr.log"
+    environ = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "FAULTLINE_LOG_LEVEL": "debug",
+               "FAULTLINE_LOG_FORMAT": "json"}  # fmt: skip
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(mongo.uri)
+    with imports.open("w") as stderr:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
+             "--database", database, "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(tmp_path),
+             "--state-dir", str(tmp_path / "state")],
+            stdout=subprocess.DEVNULL, stderr=stderr, env=environ,
+        )  # fmt: skip
+    try:
+        poll("the agent's start", lambda: "agent: watching 8 GPUs" in imports.read_text(), 60)
+        sim(tmp_path, node, "--gpu", "0", "--xid", "31")
+        faults = client[database]["faults"]
+        poll("the XID's fault", lambda: faults.find_one({"_id": fid}), 20)
+        doc = faults.find_one({"_id": fid})
+        annotation = kube.nodes.read(api, node)["metadata"]["annotations"][evidence.KEY_ANNOTATION]
+        verdict = evidence.Verifier(lambda _: annotation, None).verify(fid, doc)
+        assert verdict.ok and verdict.signer == f"node:{node}", verdict
+    finally:
+        stop_agent(agent)
+        client.drop_database(database)
+        client.close()
+    lines = imports.read_text().splitlines()
+    loaded = {
+        line.rsplit("|", 1)[1].strip().split(".")[0] for line in lines if line.startswith("import time:")
+    }
+    assert {"faultline", "pymongo", "bytewax", "grpc"} <= loaded  # the agent's own, as a check of the parse
+    assert loaded & {"typer", "click", "rich", "cryptography"} == set()
+    settings = [json.loads(line) for line in lines if line.startswith("{") and '"settings"' in line]
+    assert settings and settings[0]["sources"]["node"] == "flag --node"

@@ -898,7 +898,7 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
     command the chart runs): each field given in a values file comes out in the rendered settings file,
     and the file resolves to that value (secrets, what the pod's environment sets and what the chart sets
     from other values are left out)."""
-    from cli import options, settings  # noqa: PLC0415
+    from cli import flags, settings  # noqa: PLC0415
     from faultline import config  # noqa: PLC0415
 
     from_env = {"mongodb_uri", "kubeconfig", "node"}
@@ -918,7 +918,7 @@ def test_every_setting_of_every_component_is_settable_from_values(tmp_path: Path
         dumped = example.model_dump(
             mode="json"
         )  # durations as a person writes them ("30s"), as `config show`
-        dumped.update({f: options.format_value(getattr(example, f)) for f in model.model_fields
+        dumped.update({f: flags.format_value(getattr(example, f)) for f in model.model_fields
                        if isinstance(getattr(example, f), dt.timedelta)})  # fmt: skip
         given[component] = {
             f: dumped[f] for f in model.model_fields if f not in from_env | by_chart and dumped[f] is not None

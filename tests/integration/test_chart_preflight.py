@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cli import options, settings
+from cli import flags, settings
 from devtools import tools
 from faultline import config
 from tests.integration.test_chart import hook_secrets, render, workloads
@@ -331,7 +331,7 @@ def test_every_webhook_setting_is_settable_from_values(tmp_path: Path) -> None:
     dumped = example.model_dump(mode="json", exclude={"kubeconfig", "namespace"})
     dumped.update(
         {
-            f: options.format_value(getattr(example, f))
+            f: flags.format_value(getattr(example, f))
             for f in dumped
             if isinstance(getattr(example, f), dt.timedelta)
         }

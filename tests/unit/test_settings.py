@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app as cli_app
-from cli import options, settings
+from cli import flags, options, settings
 from faultline import config, store
 from faultline.errors import ConfigError
 from workers import drainer, janitor, quarantine, remediation
@@ -81,8 +81,8 @@ def test_list_and_mapping_settings_from_each_source(tmp_path: Path) -> None:
     assert isinstance(agent, config.AgentConfig)
     assert agent.packs == (Path("/p1"), Path("/p2"))
     file = _file(tmp_path, "job_annotations: {team: gpu}\nreboot_command: [systemctl, reboot]\n")
-    flags = options.flags_given(config.JanitorConfig, {"job_annotations": '{"a": "b"}', "threads": None})
-    cfg = settings.resolve(config.JanitorConfig, config_file=file, flags=flags, environ={"MONGODB_URI": URI})
+    given = flags.flags_given(config.JanitorConfig, {"job_annotations": '{"a": "b"}', "threads": None})
+    cfg = settings.resolve(config.JanitorConfig, config_file=file, flags=given, environ={"MONGODB_URI": URI})
     assert isinstance(cfg.config, config.JanitorConfig)
     assert cfg.config.job_annotations == {"a": "b"}
     assert cfg.config.reboot_command == ("systemctl", "reboot")
