@@ -468,7 +468,7 @@ def test_the_agent_process_loads_no_cli_framework_and_signs_through_libcrypto(
         agent = subprocess.Popen(
             [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
              "--database", database, "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(tmp_path),
-             "--state-dir", str(tmp_path / "state")],
+             "--state-dir", str(tmp_path / "state"), "--ingest-socket", str(tmp_path / "ingest.sock")],
             stdout=subprocess.DEVNULL, stderr=stderr, env=environ,
         )  # fmt: skip
     try:
@@ -488,7 +488,7 @@ def test_the_agent_process_loads_no_cli_framework_and_signs_through_libcrypto(
     loaded = {
         line.rsplit("|", 1)[1].strip().split(".")[0] for line in lines if line.startswith("import time:")
     }
-    assert {"faultline", "pymongo", "bytewax", "grpc"} <= loaded  # the agent's own, as a check of the parse
+    assert {"faultline", "pymongo", "bytewax", "grpc"} <= loaded  # the agent's own (grpc: the ingest socket)
     assert loaded & {"typer", "click", "rich", "cryptography"} == set()
     settings = [json.loads(line) for line in lines if line.startswith("{") and '"settings"' in line]
     assert settings and settings[0]["sources"]["node"] == "flag --node"
