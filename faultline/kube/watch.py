@@ -6,7 +6,9 @@ the whole list over (`replace`: what is not in it is gone), then watches from th
 with bookmarks, handing over each change (`upsert`, `delete`). A watch the server ends (its timeout, a
 restart) resumes from the last resourceVersion seen; one whose resourceVersion is too old (410 Gone: the
 watch cache or etcd has moved past it, as after a long disconnection or an API server restart) lists
-again, so whatever changed meanwhile (objects deleted included) arrives as the next `replace`. Failures
+again, so whatever changed meanwhile (objects deleted included) arrives as the next `replace`. A list
+whose continue token expires again and again (more than `LIST_RESTARTS` times), or comes back the same, is
+a failure like any other. Failures
 are retried with back-off (1 s doubling to `retry_max`), forever: a kind that is not served yet (its CRD
 comes later) or not allowed yet (RBAC being fixed) starts once it is. Nothing is polled per object.
 
@@ -29,7 +31,7 @@ from typing import Any, Literal
 from faultline import bounds
 from faultline.errors import ApiError, FaultlineError, PermanentError, TransientError
 from faultline.kube import translate
-from faultline.kube.client import ApiClient, pinned_namespace, translated
+from faultline.kube.client import LIST_RESTARTS, ApiClient, pinned_namespace, translated
 
 log = logging.getLogger(__name__)
 PAGE = 500  # objects per list page
@@ -181,14 +183,18 @@ class Informer:
         """Every object, page by page, handed over as one `replace`; the list's resourceVersion."""
         assert self._path is not None
         items: list[dict[str, Any]] = []
-        token = ""
+        token, tokens, restarts = "", set(), 0
         while True:
             query = [*self._selectors(), ("limit", str(self.page))] + ([("continue", token)] if token else [])
             try:
                 page = _get_json(self.api, self._path, query, f"list {self.target}")
             except ApiError as exc:
                 if exc.status == 410 and token:  # the continue token expired: start the list again
-                    items, token = [], ""
+                    if restarts >= LIST_RESTARTS:  # as `read_items`: then back off, as after any failure
+                        raise TransientError(
+                            f"list {self.target}: its continue token expired {restarts + 1} times in a row"
+                        ) from exc
+                    items, token, tokens, restarts = [], "", set(), restarts + 1
                     continue
                 raise
             kind, api_version = self.target.kind, self.target.api_version
@@ -197,6 +203,9 @@ class Informer:
             token = str(meta.get("continue") or "")
             if not token:
                 break
+            if token in tokens:  # a server that hands the same page again would be read forever
+                raise TransientError(f"list {self.target}: the API server handed a continue token twice")
+            tokens.add(token)
         self.deliver(Change("replace", items))
         self.stats.lists += 1
         self.synced.set()

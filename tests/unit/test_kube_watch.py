@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from faultline.errors import ApiError, TransientError
 from faultline.kube import client as kube_client
 from faultline.kube import watch
 
@@ -83,3 +84,67 @@ def test_collection_paths(target: watch.Target, namespaced: bool, path: str) -> 
 )
 def test_a_field_selector_pinning_one_namespace_names_it(selector: str | None, want: tuple[Any, Any]) -> None:
     assert kube_client.pinned_namespace(selector) == want
+
+
+def _pages(
+    monkeypatch: pytest.MonkeyPatch, serve: Any
+) -> tuple[watch.Informer, list[watch.Change], list[str]]:
+    """An informer of Nodes whose list calls `serve(token) -> page` answers (it raises ApiError as a server
+    would); the continue tokens asked for, in order."""
+    asked: list[str] = []
+
+    def get_json(api: Any, path: str, query: list[tuple[str, str]], what: str) -> dict[str, Any]:
+        token = dict(query).get("continue", "")
+        asked.append(token)
+        page: dict[str, Any] = serve(token)
+        return page
+
+    monkeypatch.setattr(watch, "_get_json", get_json)
+    delivered: list[watch.Change] = []
+    informer = watch.Informer(None, watch.Target("v1", "Node"), delivered.append, page=2)
+    informer._path = "/api/v1/nodes"
+    return informer, delivered, asked
+
+
+def _page(names: list[str], token: str = "") -> dict[str, Any]:
+    return {
+        "items": [{"metadata": {"name": n}} for n in names],
+        "metadata": {"continue": token, "resourceVersion": "7"},
+    }
+
+
+def test_an_informers_list_whose_token_expired_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    expired = [True]
+
+    def serve(token: str) -> dict[str, Any]:
+        if token == "t1" and expired:
+            expired.pop()
+            raise ApiError("list", "Node", "the continue token is too old", status=410, reason="Expired")
+        return _page(["a", "b"], "t1") if not token else _page(["c"])
+
+    informer, delivered, asked = _pages(monkeypatch, serve)
+    assert informer._list() == "7"
+    assert asked == ["", "t1", "", "t1"]
+    (replace,) = delivered
+    assert [o["metadata"]["name"] for o in replace.objects] == ["a", "b", "c"]
+
+
+def test_an_informers_list_whose_token_keeps_expiring_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    def serve(token: str) -> dict[str, Any]:
+        if token:
+            raise ApiError("list", "Node", "the continue token is too old", status=410, reason="Expired")
+        return _page(["a", "b"], "t1")
+
+    informer, delivered, asked = _pages(monkeypatch, serve)
+    with pytest.raises(
+        TransientError, match=r"list Node \(v1\): its continue token expired 4 times in a row"
+    ):
+        informer._list()
+    assert len(asked) == 2 * (kube_client.LIST_RESTARTS + 1) and delivered == []
+
+
+def test_an_informers_list_handed_a_token_twice_is_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    informer, delivered, asked = _pages(monkeypatch, lambda token: _page(["a", "b"], "t1"))
+    with pytest.raises(TransientError, match="handed a continue token twice"):
+        informer._list()
+    assert asked == ["", "t1"] and delivered == []
