@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import ctypes
 import threading
 import weakref
@@ -154,8 +155,8 @@ class Signer:
 
 def _libcrypto_paths() -> list[str]:
     """Where the interpreter's libcrypto is: its soname, then the file `ssl` mapped (from /proc)."""
-    import _ssl  # noqa: F401, PLC0415 - links libcrypto in, when the interpreter has it as a library
-
+    with contextlib.suppress(ImportError):  # an interpreter without ssl: the sonames alone, then cryptography
+        import _ssl  # noqa: F401, PLC0415 - links libcrypto in, when the interpreter has it as a library
     paths = list(SONAMES)
     try:
         maps = Path("/proc/self/maps").read_text()

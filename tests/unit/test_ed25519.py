@@ -39,6 +39,16 @@ def test_the_interpreters_libcrypto_is_what_signs() -> None:
     assert isinstance(ed25519.backend(), ed25519._Libcrypto)
 
 
+def test_without_a_libcrypto_to_open_cryptography_signs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # none there, or a library without OpenSSL's functions (libc): the same signatures from cryptography
+    monkeypatch.setattr(ed25519, "_libcrypto_paths", lambda: ["/nonexistent/libcrypto.so.3", "libc.so.6"])
+    chosen = ed25519._open()
+    assert isinstance(chosen, ed25519._Cryptography)
+    secret, public, message, signature = VECTORS[1]
+    key = chosen.key(bytes.fromhex(secret))
+    assert (key.public.hex(), key.sign(bytes.fromhex(message)).hex()) == (public, signature)
+
+
 @pytest.mark.parametrize(
     "backend", [ed25519.backend, ed25519._Cryptography], ids=["libcrypto", "cryptography"]
 )
