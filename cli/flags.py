@@ -70,6 +70,11 @@ def parse(model: type[Component], command: str, args: Sequence[str]) -> tuple[Pa
     rest = list(args)
     while rest:
         arg = rest.pop(0)
+        if arg == "--" or not arg.startswith("-"):  # `--` ends the options; no command takes arguments
+            extra = rest[:1] if arg == "--" else [arg]
+            if extra:
+                raise ConfigError(f"faultline {command} takes options only, not {extra[0]!r}")
+            break
         flag, has_value, inline = arg.partition("=")
         if not flag.startswith("--") or (flag not in by_flag and flag != CONFIG_FLAG):
             raise ConfigError(

@@ -38,6 +38,9 @@ def main() -> None:
         except FaultlineError as exc:
             sys.stderr.write(f"error: {exc}\n")
             sys.exit(2)
+        except KeyboardInterrupt:  # before the flow's own handler is in place: as the full command line says
+            sys.stderr.write("Aborted!\n")
+            sys.exit(1)
         return
     from cli import app  # noqa: PLC0415
 

@@ -288,13 +288,14 @@ class DemoStack:
         config.write_text(yaml.safe_dump(settings))
         token = self.cluster.service_account_kubeconfig(NAMESPACE, pod["service_account_name"],
                                                         seconds=self.sa_seconds)  # fmt: skip
-        env = {"KUBECONFIG": str(token)}
+        # the log format by the environment: the agent starts without the command line's global options
+        env = {"KUBECONFIG": str(token), "FAULTLINE_LOG_FORMAT": "json"}
         for var in container.get("env") or []:
             env[var["name"]] = self._env_value(api, var, node)
         args = [f"--config={config}" if a.startswith("--config=") else a for a in container["args"]]
         log = self.dir / "logs" / f"{name.replace('/', '-')}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "faultline", "--log-format", "json", *args]
+        argv = [sys.executable, "-m", "faultline", *args]
         return Component(name, procs.Proc(name, argv, log, env=env), port)
 
     def _env_value(self, api: Any, var: dict[str, Any], node: str | None) -> str:

@@ -5,7 +5,7 @@ it too, but importing it maps its own native module and OpenSSL copy: 8.5 MiB of
 memory, on every GPU node, for one call per fault. The interpreter's `ssl` module (which the store client
 imports for TLS anyway) is linked to the system's libcrypto, and OpenSSL has had raw Ed25519 keys since
 1.1.1 (`EVP_PKEY_new_raw_private_key`, one-shot `EVP_DigestSign`): so the agent signs through that, with
-`ctypes`. Where no such libcrypto can be opened (an interpreter built with OpenSSL linked in statically),
+`ctypes`. Where the interpreter has no libcrypto mapped (OpenSSL linked into it statically, or no `ssl`),
 `cryptography` signs instead: the signatures are the same bytes (Ed25519 is deterministic, RFC 8032).
 
 Only signing lives here. Verifying, which decides what the workers act on, stays with `cryptography`
@@ -52,24 +52,39 @@ def to_pem(seed: bytes) -> bytes:
 
 
 def from_pem(data: bytes) -> bytes:
-    """The 32-byte private key in a PKCS #8 PEM file."""
-    text = data.decode("ascii", errors="replace").strip()
-    if not (text.startswith(_PEM_HEAD) and text.endswith(_PEM_TAIL)):
+    """The 32-byte private key in a PKCS #8 PEM file (text around the PEM block is ignored, as OpenSSL
+    does)."""
+    text = data.decode("ascii", errors="replace")
+    head, tail = text.find(_PEM_HEAD), text.find(_PEM_TAIL)
+    if head < 0 or tail < head:
         raise KeyFormatError("not a PEM private key (no BEGIN/END PRIVATE KEY lines)")
-    body = "".join(text[len(_PEM_HEAD) : -len(_PEM_TAIL)].split())
+    body = "".join(text[head + len(_PEM_HEAD) : tail].split())
     try:
         der = base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise KeyFormatError(f"its body is not base64 ({exc})") from exc
     if len(der) == len(_PKCS8_V0) + SEED_BYTES and der.startswith(_PKCS8_V0):
         return der[len(_PKCS8_V0) :]
-    if len(der) > 2 and der[0] == 0x30:  # a SEQUENCE: its length in one byte, or 0x8N and N bytes
-        start = 2 + (der[1] & 0x7F if der[1] & 0x80 else 0)
-        if der[start : start + len(_PKCS8_V1_TAIL)] == _PKCS8_V1_TAIL:
-            seed = der[start + len(_PKCS8_V1_TAIL) : start + len(_PKCS8_V1_TAIL) + SEED_BYTES]
-            if len(seed) == SEED_BYTES:
-                return seed
+    if seed := _version_1_seed(der):
+        return seed
     raise KeyFormatError("not an Ed25519 key")
+
+
+def _version_1_seed(der: bytes) -> bytes | None:
+    """The seed of a OneAsymmetricKey (RFC 5958, version 1): SEQUENCE { 1, id-Ed25519, seed, then only
+    [0] attributes and [1] the public key }, every length exact (short form: the whole is under 128 bytes
+    unless its attributes are long, which a key this code reads never has)."""
+    if len(der) < 2 or der[0] != 0x30 or der[1] != len(der) - 2:
+        return None
+    start = 2 + len(_PKCS8_V1_TAIL)
+    if der[2:start] != _PKCS8_V1_TAIL or len(der) < start + SEED_BYTES:
+        return None
+    at = start + SEED_BYTES
+    while at < len(der):  # what follows the seed: [0] attributes, [1] public key
+        if der[at] not in (0xA0, 0x81) or at + 1 >= len(der) or der[at + 1] >= 0x80:
+            return None
+        at += 2 + der[at + 1]
+    return der[start : start + SEED_BYTES] if at == len(der) else None
 
 
 def _function(lib: ctypes.CDLL, name: str, args: list[object], result: object) -> Any:
@@ -106,12 +121,15 @@ class _Libcrypto:
             self._clear_errors()
             raise ValueError("OpenSSL gave no Ed25519 public key")
         signer = Signer(public.raw, lambda message: self._one(pkey, message))
-        weakref.finalize(signer, self._free_key, pkey)
+        # freed with its Signer, never at exit: a daemon thread may still be signing then (an agent's
+        # key lives as long as its process anyway)
+        weakref.finalize(signer, self._free_key, pkey).atexit = False
         return signer
 
     def _one(self, pkey: int, message: bytes) -> bytes:
         ctx = self._new_ctx()
         if not ctx:
+            self._clear_errors()
             raise MemoryError("OpenSSL could not allocate a digest context")
         try:
             signature = ctypes.create_string_buffer(SIGNATURE_BYTES)
@@ -154,14 +172,15 @@ class Signer:
 
 
 def _libcrypto_paths() -> list[str]:
-    """Where the interpreter's libcrypto is: its soname, then the file `ssl` mapped (from /proc)."""
-    with contextlib.suppress(ImportError):  # an interpreter without ssl: the sonames alone, then cryptography
+    """The libcrypto the interpreter has mapped (its `ssl` linked to it, from /proc); where /proc cannot be
+    read, the library's sonames. None: the interpreter has no libcrypto of its own to share."""
+    with contextlib.suppress(ImportError):  # an interpreter without ssl has none
         import _ssl  # noqa: F401, PLC0415 - links libcrypto in, when the interpreter has it as a library
-    paths = list(SONAMES)
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
-        return paths
+        return list(SONAMES)
+    paths: list[str] = []
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)  # address, mode, offset, device, inode, path
         if len(fields) == 6 and "/libcrypto.so" in fields[5] and fields[5].strip() not in paths:

@@ -105,15 +105,17 @@ _COMPONENTS = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    if name == "COMPONENTS":
-        value: Any = {component: __getattr__(model) for component, model in _COMPONENTS.items()}
-    elif name in _HOME:
-        value = getattr(importlib.import_module(f"faultline.config.{_HOME[name]}"), name)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # mypy reads the imports above, and still flags a name that is not here
+
+    def __getattr__(name: str) -> Any:
+        if name == "COMPONENTS":
+            value: Any = {component: __getattr__(model) for component, model in _COMPONENTS.items()}
+        elif name in _HOME:
+            value = getattr(importlib.import_module(f"faultline.config.{_HOME[name]}"), name)
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
 
 __all__ = [

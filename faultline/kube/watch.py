@@ -183,7 +183,8 @@ class Informer:
         """Every object, page by page, handed over as one `replace`; the list's resourceVersion."""
         assert self._path is not None
         items: list[dict[str, Any]] = []
-        token, tokens, restarts = "", set(), 0
+        token, restarts = "", 0
+        tokens: set[str] = set()
         while True:
             query = [*self._selectors(), ("limit", str(self.page))] + ([("continue", token)] if token else [])
             try:

@@ -38,8 +38,9 @@ def _through_typer(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> config.A
         [*BASE, "--pack", "/p1", "--pack=/p2", "--no-syslog-trusted", "--analyzer-feed", "--gpus=4"],
         [*BASE, "--gpu-poll-interval", "2s", "--gpu-backend", "sim", "--node", "n2", "--ingest-socket="],
         [*BASE, "--syslog-trusted", "--no-analyzer-feed", "--stall-timeout=90s", "--metrics-port", "0"],
+        [*BASE, "--node", "-x", "--database=a=b", "--"],
     ],
-    ids=["required", "repeated-and-bools", "last-wins-and-empty", "bools-and-durations"],
+    ids=["required", "repeated-and-bools", "last-wins-and-empty", "bools-and-durations", "dashes"],
 )
 def test_the_same_flags_give_the_same_settings(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
     for name in [n for n in os.environ if n.startswith("FAULTLINE_")]:
@@ -65,7 +66,8 @@ def test_a_config_file_and_flags_over_it(monkeypatch: pytest.MonkeyPatch, tmp_pa
     ("args", "message"),
     [
         (["--bogus", "1"], "no such option '--bogus' for faultline agent"),
-        (["n1"], "no such option 'n1' for faultline agent"),
+        (["n1"], "faultline agent takes options only, not 'n1'"),
+        ([*BASE, "--", "n1"], "faultline agent takes options only, not 'n1'"),
         (["-n", "n1"], "no such option '-n'"),
         ([*BASE, "--node"], "option --node needs a value"),
         ([*BASE, "--syslog-trusted=yes"], "option --syslog-trusted takes no value"),

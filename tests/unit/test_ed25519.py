@@ -35,8 +35,11 @@ VECTORS = [
 
 
 def test_the_interpreters_libcrypto_is_what_signs() -> None:
-    # the image's interpreter (Debian's python3) and this one link libcrypto as a library
+    # the image's interpreter (Debian's python3) and this one link libcrypto as a library: the file it
+    # mapped is the one opened, not another OpenSSL found by name
     assert isinstance(ed25519.backend(), ed25519._Libcrypto)
+    paths = ed25519._libcrypto_paths()
+    assert paths and all("/libcrypto.so" in p for p in paths)
 
 
 def test_without_a_libcrypto_to_open_cryptography_signs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,6 +108,17 @@ def test_key_files_either_library_reads() -> None:
     der = bytes.fromhex("3051020101300506032b657004220420") + seed + bytes.fromhex("812100") + public
     v1 = b"-----BEGIN PRIVATE KEY-----\n" + base64.encodebytes(der) + b"-----END PRIVATE KEY-----\n"
     assert ed25519.from_pem(v1) == seed
+    assert ed25519.from_pem(_pem(_V1)) == b"\x42" * 32
+    # text around the PEM block, as OpenSSL (and so cryptography) allows
+    assert ed25519.from_pem(b"a note\n" + theirs + b"\n") == seed
+
+
+# a OneAsymmetricKey (version 1): the seed 0x42..., then [1] a public key (RFC 8410 10.3); read whole in
+# test_key_files_either_library_reads, refused below once its lengths or its tail are wrong
+_V1 = bytes.fromhex(
+    "3051020101300506032b657004220420" + "42" * 32 + "812100"
+    + "2152e1e0a2e2a0b0a6a7e1b9d1e0b8f7c6b5a4938271605f4e3d2c1b0a998877"
+)  # fmt: skip
 
 
 def _pem(der: bytes) -> bytes:
@@ -124,6 +138,11 @@ def _pem(der: bytes) -> bytes:
         ),  # Ed448's id
         (_pem(b"\x30"), "not an Ed25519 key"),
         (_pem(b"\x30\x82"), "not an Ed25519 key"),
+        # version 1 with its lengths wrong, or more after the seed than attributes and a public key
+        (_pem(_V1[:1] + b"\x52" + _V1[2:]), "not an Ed25519 key"),
+        (_pem(_V1[:1] + b"\x80" + _V1[2:] + b"\x00\x00"), "not an Ed25519 key"),
+        (_pem(_V1[:1] + bytes([_V1[1] + 2]) + _V1[2:] + b"\x04\x00"), "not an Ed25519 key"),
+        (_pem(_V1[:1] + bytes([_V1[1] + 1]) + _V1[2:] + b"\x81"), "not an Ed25519 key"),
     ],
 )
 def test_key_files_that_are_not_an_ed25519_key(data: bytes, why: str) -> None:
