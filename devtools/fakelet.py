@@ -120,6 +120,8 @@ class Fakelet:
         self._exit_codes: dict[str, int] = {}  # pod uid -> exit code of what this process carried out
         self._lock = threading.Lock()
         self.errors = 0
+        self.last_pass = 0.0  # monotonic time the loop last finished a pass over the pods (diagnostics)
+        self.reboots: list[tuple[str, float]] = []  # (node, monotonic time) of each reboot, in order
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -133,6 +135,11 @@ class Fakelet:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+
+    @property
+    def running(self) -> bool:
+        """Whether its loop still runs."""
+        return self._thread is not None and self._thread.is_alive()
 
     def add(self, name: str, *, provider_id: str = "") -> SimNode:
         """One more simulated node, registered now with its `spec.providerID` (which a Node takes only
@@ -164,6 +171,7 @@ class Fakelet:
             node.boot_id = str(uuid.uuid4())
             node.booted_at = _now()
             boot_id = node.boot_id
+            self.reboots.append((name, time.monotonic()))
         self._heartbeat(node, force=True)
         return boot_id
 
@@ -187,6 +195,7 @@ class Fakelet:
                         self._heartbeat(node)
                     next_beat = time.monotonic() + HEARTBEAT_S
                 self._sync_pods()
+                self.last_pass = time.monotonic()
             except Exception:  # keep simulating; the API server may be restarting
                 self.errors += 1
                 log.exception("fakelet loop failed")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,6 +26,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive loopback TCP ports that were all free a moment ago, below the
+    kernel's ephemeral range: a port from `free_port` is in that range, and the ports after it may be the
+    local end of any connection made meanwhile (Bytewax's processes listen on consecutive ports)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()  # noqa: S311 - a port to try, not a secret
+    for _ in range(200):
+        first = rng.randrange(10000, max(10001, low - count))
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+    raise TransientError(f"no {count} consecutive free loopback ports found below {low}")
 
 
 class Proc:

@@ -1398,16 +1398,22 @@ def _apply_identities(api: Any, docs: list[dict[str, Any]]) -> None:
 
 
 def _repair_progress(api: Any, db: Any, cluster: LocalCluster, node: str) -> str:
-    """The node's drain and repair documents in the store, the janitor's Jobs and their pods, and the
-    simulated kubelet's error count: where a repair stopped."""
+    """The node's drain and repair documents in the store, the janitor's Jobs and their pods (with when
+    each was made), and the simulated kubelet's state: where a repair stopped, and how long each step
+    took."""
     drains = list(db[store.Work.DRAINS].find({"_id": node}))
     repairs = list(db[store.Work.REPAIRS].find({"node": node}))
-    jobs = [(j["metadata"]["name"], j.get("status")) for j in kube.jobs.list_all(api, NS)]
-    pods = [(p["metadata"]["name"], p["spec"].get("nodeName"), (p.get("status") or {}).get("phase"))
+    jobs = [(j["metadata"]["name"], j["metadata"].get("creationTimestamp"), j.get("status"))
+            for j in kube.jobs.list_all(api, NS)]  # fmt: skip
+    pods = [(p["metadata"]["name"], p["metadata"].get("creationTimestamp"), p["spec"].get("nodeName"),
+             (p.get("status") or {}).get("phase"), (p.get("metadata") or {}).get("labels"))
             for p in kube.pods.list_all(api, field_selector=f"metadata.namespace={NS}")]  # fmt: skip
+    fakelet, now = cluster.fakelet, time.monotonic()
     return (
-        f"drain: {drains}\nrepairs: {repairs}\njobs: {jobs}\npods: {pods}\n"
-        f"fakelet errors: {cluster.fakelet.errors}"
+        f"now: {dt.datetime.now(dt.UTC).isoformat()}\ndrain: {drains}\nrepairs: {repairs}\njobs: {jobs}\n"
+        f"pods: {pods}\nfakelet: errors {fakelet.errors}, loop running {fakelet.running}, "
+        f"last pass {now - fakelet.last_pass:.1f} s ago, reboots of {node} "
+        f"{[f'{now - t:.1f} s ago' for n, t in fakelet.reboots if n == node]}"
     )
 
 
@@ -1472,7 +1478,9 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
         st.write_fault(fault, 1)
         procs.wait_for("cordoned", lambda: bool(core.read_node(node).spec.unschedulable), 15)
         procs.wait_for("drained", lambda: pods_on(api, namespace, node) == [], 30)
-        try:
+        try:  # two steps, each with its own time: the Job made (claims, leases), then its pod run
+            procs.wait_for("the repair Job", lambda: bool(
+                kube.jobs.list_all(api, NS, label_selector=f"faultline.io/node={node}")), 45)  # fmt: skip
             procs.wait_for("rebooted by the Job", lambda: cluster.fakelet.nodes[node].boot_id != before, 30)
         except TransientError as exc:  # what the repair got to, for a failure that only a loaded run shows
             raise AssertionError(f"{exc}\n{_repair_progress(api, mongo_db, cluster, node)}") from exc

@@ -247,11 +247,11 @@ def test_the_analyzer_whose_peer_process_hangs_fails_its_probe(
     and reads no more of the feed; its probe names the feed. Continued, it is healthy again."""
     pack = tmp_path / "cluster.yaml"
     pack.write_text(PACK)
-    port = _free_port()
+    port = procs.free_port()
     command = [sys.executable, "-m", "faultline", "analyzer", "--mongodb-uri", mongo.uri, "--database",
                mongo_db.name, "--pack", str(pack), "--no-builtin", "--no-node-labels", "--poll", "100ms", "--lease", "5s", "--owner", "a", "--processes", "2",
                "--metrics-port", str(port), "--metrics-address", "127.0.0.1", "--stall-timeout", "2s",
-               "--process-port", str(_free_port())]  # fmt: skip
+               "--process-port", str(procs.free_ports(2))]  # fmt: skip
     proc = procs.Proc("analyzer", command, tmp_path / "analyzer.log")
     text = (tmp_path / "analyzer.log").read_text
     try:
@@ -277,9 +277,3 @@ def _probe_quietly(port: int) -> tuple[int, str]:
         return probe(port)
     except OSError:  # not serving yet
         return 0, ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
