@@ -1475,12 +1475,14 @@ def test_the_charts_rbac_carries_a_repair_end_to_end(
     try:
         for w in workers:
             w.start()
+        started = dt.datetime.now(dt.UTC).replace(microsecond=0)  # the API server's times are in seconds
         st.write_fault(fault, 1)
         procs.wait_for("cordoned", lambda: bool(core.read_node(node).spec.unschedulable), 15)
         procs.wait_for("drained", lambda: pods_on(api, namespace, node) == [], 30)
         try:  # two steps, each with its own time: the Job made (claims, leases), then its pod run
-            procs.wait_for("the repair Job", lambda: bool(
-                kube.jobs.list_all(api, NS, label_selector=f"faultline.io/node={node}")), 45)  # fmt: skip
+            procs.wait_for("the repair Job", lambda: any(  # made by this test (the namespace is shared)
+                dt.datetime.fromisoformat(j["metadata"]["creationTimestamp"]) >= started
+                for j in kube.jobs.list_all(api, NS, label_selector=f"faultline.io/node={node}")), 45)  # fmt: skip
             procs.wait_for("rebooted by the Job", lambda: cluster.fakelet.nodes[node].boot_id != before, 30)
         except TransientError as exc:  # what the repair got to, for a failure that only a loaded run shows
             raise AssertionError(f"{exc}\n{_repair_progress(api, mongo_db, cluster, node)}") from exc
