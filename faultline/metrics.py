@@ -10,6 +10,7 @@ import platform
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -39,14 +40,15 @@ HEARTBEAT = Gauge("faultline_dataflow_heartbeat_timestamp_seconds", "Last time t
                   registry=REGISTRY)  # fmt: skip
 
 
-_BUILD_INFO: set[int] = set()  # the registries that have it
+# the registries that have it, held weakly: an id() would be reused by a registry made after one collected
+_BUILD_INFO: weakref.WeakSet[CollectorRegistry] = weakref.WeakSet()
 
 
 def build_info(registry: CollectorRegistry) -> None:
     """`faultline_build_info{version, python}` 1 on the registry (once): which release each pod runs."""
-    if id(registry) in _BUILD_INFO:
+    if registry in _BUILD_INFO:
         return
-    _BUILD_INFO.add(id(registry))
+    _BUILD_INFO.add(registry)
     info = Gauge("faultline_build_info", "The faultline release and Python this component runs (always 1)",
                  ["version", "python"], registry=registry)  # fmt: skip
     info.labels(version=_version(), python=platform.python_version()).set(1)

@@ -54,3 +54,18 @@ def test_promql_reading() -> None:
     assert metric_catalogue.unexported(expr, {"faultline_drain_parked_items"}) == [
         "faultline_node_hold_seconds_bucket"
     ]
+
+
+def test_a_new_registry_says_its_build_even_where_an_old_one_was() -> None:
+    """A registry made after another was collected may have its address (its id()): it gets the metric
+    all the same (the catalogue's registries of one test are collected before the next test's)."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from faultline import metrics  # noqa: PLC0415
+
+    for _ in range(20):
+        registry = CollectorRegistry()
+        metrics.build_info(registry)
+        metrics.build_info(registry)  # once only: a second would be refused as a duplicate
+        assert "faultline_build_info" in metric_catalogue.series_names(registry)
+        del registry
