@@ -1406,7 +1406,7 @@ def _repair_progress(api: Any, db: Any, cluster: LocalCluster, node: str) -> str
     jobs = [(j["metadata"]["name"], j["metadata"].get("creationTimestamp"), j.get("status"))
             for j in kube.jobs.list_all(api, NS)]  # fmt: skip
     pods = [(p["metadata"]["name"], p["metadata"].get("creationTimestamp"), p["spec"].get("nodeName"),
-             (p.get("status") or {}).get("phase"), (p.get("metadata") or {}).get("labels"))
+             (p.get("status") or {}).get("phase"), p["metadata"].get("labels"))
             for p in kube.pods.list_all(api, field_selector=f"metadata.namespace={NS}")]  # fmt: skip
     fakelet, now = cluster.fakelet, time.monotonic()
     return (
