@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from faultline.errors import ConfigError
 from faultline.kube import bodies, translate
 
@@ -84,6 +82,8 @@ def _server(url: str, where: str) -> tuple[str, int]:
 
 def from_kubeconfig(path: Path) -> Credentials:
     """Credentials of the kubeconfig's current context."""
+    import yaml  # noqa: PLC0415 - a kubeconfig only off the cluster: an agent in its pod never loads yaml
+
     where = str(path)
     try:
         doc = yaml.safe_load(path.read_text())

@@ -128,7 +128,23 @@ def test_the_full_transport_translates_no_answer(tmp_path: Path) -> None:
         api.close()
 
 
-def test_the_agents_transport_loads_no_kubernetes_client() -> None:
-    """The agent's footprint: its Kubernetes sink and transport never import the `kubernetes` package."""
-    code = "import sys, sinks.kube, faultline.kube.lite; sys.exit('kubernetes' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0
+def test_the_agents_transport_loads_no_kubernetes_client(tmp_path: Path) -> None:
+    """The agent's footprint: its Kubernetes sink and transport never import the `kubernetes` package, nor
+    a YAML parser until a kubeconfig is read (in its pod the agent has the service account's files)."""
+    code = (
+        "import sys, sinks.kube, faultline.kube.lite as lite\n"
+        "print(sorted(m for m in ('kubernetes', 'yaml') if m in sys.modules))\n"
+        "lite.from_kubeconfig(lite.Path(sys.argv[1]))\n"
+        "print('yaml' in sys.modules)"
+    )
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code, str(kubeconfig)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split("\n")[:2] == ["[]", "True"]
