@@ -260,6 +260,59 @@ def test_the_arm64_image_runs_the_agent_and_the_sample_replay_under_emulation(
     assert faults == [json.loads(line) for line in host.stdout.splitlines() if line.strip()]
 
 
+# RFC 8032 7.1, test 1: the key, its public key and the signature of the empty message.
+RFC8032_SEED = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"
+RFC8032_PUBLIC = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+RFC8032_SIGNATURE = (
+    "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25b"
+    "f5f0595bbe24655141438e7a100b"
+)
+# What the agent does with its evidence key, in the image's interpreter: sign through the backend it picks
+# (the libcrypto its `ssl` mapped, through ctypes), then verify as the workers do (with `cryptography`,
+# imported after the signature so it cannot be what signed).
+SIGN_IN_IMAGE = f"""
+import sys
+from faultline import ed25519
+backend = type(ed25519.backend()).__name__
+key = ed25519.private_key(bytes.fromhex("{RFC8032_SEED}"))
+signature = key.sign(b"")
+signed_by_cryptography = "cryptography" in sys.modules
+mapped = [path for path in ed25519._libcrypto_paths() if path.startswith("/")]  # read from /proc/self/maps
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+Ed25519PublicKey.from_public_bytes(key.public).verify(signature, b"")
+print(backend, signed_by_cryptography, len(mapped), key.public.hex(), signature.hex())
+"""
+
+
+def _signs_through_the_images_libcrypto(image: tuple[Path, dict[str, object]], arch: str = "") -> None:
+    root, config = image
+    probe = (root, {**config, "Entrypoint": ["/opt/faultline/bin/python", "-c"]})
+    signed = in_image(probe, SIGN_IN_IMAGE, arch=arch)
+    assert signed.returncode == 0, signed.stderr
+    assert signed.stdout.split() == ["_Libcrypto", "False", "1", RFC8032_PUBLIC, RFC8032_SIGNATURE]
+    # the agent's own start (`cli.agent`, flags from the settings model, no CLI framework) on this
+    # interpreter: a wrong flag is refused by name, before anything is opened
+    refused = in_image(image, "agent", "--no-such-flag", "1", arch=arch)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert "no such option '--no-such-flag' for faultline agent" in refused.stderr
+
+
+def test_the_agent_signs_its_evidence_through_the_images_libcrypto(
+    unpacked: tuple[Path, dict[str, object]],
+) -> None:
+    """The image's interpreter maps Debian's libcrypto (its `ssl`), so the agent signs there and loads no
+    `cryptography`; the signature is RFC 8032's and verifies as the workers verify it."""
+    _signs_through_the_images_libcrypto(unpacked)
+
+
+def test_the_arm64_agent_signs_its_evidence_through_its_libcrypto_under_emulation(
+    unpacked_arm64: tuple[Path, dict[str, object]],
+) -> None:
+    """The same on the arm64 image (GH200, GB200 nodes): the ctypes calls into aarch64 OpenSSL give the same
+    bytes; QEMU's user mode shows the guest's own mappings in /proc/self/maps, as the kernel does."""
+    _signs_through_the_images_libcrypto(unpacked_arm64, arch="arm64")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
