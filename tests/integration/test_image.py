@@ -1,9 +1,10 @@
 """The image and its supply chain, end to end: `make image`'s build twice (same digest), the size goal, the
 image running the sample replay as the host does, the agent signing its evidence in each architecture's
-image, and the signature, SBOM attestation and signed chart in a
-registry on loopback, verified with the right key and refused with a wrong one.
+image, and the signature, SBOM attestation and signed chart in a registry on loopback, verified with the
+right key and refused with a wrong one.
 
-Heavy (two image builds, about 2 minutes each on 2 cores, plus the Go tools when not yet built): one module,
+Heavy (two image builds, about 5 minutes each on 2 cores, three quarters of it the arm64 root filesystem
+under QEMU, plus the Go tools when not yet built): one module,
 its steps shared through module fixtures. Needs root (mmdebstrap's root mode, chroot), as CI has.
 """
 
