@@ -9,7 +9,9 @@ journalctl, and the gRPC ingest socket served (`--no-ingest`: without it). The f
 under that steady load; then an XID is injected through the simulator every 0.5 s (far more faults than a
 node sees: each is a MongoDB write, a node status patch and an Event) and its latency is the time from the
 injection to its health event document in MongoDB (the simulator's control file is
-polled every 20 ms: NVML's own event wait blocks instead, so this is an upper bound).
+polled every 20 ms: NVML's own event wait blocks instead, so this is an upper bound). The agent reaches the
+API server as in its pod, with a ServiceAccount's token and the cluster's CA in a directory and the server's
+address in its environment (`--kubeconfig`: with the cluster's kubeconfig instead).
 
 Measured: the agent's RSS (sampled every second) and CPU (user + system of the agent and its journalctl
 child, from /proc, over the measured window), printed beside the goals and, for context, NVSentinel's
@@ -28,6 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
@@ -137,6 +140,8 @@ def main() -> None:
     parser.add_argument(
         "--ingest", action=argparse.BooleanOptionalAction, default=True, help="serve the gRPC ingest socket"
     )
+    parser.add_argument("--kubeconfig", action="store_true",
+                        help="give the agent the cluster's kubeconfig instead of a pod's service account files")  # fmt: skip
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in the agent's environment (repeatable), e.g. MALLOC_ARENA_MAX=2")  # fmt: skip
     args = parser.parse_args()
@@ -152,9 +157,13 @@ def main() -> None:
         writer = threading.Thread(target=journal_writer, args=(journal, args.rate, stop, work), daemon=True)
         writer.start()
         time.sleep(0.5)  # the journal file exists before journalctl opens it
+        if args.kubeconfig:
+            credentials = ["--kubeconfig", str(cluster.kubeconfig)]
+        else:
+            credentials, env = [], {**env, **pod_credentials(cluster, work / "serviceaccount")}
         agent = subprocess.Popen(
             [sys.executable, "-m", "faultline", "agent", "--node", node, "--mongodb-uri", mongo.uri,
-             "--database", "bench", "--kubeconfig", str(cluster.kubeconfig), "--sim-dir", str(work / "sim"),
+             "--database", "bench", *credentials, "--sim-dir", str(work / "sim"),
              "--state-dir", str(work / "state"), "--journal-file", str(journal), "--gpu-poll-interval", "1",
              *(["--ingest-socket", str(work / "ingest.sock")] if args.ingest else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
@@ -225,7 +234,8 @@ def main() -> None:
         (f"  XID -> MongoDB p99 (ms), n={len(lat)}", f"{p99:.1f}", "<= 100", ""),
     ]
     print(f"\nagent on 8 simulated GPUs (fields every 1 s) + journal at {args.rate} lines/s"
-          f"{' + gRPC ingest socket' if args.ingest else ''}{' with ' + ' '.join(args.env) if args.env else ''}:")  # fmt: skip
+          f"{' + gRPC ingest socket' if args.ingest else ''}{' with ' + ' '.join(args.env) if args.env else ''}"
+          f", {'a kubeconfig' if args.kubeconfig else 'a service account as in its pod'}:")  # fmt: skip
     print(f"  {'':40} {'measured':>10} {'goal':>8} {'NVSentinel requests':>20}")
     for label, value, goal, context in rows:
         print(f"  {label:40} {value:>10} {goal:>8} {context:>20}")
@@ -234,6 +244,35 @@ def main() -> None:
     )
     for name, mib in sorted(owners.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {name:40} {mib:>10.1f}")
+
+
+def pod_credentials(cluster: LocalCluster, directory: Path) -> dict[str, str]:
+    """What the agent has in its pod instead of a kubeconfig: a ServiceAccount's token and the cluster's CA
+    in a mounted directory, the API server's address in KUBERNETES_SERVICE_HOST/PORT. The ServiceAccount
+    is bound to cluster-admin here: the benchmark measures the agent, not its RBAC (the chart's tests do)."""
+    from kubernetes import client  # noqa: PLC0415
+
+    from faultline import kube  # noqa: PLC0415
+
+    api = kube.api_client(cluster.kubeconfig)
+    core: Any = kube.core(api)  # the client's models accept the same dicts
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    try:
+        core.create_namespaced_service_account("default", {"metadata": {"name": "bench-agent"}})
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": "bench-agent"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": "bench-agent", "namespace": "default"}],
+        })  # fmt: skip
+        token = kube.tokens.mint(api, "default", "bench-agent")
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    directory.mkdir()
+    (directory / "token").write_text(token)
+    (directory / "ca.crt").write_bytes(cluster.pki.ca.read_bytes())
+    host, port = cluster.server.removeprefix("https://").rsplit(":", 1)
+    return {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
+            "FAULTLINE_SERVICE_ACCOUNT_DIR": str(directory)}  # fmt: skip
 
 
 if __name__ == "__main__":
