@@ -248,31 +248,22 @@ def main() -> None:
 
 def pod_credentials(cluster: LocalCluster, directory: Path) -> dict[str, str]:
     """What the agent has in its pod instead of a kubeconfig: a ServiceAccount's token and the cluster's CA
-    in a mounted directory, the API server's address in KUBERNETES_SERVICE_HOST/PORT. The ServiceAccount
-    is bound to cluster-admin here: the benchmark measures the agent, not its RBAC (the chart's tests do)."""
+    in a mounted directory, the API server's address in its environment. The ServiceAccount is bound to
+    cluster-admin here: the benchmark measures the agent, not its RBAC (the chart's tests do)."""
     from kubernetes import client  # noqa: PLC0415
 
     from faultline import kube  # noqa: PLC0415
 
-    api = kube.api_client(cluster.kubeconfig)
+    api = cluster.api()
     core: Any = kube.core(api)  # the client's models accept the same dicts
     rbac: Any = client.RbacAuthorizationV1Api(api)
-    try:
-        core.create_namespaced_service_account("default", {"metadata": {"name": "bench-agent"}})
-        rbac.create_cluster_role_binding({
-            "metadata": {"name": "bench-agent"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": "bench-agent", "namespace": "default"}],
-        })  # fmt: skip
-        token = kube.tokens.mint(api, "default", "bench-agent")
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
-    directory.mkdir()
-    (directory / "token").write_text(token)
-    (directory / "ca.crt").write_bytes(cluster.pki.ca.read_bytes())
-    host, port = cluster.server.removeprefix("https://").rsplit(":", 1)
-    return {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
-            "FAULTLINE_SERVICE_ACCOUNT_DIR": str(directory)}  # fmt: skip
+    core.create_namespaced_service_account("default", {"metadata": {"name": "bench-agent"}})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": "bench-agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "bench-agent", "namespace": "default"}],
+    })  # fmt: skip
+    return cluster.service_account_mount("default", "bench-agent", directory)
 
 
 if __name__ == "__main__":

@@ -354,6 +354,21 @@ class LocalCluster:
             {"token": token},
         )
 
+    def service_account_mount(
+        self, namespace: str, name: str, directory: Path, *, seconds: int = 3600
+    ) -> dict[str, str]:
+        """What a pod of the ServiceAccount `namespace/name` has instead of a kubeconfig: its bound token and
+        the cluster's CA in `directory` (made here, as the kubelet mounts them), and the environment that
+        points faultline's clients there (`KUBERNETES_SERVICE_HOST/PORT`, `FAULTLINE_SERVICE_ACCOUNT_DIR`)."""
+        from faultline import kube  # noqa: PLC0415
+
+        directory.mkdir()
+        (directory / "token").write_text(kube.tokens.mint(self.api(), namespace, name, seconds=seconds))
+        (directory / "ca.crt").write_bytes(self.pki.ca.read_bytes())
+        host, port = self.server.removeprefix("https://").rsplit(":", 1)
+        return {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
+                "FAULTLINE_SERVICE_ACCOUNT_DIR": str(directory)}  # fmt: skip
+
 
 def _ssl_context(ca: Path, cert: Path, key: Path) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(ca))

@@ -82,12 +82,7 @@ def test_in_cluster_credentials_with_rbac(
 ) -> None:
     kube.core(api).create_namespaced_service_account(namespace, {"metadata": {"name": "lite"}})
     mount = tmp_path / "serviceaccount"
-    mount.mkdir()
-    (mount / "token").write_text(kube.tokens.mint(api, namespace, "lite"))
-    (mount / "ca.crt").write_bytes(cluster.pki.ca.read_bytes())
-    host, port = cluster.server.removeprefix("https://").split(":")
-    env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
-           "FAULTLINE_SERVICE_ACCOUNT_DIR": str(mount)}  # fmt: skip
+    env = cluster.service_account_mount(namespace, "lite", mount)
     client = lite.Client.connect(None, environ=env)
     try:
         review = client.request(

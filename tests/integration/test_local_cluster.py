@@ -278,13 +278,7 @@ def test_in_cluster_credentials_from_a_service_account_mount(
     environment and the token and CA from the mounted directory; the token is the account's, so RBAC
     applies to it (and a missing mount is a clear error)."""
     kube.core(api).create_namespaced_service_account(namespace, {"metadata": {"name": "agent"}})
-    mount = tmp_path / "serviceaccount"
-    mount.mkdir()
-    (mount / "token").write_text(kube.tokens.mint(api, namespace, "agent"))
-    (mount / "ca.crt").write_bytes(cluster.pki.ca.read_bytes())
-    host, port = cluster.server.removeprefix("https://").split(":")
-    env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
-           "FAULTLINE_SERVICE_ACCOUNT_DIR": str(mount)}  # fmt: skip
+    env = cluster.service_account_mount(namespace, "agent", tmp_path / "serviceaccount")
     sa_api = kube.api_client(None, environ=env)
     try:
         review = client.AuthenticationV1Api(sa_api).create_self_subject_review(client.V1SelfSubjectReview())
