@@ -17,8 +17,9 @@
 # (qemu-user-static), registered only inside the build's own user namespace (devtools/foreign.py):
 # nothing on the machine changes. Then devtools/oci.py puts the images under one OCI image index.
 # Output: .cache/image/faultline.oci.tar (OCI archive of the index and its images), .cache/image/oci/ (the
-# same as a layout directory), .cache/image/digest (the index's: what the chart and the nodes pull); each
-# architecture's own image in .cache/image/<arch>/ (archive, layout, manifest digest). Needs root
+# same as a layout directory), .cache/image/digest (the index's: what the chart and the nodes pull), the
+# build's report of sizes and digests in .cache/image/report.txt; each architecture's own image in
+# .cache/image/<arch>/ (archive, layout, manifest digest). Needs root
 # (mmdebstrap's root mode and chroot), mmdebstrap, qemu-user-static and the aarch64 binutils (make
 # system-deps), and the virtualenv.
 #
@@ -171,5 +172,9 @@ grep '^index:' "$work/index.txt" | cut -d' ' -f2 > "$out/digest"
 echo "$version" > "$out/version"
 echo "$revision" > "$out/revision"
 echo "${arches[*]}" > "$out/arches"
-echo "image: index $(cat "$out/digest") of ${arches[*]}; built in $((SECONDS - started)) s"
+echo "image: index $(cat "$out/digest") of ${arches[*]}; built in $((SECONDS - started)) s" | tee "$work/built.txt"
+# What the build printed about its images, kept beside them (report.txt): each architecture's sizes and
+# digests, the index's archive and the time taken.
+for arch in "${arches[@]}"; do cat "$work/$arch/oci.txt"; done > "$out/report.txt"
+cat "$work/index.txt" "$work/built.txt" >> "$out/report.txt"
 clean_work "$work"

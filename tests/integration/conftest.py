@@ -13,8 +13,9 @@ started (addresses, links, iptables rules, mounts, network namespaces, cgroups, 
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from devtools.cluster import LocalCluster
 from devtools.mongo import LocalMongo
 from faultline import kube
 
+# Imported while pytest collects, before any test of this run starts.
+RUN_STARTED = time.time()
 INFRA = (
     "etcd",
     "kube-apiserver",
@@ -44,6 +47,18 @@ def no_process_left_behind() -> Iterator[None]:
     left = [pid for pid in STARTED if procs.alive(pid)]
     named = [f"{pid} {name}" for pid, name in procs.pids_named(INFRA) if pid in STARTED]
     assert not left, f"processes left after the session: {named or left}"
+
+
+@pytest.fixture(scope="session")
+def built_this_run() -> Callable[[Path], bool]:
+    """built_this_run(path): whether the file was written during this test run. The modules that must build
+    an image twice (to compare digests) count a build that another test of the same run made from the same
+    commit as their first, and never one from an earlier run (another checkout's, or an edited recipe's)."""
+
+    def written(path: Path) -> bool:
+        return path.is_file() and path.stat().st_mtime >= RUN_STARTED
+
+    return written
 
 
 HOST_CHANGES: list[str] = []  # what a real-node cluster left on the machine after it stopped

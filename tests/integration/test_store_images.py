@@ -12,7 +12,7 @@ import re
 import secrets
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,16 @@ def _build(*names: str) -> dict[str, tuple[str, float]]:
     done = subprocess.run(["bash", str(ROOT / "image" / "store.sh"), *names], cwd=ROOT, capture_output=True,
                           text=True, check=False, timeout=1500)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return _built(*names)
+
+
+def _outputs(name: str) -> list[Path]:
+    """What store.sh writes for image `name`: each architecture's report, then the index's digest."""
+    return [*(OUT / arch / f"{name}.txt" for arch in ARCHES), OUT / f"{name}.digest"]
+
+
+def _built(*names: str) -> dict[str, tuple[str, float]]:
+    """The named images as built; {name: (digest, unpacked MB)}."""
     out = {}
     for name in names:  # the index's digest; the largest architecture's size
         sizes = []
@@ -47,11 +57,16 @@ def _build(*names: str) -> dict[str, tuple[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def built() -> dict[str, tuple[str, float]]:
+def built(built_this_run: Callable[[Path], bool]) -> dict[str, tuple[str, float]]:
+    """Both images, as an earlier test of this run built them (the embedded store's chart test pushes them,
+    building them when missing) or built here."""
     assert os.geteuid() == 0, (
         "the postgres image needs root (mmdebstrap --mode=root, chroot); CI runs as root"
     )
-    return _build("ferretdb", "postgres")
+    names = ("ferretdb", "postgres")
+    if all(built_this_run(path) for name in names for path in _outputs(name)):
+        return _built(*names)
+    return _build(*names)
 
 
 @pytest.fixture(scope="module")
