@@ -53,7 +53,7 @@ def no_process_left_behind() -> Iterator[None]:
 def built_this_run() -> Callable[[Path], bool]:
     """built_this_run(path): whether the file was written during this test run. The modules that must build
     an image twice (to compare digests) count a build that another test of the same run made from the same
-    commit as their first, and never one from an earlier run (another checkout's, or an edited recipe's)."""
+    commit as their first, and never one from before the run (its recipe may have changed since)."""
 
     def written(path: Path) -> bool:
         return path.is_file() and path.stat().st_mtime >= RUN_STARTED

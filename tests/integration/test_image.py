@@ -99,8 +99,8 @@ def built_image() -> Build:
 def built_earlier_in_this_run(ref: str, built_this_run: Callable[[Path], bool]) -> bool:
     """Whether .cache/image holds an image of both architectures that another test of this run built from
     `ref` (the real-node and chart tests build it when they need it): then it is the first of the two
-    builds compared, and this module builds once. A build from before this run (another checkout's, or
-    one from a recipe edited since) never counts."""
+    builds compared, and this module builds once. A build from before this run (its recipe may have
+    changed since) never counts."""
     arches = OUT / "arches"
     return (
         built_this_run(OUT / "report.txt")  # written last: a build that failed before it is not counted
