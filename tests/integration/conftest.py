@@ -51,9 +51,10 @@ def no_process_left_behind() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def built_this_run() -> Callable[[Path], bool]:
-    """built_this_run(path): whether the file was written during this test run. The modules that must build
-    an image twice (to compare digests) count a build that another test of the same run made from the same
-    commit as their first, and never one from before the run (its recipe may have changed since)."""
+    """built_this_run(path): whether the file was written during this test run. The image modules use an
+    image that another test of the same run built (test_image.py as the first of the two builds it
+    compares, test_store_images.py as the store images it examines), never one from before the run (its
+    recipe may have changed since)."""
 
     def written(path: Path) -> bool:
         return path.is_file() and path.stat().st_mtime >= RUN_STARTED
