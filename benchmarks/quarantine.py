@@ -13,6 +13,11 @@
    faults with no Kubernetes work (the store alone), and the worker's Kubernetes calls per node (read,
    one merge patch, an Event) from as many threads with no store (the Kubernetes side alone).
 
+The worker's API client keeps as many connections as the workers keep for `--threads`
+(`faultline.kube.client.pool_size`); `--pool N` keeps N instead (`--pool 10`: the `kubernetes` package's
+own default on 2 cores, five per CPU). The connections each phase opened are printed: a call made while
+every kept connection is busy opens one of its own, and closes it after its request.
+
 The Nodes are plain Node objects with GPU capacity (no pods; the drainer is not involved). Printed beside
 the goals and NVSentinel's published figure (about 2.5 nodes/s cordon) for context.
 
@@ -37,6 +42,8 @@ import sys
 import time
 from typing import Any
 
+from kubernetes.client import rest
+
 from devtools import cputime, fakelet
 from devtools.cluster import LocalCluster
 from devtools.mongo import BACKENDS, LocalMongo
@@ -59,6 +66,21 @@ def cordoned(api: Any) -> set[str]:
     return {n["metadata"]["name"] for n in items if n["spec"].get("unschedulable")}
 
 
+def client(kubeconfig: Any, threads: int, pool: int | None) -> Any:
+    """The API client the worker would have for `threads`, or one keeping `pool` connections."""
+    api = kube.api_client(kubeconfig, concurrency=threads)
+    if pool is not None:
+        api.configuration.connection_pool_maxsize = pool
+        api.rest_client = rest.RESTClientObject(api.configuration)  # its pools are sized when it is made
+    return api
+
+
+def opened(api: Any) -> int:
+    """The connections the client has opened to the API server so far."""
+    manager = api.rest_client.pool_manager
+    return sum(manager.pools[key].num_connections for key in manager.pools.keys())  # noqa: SIM118 - not iterable
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -67,10 +89,11 @@ def main() -> None:
     parser.add_argument("--storm", type=int, default=500)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--store", choices=BACKENDS, default="postgresql", help="where FerretDB stores")
+    parser.add_argument("--pool", type=int, help="connections the API client keeps (default: the worker's)")
     args = parser.parse_args()
     with LocalCluster(nodes=0) as cluster, LocalMongo(backend=args.store) as mongo:
-        api = cluster.api()
-        core = kube.core(api)
+        core = kube.core(cluster.api())
+        api = client(cluster.kubeconfig, args.threads, args.pool)
         total = args.singles + args.storm
         names = [f"bench-{i:04d}" for i in range(total)]
         t0 = time.monotonic()
@@ -112,6 +135,7 @@ def main() -> None:
                 "etcd": [p.pid for p in cluster.procs if p.name == "etcd"],
             }, alone=frozenset({"worker (this process)"}))  # fmt: skip
             meter.start()
+            connections = opened(api)
             start = time.monotonic()
             threads = worker.start()
             quarantined = worker.metrics.actions.labels(result="quarantined")
@@ -123,6 +147,7 @@ def main() -> None:
                 time.sleep(0.02)
             took = time.monotonic() - start
             storm_cpu = meter.stop()
+            storm_opened, connections = opened(api) - connections, opened(api)
             missing = set(storm) - cordoned(api)
             if missing:
                 raise SystemExit(f"counted as quarantined but not cordoned: {sorted(missing)[:5]}")
@@ -134,7 +159,7 @@ def main() -> None:
 
             def release(name: str) -> None:
                 kube.nodes.read(api, name)
-                core.patch_node(name, {"spec": {"unschedulable": None, "taints": None}},
+                kube.core(api).patch_node(name, {"spec": {"unschedulable": None, "taints": None}},
                                 _content_type="application/merge-patch+json")  # fmt: skip
                 common.post_event(api, name, reason="BenchRelease", note="benchmark", action="Release",
                                   warning=False, worker="bench", owner="bench")  # fmt: skip
@@ -145,6 +170,7 @@ def main() -> None:
                 list(pool.map(release, storm))
             api_only = len(storm) / (time.monotonic() - start)
             api_cpu = meter.stop()
+            api_opened = opened(api) - connections
             # The store's own ceiling: the same claims and completions with no Kubernetes work at all.
             worker.stop.set()
             for thread in threads:
@@ -193,6 +219,10 @@ def main() -> None:
     print(
         f"  cores busy: storm {total_storm / took:.2f}, calls alone {total_api * api_only / len(storm):.2f} "
         f"(of {os.cpu_count()})"
+    )
+    print(
+        f"  API connections opened: storm {storm_opened}, calls alone {api_opened} "
+        f"(the client keeps {api.configuration.connection_pool_maxsize})"
     )
 
 

@@ -94,7 +94,7 @@ def quarantine_worker(config: QuarantineConfig) -> quarantine.QuarantineWorker:
     settings = quarantine.Settings.from_config(config)  # rules are checked before anything connects
     cluster_key(config)  # a bad key file stops it before anything connects
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
-    api = kube.api_client(config.kubeconfig)
+    api = kube.api_client(config.kubeconfig, concurrency=config.threads)
     owner = config.owner or common.default_owner("quarantine")
     return quarantine.QuarantineWorker(st, api, settings, owner, stall=config.stall_timeout.total_seconds(),
                                        verifier=verifier(config, api))  # fmt: skip
@@ -107,7 +107,7 @@ def quarantine_main(config: QuarantineConfig) -> None:
 def drain_worker(config: DrainConfig) -> drainer.Drainer:
     settings = drainer.Settings.from_config(config)
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
-    api = kube.api_client(config.kubeconfig)
+    api = kube.api_client(config.kubeconfig, concurrency=config.threads)
     owner = config.owner or common.default_owner("drain")
     return drainer.Drainer(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
 
@@ -119,7 +119,7 @@ def drain_main(config: DrainConfig) -> None:
 def remediation_main(config: RemediationConfig) -> None:
     settings = remediation.Settings.from_config(config)  # the template is checked before connecting
     st = _connect(config.mongodb_uri.get_secret_value(), config.database)
-    api = kube.api_client(config.kubeconfig)
+    api = kube.api_client(config.kubeconfig, concurrency=config.threads)
     with contextlib.suppress(ForbiddenError):  # a cluster where the chart installed the CRD
         kube.resources.ensure_crds(api)  # a local cluster
     owner = config.owner or common.default_owner("remediation")
@@ -131,7 +131,7 @@ def remediation_main(config: RemediationConfig) -> None:
 def janitor_main(config: JanitorConfig) -> None:
     settings = janitor.Settings.from_config(config, cloud_provider(config))
     st = signed(_connect(config.mongodb_uri.get_secret_value(), config.database), config, "janitor")
-    api = kube.api_client(config.kubeconfig)
+    api = kube.api_client(config.kubeconfig, concurrency=config.threads)
     owner = config.owner or common.default_owner("janitor")
     worker = janitor.Janitor(st, api, settings, owner, stall=config.stall_timeout.total_seconds())
     _serve_until_signalled(worker, config)

@@ -4,8 +4,11 @@ RBAC applies to minted ServiceAccount credentials, and simulated nodes reboot.""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +272,45 @@ def test_killed_node_stops_heartbeating_and_goes_unknown(cluster: LocalCluster, 
     finally:
         cluster.fakelet.revive(name)
     procs.wait_for("Ready again after revival", lambda: node_state(api, name)[0] == "True", 40)
+
+
+def test_a_components_calls_at_once_reuse_their_connections(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API client keeps a connection for each call its component makes at once, and more for its
+    loops, whatever the machine's CPUs: the `kubernetes` package's own default, five per CPU, would keep
+    10 on a 2-core node, and every call beyond them would open a TLS connection of its own and close it."""
+    monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 2)  # the package's default would be 10
+    threads = 24  # a worker with 16 threads (`concurrency`) and 8 of its other loops, all at once
+    api = kube.api_client(cluster.kubeconfig, concurrency=16)
+    try:
+        assert api.configuration.connection_pool_maxsize == kube.client.pool_size(16) == 32
+
+        def opened() -> int:
+            manager = api.rest_client.pool_manager
+            # urllib3's container of pools is not iterable itself (it says so), only its keys()
+            return sum(manager.pools[key].num_connections for key in manager.pools.keys())  # noqa: SIM118
+
+        def round_of_calls() -> None:
+            together = threading.Barrier(threads)
+
+            def call(_: int) -> None:  # a watch the server holds for 3 s: all of them are open at once
+                together.wait(10)
+                response = kube.core(api).list_namespace(
+                    watch=True, timeout_seconds=3, _preload_content=False
+                )
+                response.read()
+                response.release_conn()
+
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(call, range(threads)))
+
+        round_of_calls()
+        assert opened() == threads
+        round_of_calls()
+        assert opened() == threads  # the second round reused every connection the first opened
+    finally:
+        api.close()
 
 
 def test_in_cluster_credentials_from_a_service_account_mount(
