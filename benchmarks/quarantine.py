@@ -45,7 +45,7 @@ from typing import Any
 from kubernetes.client import rest
 
 from devtools import cputime, fakelet
-from devtools.cluster import LocalCluster
+from devtools.cluster import LocalCluster, connections_opened
 from devtools.mongo import BACKENDS, LocalMongo
 from faultline import kube, store
 from faultline.models import Action, Component, Entity, Fault, FaultState, fault_id
@@ -73,12 +73,6 @@ def client(kubeconfig: Any, threads: int, pool: int | None) -> Any:
         api.configuration.connection_pool_maxsize = pool
         api.rest_client = rest.RESTClientObject(api.configuration)  # its pools are sized when it is made
     return api
-
-
-def opened(api: Any) -> int:
-    """The connections the client has opened to the API server so far."""
-    manager = api.rest_client.pool_manager
-    return sum(manager.pools[key].num_connections for key in manager.pools.keys())  # noqa: SIM118 - not iterable
 
 
 def main() -> None:
@@ -135,7 +129,7 @@ def main() -> None:
                 "etcd": [p.pid for p in cluster.procs if p.name == "etcd"],
             }, alone=frozenset({"worker (this process)"}))  # fmt: skip
             meter.start()
-            connections = opened(api)
+            connections = connections_opened(api)
             start = time.monotonic()
             threads = worker.start()
             quarantined = worker.metrics.actions.labels(result="quarantined")
@@ -147,7 +141,7 @@ def main() -> None:
                 time.sleep(0.02)
             took = time.monotonic() - start
             storm_cpu = meter.stop()
-            storm_opened, connections = opened(api) - connections, opened(api)
+            storm_opened = connections_opened(api) - connections
             missing = set(storm) - cordoned(api)
             if missing:
                 raise SystemExit(f"counted as quarantined but not cordoned: {sorted(missing)[:5]}")
@@ -170,7 +164,7 @@ def main() -> None:
                 list(pool.map(release, storm))
             api_only = len(storm) / (time.monotonic() - start)
             api_cpu = meter.stop()
-            api_opened = opened(api) - connections
+            api_opened = connections_opened(api) - connections - storm_opened
             # The store's own ceiling: the same claims and completions with no Kubernetes work at all.
             worker.stop.set()
             for thread in threads:

@@ -370,6 +370,13 @@ class LocalCluster:
                 "FAULTLINE_SERVICE_ACCOUNT_DIR": str(directory)}  # fmt: skip
 
 
+def connections_opened(api: Any) -> int:
+    """The connections an API client (`faultline.kube.api_client`) has opened to the API server so far."""
+    manager = api.rest_client.pool_manager
+    # urllib3's container of pools is not iterable itself (it says so), only its keys()
+    return sum(manager.pools[key].num_connections for key in manager.pools.keys())  # noqa: SIM118
+
+
 def _ssl_context(ca: Path, cert: Path, key: Path) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(ca))
     ctx.load_cert_chain(str(cert), str(key))

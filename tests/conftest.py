@@ -48,3 +48,16 @@ def restore_logging() -> Iterator[None]:
     root.handlers[:] = handlers
     root.setLevel(level)
     logging.captureWarnings(capture=False)
+
+
+@pytest.fixture
+def unreachable_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig whose API server is a port nothing listens on (a client made from it connects only
+    when it is used)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
+    return path

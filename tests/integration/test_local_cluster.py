@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from devtools import procs, tools
-from devtools.cluster import LocalCluster
+from devtools.cluster import LocalCluster, connections_opened
 from faultline import kube
 from faultline.errors import ConfigError, ForbiddenError, NotFoundError, ThrottledError
 
@@ -286,11 +286,6 @@ def test_a_components_calls_at_once_reuse_their_connections(
     try:
         assert api.configuration.connection_pool_maxsize == kube.client.pool_size(16) == 32
 
-        def opened() -> int:
-            manager = api.rest_client.pool_manager
-            # urllib3's container of pools is not iterable itself (it says so), only its keys()
-            return sum(manager.pools[key].num_connections for key in manager.pools.keys())  # noqa: SIM118
-
         def round_of_calls() -> None:
             together = threading.Barrier(threads)
 
@@ -306,9 +301,9 @@ def test_a_components_calls_at_once_reuse_their_connections(
                 list(pool.map(call, range(threads)))
 
         round_of_calls()
-        assert opened() == threads
+        assert connections_opened(api) == threads
         round_of_calls()
-        assert opened() == threads  # the second round reused every connection the first opened
+        assert connections_opened(api) == threads  # the second round reused every connection the first opened
     finally:
         api.close()
 

@@ -110,16 +110,10 @@ def test_retry_after_as_an_http_date() -> None:
     assert translate.retry_after(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
 
 
-def test_the_full_transport_translates_no_answer(tmp_path: Path) -> None:
+def test_the_full_transport_translates_no_answer(unreachable_kubeconfig: Path) -> None:
     """The generated client's own exceptions never leave faultline.kube: an API server that is not
     there is ApiUnavailableError naming the call."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
-        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
-    api = kube.api_client(kubeconfig)
+    api = kube.api_client(unreachable_kubeconfig)
     api.configuration.retries = 0
     try:
         with pytest.raises(ApiUnavailableError, match=r"^get Node n: no answer: "):

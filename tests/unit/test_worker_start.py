@@ -35,19 +35,13 @@ def test_a_worker_waits_for_its_store_with_back_off() -> None:
 
 
 def test_a_workers_api_client_keeps_a_connection_for_each_of_its_threads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    unreachable_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The workers that call the API server from many threads at once size their client's connection pool
     from their `threads` (and no fewer than the floor), not from the machine's CPUs."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
-        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
     # a client that connects only when used: nothing here calls the store
     monkeypatch.setattr(run, "_connect", lambda uri, database: store.connect(uri, database, timeout=0.05))
-    fields = {"mongodb_uri": "mongodb://127.0.0.1:1/", "kubeconfig": kubeconfig}
+    fields = {"mongodb_uri": "mongodb://127.0.0.1:1/", "kubeconfig": unreachable_kubeconfig}
     quarantine = run.quarantine_worker(QuarantineConfig(**fields, threads=40))
     drain = run.drain_worker(DrainConfig(**fields, threads=4))
     try:
