@@ -35,6 +35,9 @@ JANITOR_ACCOUNT = "faultline-janitor"
 # polls of about a second. Timeouts that only bound how long a failure takes to show (the janitor's
 # reboot and validation waits) keep their defaults: a wait ends when its condition holds, and a shorter
 # one turns slow reports after an outage into failed repairs and escalations.
+WARNINGS_SHOWN = 12  # of each worker's log, in a report of a scenario that did not converge
+LINE_SHOWN = 400  # characters of each such line
+
 WORKER_SETTINGS: dict[str, dict[str, Any]] = {
     "quarantine": {"lease": "15s", "hold_down": "3s", "resync_interval": "1s", "threads": 8,
                    "breaker_max_share": None, "breaker_max_count": None, "breaker_max_held_share": None,
@@ -170,6 +173,18 @@ class Fleet:
             count = sum(1 for line in _read(path).splitlines() if _level(line) in ("ERROR", "CRITICAL"))
             if count:
                 out[path.name] = count
+        return out
+
+    def warnings(self, last: int = WARNINGS_SHOWN) -> dict[str, list[str]]:
+        """The last WARNING-or-worse lines of each worker's log: what a scenario that did not converge
+        reports where its kept logs cannot be read (a CI run's)."""
+        out = {}
+        for path in sorted((self.work / "logs").glob("*.log")):
+            if path.name.startswith(WORKERS):
+                lines = [line[:LINE_SHOWN] for line in _read(path).splitlines()
+                         if _level(line) in ("WARNING", "ERROR", "CRITICAL")]  # fmt: skip
+                if lines:
+                    out[path.name] = lines[-last:]
         return out
 
 

@@ -196,7 +196,10 @@ def run(env: Environment, scenario: plan.Scenario, index: int) -> Result:
         details["problems"] = left[:PROBLEMS_SHOWN]
         converge_s = None if converged is None else round(converged - since, 1)
         result = _measure(env, scenario, world, st, sent, marks, converge_s, details)
-        result.details["errors"] = fleet.errors()
+        # and, where it did not converge, each worker's last warnings (a CI run's kept logs are out of reach)
+        result.details.update(
+            errors=fleet.errors(), **({"warnings": fleet.warnings()} if converge_s is None else {})
+        )
         return result
     finally:
         fleet.stop()

@@ -63,8 +63,8 @@ def problems(world: World, st: store.Store, api: Any, sent: Sent) -> list[str]:
     """What does not hold yet (empty: converged). Failed reads are problems too (a part is down)."""
     out: list[str] = []
     try:
+        out += _store(world, st)  # first: where the work stands says why a node is not as it should be
         out += _nodes(world, api)
-        out += _store(world, st)
         if not out:  # the costliest read last, once the rest holds
             stored = {str(d["_id"]) for d in st.events.find({}, {"_id": 1})}
             missing = sent.ids - stored
@@ -108,8 +108,12 @@ def _store(world: World, st: store.Store) -> list[str]:
     fatal = world.schedule.fatal
     faults = {str(d["_id"]): d for d in st.faults.find({"code": "XID-79"}, {"state": 1})}
     rounds: dict[str, list[dict[str, Any]]] = {}
-    for doc in st.repairs.find({}, {"node": 1, "rounds": 1}):
+    stages: dict[str, list[str]] = {}  # node -> where its repair's stages stand (said when one is stuck)
+    for doc in st.repairs.find({}, {"node": 1, "rounds": 1, "remediation": 1, "janitor": 1}):
         rounds.setdefault(str(doc["node"]), []).extend(doc.get("rounds") or [])
+        stages.setdefault(str(doc["node"]), []).extend(_stage(doc, s) for s in ("remediation", "janitor"))
+    for doc in st.drains.find({}, {"node": 1, "nodedrain": 1}):
+        stages.setdefault(str(doc.get("node")), []).insert(0, _stage(doc, "nodedrain"))
     held = {str(d["_id"]) for d in st.nodes.find({"quarantined": True}, {"_id": 1})}
     for node in fatal:
         doc = faults.get(world.fatal_fault(node))
@@ -119,10 +123,22 @@ def _store(world: World, st: store.Store) -> list[str]:
             out.append(f"{node}: its fatal fault is {doc.get('state')}")
         last = (rounds.get(node) or [{}])[-1]
         if last.get("outcome") != "Succeeded":
-            out.append(f"{node}: repair {last.get('step')} {last.get('outcome') or 'not finished'}")
+            where = "; ".join(stages.get(node) or ["no drain or repair document"])
+            out.append(f"{node}: repair {last.get('step')} {last.get('outcome') or 'not finished'} ({where})")
     for node in held:
         out.append(f"{node}: still held by the quarantine worker")
     return out
+
+
+def _stage(doc: dict[str, Any], stage: str) -> str:
+    """One stage of a work document as a person reads it: state, holder, attempts, last error."""
+    st = doc.get(stage) or {}
+    parts = [f"{stage} {st.get('state', '-')}", f"attempts {st.get('attempts', 0)}"]
+    if st.get("lease_owner"):
+        parts.append(f"held by {st['lease_owner']}")
+    if st.get("error"):
+        parts.append(f"error {bounds.clip(str(st['error']), bounds.EXCERPT)}")
+    return ", ".join(parts)
 
 
 @dataclass

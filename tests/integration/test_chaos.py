@@ -12,6 +12,7 @@ Its own control plane and FerretDB, not the session's: it restarts the API serve
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -50,13 +51,14 @@ def test_chaos_scenario(env: harness.Environment, name: str) -> None:
     result = harness.run(env, plan.SCENARIOS[name], SCENARIOS.index(name))  # a fresh database each
     print("\n" + harness.table([result]))  # the row, with its time to converge
     details = result.details
+    print(json.dumps(details, indent=1, default=str))  # all of it, shown when an assertion fails
     assert result.events_sent > 0
     assert result.lost == 0, details
     dups = {k: getattr(result, f"dup_{k}") for k in ("cordons", "evictions", "jobs", "cloud", "requests")}
     # with who turned each node cordoned too often, and when (from the audit log)
     assert not any(dups.values()), (dups, details["duplicates"], details["cordon_turns"])
     # converged: the truth held before the harness's deadline (how fast is the benchmark's to say)
-    assert result.converge_s is not None, details["problems"]
+    assert result.converge_s is not None, "\n".join(details["problems"])
     assert not details["missing_actions"], details["missing_actions"]
     if name == "janitor-kill":
         assert details["claims_held_at_kill"] > 0  # it died holding a repair, as the scenario says
