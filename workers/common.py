@@ -304,12 +304,17 @@ class ClaimLoop:
         again only when it runs out (each read is a scan and sort on servers like FerretDB). A stale
         candidate fails its claim (fencing) and is dropped. A read that failed is not tried again by the
         other claimers for READ_PAUSE_S: they idle (and beat) instead of queueing on the lock behind one
-        failing read after another while the store is away."""
+        failing read after another while the store is away. One call reads the list at most once: when
+        none of a fresh list could be claimed (others took them, or an item's orphaned lease has not run
+        out yet), it returns None, so its claimer idles, beats and looks at its waiting claims instead
+        of reading and trying the same items again at once for as long as they stay unclaimable."""
+        read = False
         while True:
             with self.candidates_lock:
                 if not self.candidates or time.monotonic() - self.candidates_at > self.refresh:
-                    if time.monotonic() < self.read_paused_until:
+                    if read or time.monotonic() < self.read_paused_until:
                         return None
+                    read = True
                     try:
                         self.candidates = self.store.pending(
                             self.stage, CANDIDATES, collection=self.collection, order=self.order

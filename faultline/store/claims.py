@@ -15,8 +15,11 @@ leases, and every later try of that number fails: a pending item nobody could cl
 claimed one the reaper could not take back (found by the chaos suite's remediation-kill: a repair
 never carried out). Such a lease is an orphan once it is dead (a claim past its `until`, any other
 kind ORPHAN_S after it was written: a live writer makes its second write within its store timeout),
-and whoever trips over it takes the item back (`_recover`): the next number, the item pending, its
-stage redone (every handler is idempotent).
+and whoever trips over it takes the item back (`_recover`): the number after its newest lease, the item
+pending, its stage redone (every handler is idempotent). A stage's first claim may find no number on the
+document at all (a repair's and a drain's stages start without one): that is 0 to the take-back too
+(before, a first claim orphaned on a repair was never taken back and its node stayed cordoned: what a
+CI run of the chaos suite's janitor-kill showed).
 """
 
 from __future__ import annotations
@@ -226,20 +229,31 @@ class Claims(Base):
         return requeued, parked
 
     def _recover(self, stage: Stage, item: str, n: int, collection: Work) -> bool:
-        """Lease `n` of `item` exists though its document shows `n - 1`: if that lease is an orphan (see
-        the module docstring), take the item back with lease `n + 1`, pending; whether it did."""
-        lease = self.leases.find_one({"_id": f"{stage}/{item}/{n}"}) or {}
+        """Lease `n` of `item` exists though its document shows `n - 1`: if the newest of its leases from
+        `n` on is an orphan (see the module docstring), take the item back with the number after it,
+        pending; whether it did. The newest, not `n`: a take-back killed between its two writes leaves
+        lease `n + 1` too, and taking `n + 1` again would fail for good."""
+        top, lease = n, self.leases.find_one({"_id": f"{stage}/{item}/{n}"}) or {}
+        while lease and (newer := self.leases.find_one({"_id": f"{stage}/{item}/{top + 1}"})) is not None:
+            top, lease = top + 1, newer
         now = self.now()
         until, at = lease.get("until"), lease.get("at")
         dead = until < now if until is not None else at is not None and (now - at).total_seconds() > ORPHAN_S
-        if not dead or not self._take(stage, item, n + 1, "reaper", "orphan", None):
+        if not dead or not self._take(stage, item, top + 1, "reaper", "orphan", None):
             return False
+        # the document as the caller read it: `n - 1`, or, before its stage's first lease, no number at all
+        # (a repair's and a drain's stages start without one)
+        behind: dict[str, Any] = (
+            {f"{stage}.seq": n - 1}
+            if n > 1
+            else {"$or": [{f"{stage}.seq": 0}, {f"{stage}.seq": {"$exists": False}}]}
+        )
         self.db[collection].update_one(
-            {"_id": item, f"{stage}.seq": n - 1},
+            {"_id": item, **behind},
             {"$set": {
-                f"{stage}.state": State.PENDING, f"{stage}.seq": n + 1, f"{stage}.lease_owner": None,
+                f"{stage}.state": State.PENDING, f"{stage}.seq": top + 1, f"{stage}.lease_owner": None,
                 f"{stage}.lease_until": None, f"{stage}.updated_at": now,
-                f"{stage}.error": f"taken back: lease {n} ({lease.get('kind')}) had no second write",
+                f"{stage}.error": f"taken back: lease {top} ({lease.get('kind')}) had no second write",
             }},
         )  # fmt: skip
         return True
