@@ -36,6 +36,11 @@ FIELD_MANAGER = "faultline"  # the managedFields manager of every write of this 
 # request, a handshake on both sides each time (a 500-node storm, 16 threads: 84-101 of them, against 14).
 POOL_FLOOR = 32
 POOL_SPARE = 16
+# Every call's (connect, read) timeouts in seconds, where the caller gives none (watches give their own):
+# without one, a call on a connection that went silent (a dead peer, a lost route) holds its thread for
+# good. The read timeout is past the API server's own limit on a request (60 s, `--request-timeout`), so
+# it cuts only calls the server would never answer; they fail as ApiUnavailableError (tried again later).
+REQUEST_TIMEOUT = (10.0, 75.0)
 
 
 def api_client(
@@ -101,13 +106,13 @@ def translated(verb: str, what: str) -> Iterator[None]:
 def call(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`method(*args, **kwargs)` with its errors translated; its answer as client models."""
     with translated(verb, what):
-        return method(*args, **kwargs)
+        return method(*args, **_timed(kwargs))
 
 
 def read_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The call's answer as plain JSON (no model objects: cheaper, and simple to read)."""
     with translated(verb, what):
-        response = method(*args, _preload_content=False, **kwargs)
+        response = method(*args, _preload_content=False, **_timed(kwargs))
         return json.loads(response.data)
 
 
@@ -177,8 +182,13 @@ def send_json(verb: str, what: str, method: Callable[..., Any], *args: Any, **kw
     """A write whose answer is not needed: the answer is read (the connection goes back to the pool)
     but not turned into client models."""
     with translated(verb, what):
-        response = method(*args, _preload_content=False, **kwargs)
+        response = method(*args, _preload_content=False, **_timed(kwargs))
         response.data  # noqa: B018 - reading the body releases the connection
+
+
+def _timed(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments with REQUEST_TIMEOUT unless it gives its own."""
+    return kwargs if "_request_timeout" in kwargs else {**kwargs, "_request_timeout": REQUEST_TIMEOUT}
 
 
 # The generated API groups, for the operation modules (and for tests that set up objects).
