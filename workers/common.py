@@ -305,9 +305,10 @@ class ClaimLoop:
         candidate fails its claim (fencing) and is dropped. A read that failed is not tried again by the
         other claimers for READ_PAUSE_S: they idle (and beat) instead of queueing on the lock behind one
         failing read after another while the store is away. One call reads the list at most once: when
-        none of a fresh list could be claimed (others took them, or an item's orphaned lease has not run
-        out yet), it returns None, so its claimer idles, beats and looks at its waiting claims instead
-        of reading and trying the same items again at once for as long as they stay unclaimable."""
+        it would read again (nothing it took from the list could be claimed: others took them, or an
+        item's orphaned lease has not run out yet), it returns None, so its claimer idles, beats and
+        looks at its waiting claims instead of reading and trying the same items again at once for as
+        long as they stay unclaimable."""
         read = False
         while True:
             with self.candidates_lock:

@@ -40,6 +40,8 @@ POOL_SPARE = 16
 # without one, a call on a connection that went silent (a dead peer, a lost route) holds its thread for
 # good. The read timeout is past the API server's own limit on a request (60 s, `--request-timeout`), so
 # it cuts only calls the server would never answer; they fail as ApiUnavailableError (tried again later).
+# It is per try: urllib3 tries a read of GET, PUT and DELETE up to four times, so such a call gives up
+# after about five minutes, a POST or PATCH after 75 s.
 REQUEST_TIMEOUT = (10.0, 75.0)
 
 

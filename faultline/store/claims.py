@@ -239,7 +239,14 @@ class Claims(Base):
         now = self.now()
         until, at = lease.get("until"), lease.get("at")
         dead = until < now if until is not None else at is not None and (now - at).total_seconds() > ORPHAN_S
-        if not dead or not self._take(stage, item, top + 1, "reaper", "orphan", None):
+        if not dead:
+            return False
+        # a caller's copy of the item may be old (a thread that stalled): if the item has moved past `n - 1`,
+        # its newest lease was written in turn and is no orphan
+        doc = self.db[collection].find_one({"_id": item}, {stage: 1}) or {}
+        if "_id" not in doc or int((doc.get(stage) or {}).get("seq", 0)) != n - 1:
+            return False
+        if not self._take(stage, item, top + 1, "reaper", "orphan", None):
             return False
         # the document as the caller read it: `n - 1`, or, before its stage's first lease, no number at all
         # (a repair's and a drain's stages start without one)

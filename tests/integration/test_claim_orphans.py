@@ -154,3 +154,20 @@ def test_an_item_nobody_can_claim_yet_does_not_keep_a_claimer_from_its_waiting_c
         assert loop.halt(10)
     assert looks == [f"{STAGE}/k2", f"{STAGE}/k2"]
     assert _item(st)[STAGE]["state"] == store.State.PENDING  # k1 left to its lease
+
+
+def test_an_old_copy_of_an_item_that_moved_on_takes_nothing_back(st: store.Store) -> None:
+    """A claimer holding a copy read before the item was claimed and closed (a thread that stalled): the
+    newest lease is a close made long ago, but the item moved with it, so there is no orphan to take."""
+    (stale,) = st.pending(STAGE, 10, collection=store.Work.QUEUE)
+    claim = _claim(st)
+    assert claim is not None
+    st.complete(claim, store.State.DONE)
+    old = st.now() - LONG_AGO
+    st.leases.update_one({"_id": f"{STAGE}/{STAGE}/k1/{claim.n}"}, {"$set": {"until": old}})  # ran out
+    st.leases.update_one(
+        {"_id": f"{STAGE}/{STAGE}/k1/{claim.n + 1}"}, {"$set": {"at": old}}
+    )  # closed long ago
+    assert st.try_claim(STAGE, stale, "late", LEASE, collection=store.Work.QUEUE) is None
+    assert st.leases.find_one({"_id": f"{STAGE}/{STAGE}/k1/{claim.n + 2}"}) is None  # no stray number
+    assert (_item(st)[STAGE]["state"], _item(st)[STAGE]["seq"]) == (store.State.DONE, claim.n + 1)

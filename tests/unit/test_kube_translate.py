@@ -146,9 +146,8 @@ def test_a_call_to_an_api_server_that_went_silent_times_out(
         f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{server.getsockname()[1]}'}}}}]\n"
         "users: [{name: u, user: {token: t}}]\n"
     )
-    monkeypatch.setattr(kube.client, "REQUEST_TIMEOUT", (1.0, 0.5))
+    monkeypatch.setattr(kube.client, "REQUEST_TIMEOUT", (1.0, 0.5))  # per try: a GET is tried four times
     api = kube.api_client(config)
-    api.configuration.retries = 0
     outcome: list[BaseException | None] = []
 
     def read() -> None:
