@@ -109,11 +109,15 @@ def _store(world: World, st: store.Store) -> list[str]:
     faults = {str(d["_id"]): d for d in st.faults.find({"code": "XID-79"}, {"state": 1})}
     rounds: dict[str, list[dict[str, Any]]] = {}
     stages: dict[str, list[str]] = {}  # node -> where its repair's stages stand (said when one is stuck)
-    for doc in st.repairs.find({}, {"node": 1, "rounds": 1, "remediation": 1, "janitor": 1}):
+    for doc in st.repairs.find(
+        {}, {"node": 1, "rounds": 1, store.Stage.REMEDIATION: 1, store.Stage.JANITOR: 1}
+    ):
         rounds.setdefault(str(doc["node"]), []).extend(doc.get("rounds") or [])
-        stages.setdefault(str(doc["node"]), []).extend(_stage(doc, s) for s in ("remediation", "janitor"))
-    for doc in st.drains.find({}, {"node": 1, "nodedrain": 1}):
-        stages.setdefault(str(doc.get("node")), []).insert(0, _stage(doc, "nodedrain"))
+        stages.setdefault(str(doc["node"]), []).extend(
+            _stage(doc, s) for s in (store.Stage.REMEDIATION, store.Stage.JANITOR)
+        )
+    for doc in st.drains.find({}, {"node": 1, store.Stage.NODEDRAIN: 1}):
+        stages.setdefault(str(doc.get("node")), []).insert(0, _stage(doc, store.Stage.NODEDRAIN))
     held = {str(d["_id"]) for d in st.nodes.find({"quarantined": True}, {"_id": 1})}
     for node in fatal:
         doc = faults.get(world.fatal_fault(node))

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +26,7 @@ from faultline.errors import (
     TransientError,
 )
 from faultline.kube import translate
+from tests.fakes.blackhole import BlackHole
 
 
 def status(message: str, reason: str = "", **details: object) -> bytes:
@@ -130,24 +129,9 @@ def test_a_call_to_an_api_server_that_went_silent_times_out(
 ) -> None:
     """A server that takes the request and never answers (a dead peer behind a live connection): the
     call fails as ApiUnavailableError after the read timeout instead of holding its thread for good."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = server.accept()
-                held.append(conn)  # read nothing, answer nothing
-
-    threading.Thread(target=accept, daemon=True).start()
-    config = tmp_path / "kubeconfig"
-    config.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
-        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{server.getsockname()[1]}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-    )
+    hole = BlackHole()
     monkeypatch.setattr(kube.client, "REQUEST_TIMEOUT", (1.0, 0.5))  # per try: a GET is tried four times
-    api = kube.api_client(config)
+    api = kube.api_client(hole.kubeconfig(tmp_path))
     outcome: list[BaseException | None] = []
 
     def read() -> None:
@@ -162,14 +146,12 @@ def test_a_call_to_an_api_server_that_went_silent_times_out(
     caller.join(10)  # without a timeout the call never returns
     try:
         assert not caller.is_alive(), "the call to a silent API server is still waiting"
-        assert held, "the call never reached the server"
+        assert hole.held, "the call never reached the server"
         (raised,) = outcome
         assert isinstance(raised, ApiUnavailableError) and "get Node n" in str(raised), raised
     finally:
         api.close()
-        server.close()
-        for conn in held:
-            conn.close()
+        hole.close()
 
 
 def test_the_agents_transport_loads_no_kubernetes_client(tmp_path: Path) -> None:
